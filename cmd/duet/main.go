@@ -1,0 +1,70 @@
+// Command duet is an Envoy external processor that routes LLM inference
+// requests for prefill/decode disaggregated serving with data-parallel ranks.
+//
+// Usage:
+//
+//	duet [serve] -config duet.yaml      run the ext_proc server (default)
+//	duet envoy-config -config duet.yaml print the matching Envoy bootstrap
+//	duet version                        print the version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/duet-router/duet/cmd/duet/internal/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "duet:", err)
+		os.Exit(1)
+	}
+}
+
+// run dispatches the subcommand in args.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return nil
+	case "serve", "envoy-config":
+	default:
+		return fmt.Errorf("unknown command %q (want serve, envoy-config or version)", cmd)
+	}
+	fs := flag.NewFlagSet("duet "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "duet.yaml", "path of duet's YAML configuration")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	if cmd == "envoy-config" {
+		return writeEnvoyConfig(stdout, cfg)
+	}
+	return serve(ctx, cfg)
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// shutdownGrace bounds how long in-flight streams may finish after SIGTERM.
+const shutdownGrace = 10 * time.Second
+
+// serve runs duet until ctx is cancelled.
+func serve(ctx context.Context, cfg *config.Config) error {
+	log, err := newLogger(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+
+	sched, err := scheduler.New(schedulerConfig(cfg), log.Named("scheduler"))
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	proc, err := extproc.NewServer(extproc.Options{
+		Picker:         sched,
+		PrefillCluster: envoy.ClusterPrefill,
+		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
+		Logger:         log.Named("extproc"),
+		Metrics:        extproc.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+
+	grpcLis, err := net.Listen("tcp", cfg.Listen.GRPC)
+	if err != nil {
+		return fmt.Errorf("listen.grpc: %w", err)
+	}
+	adminLis, err := net.Listen("tcp", cfg.Listen.Admin)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("listen.admin: %w", err)
+	}
+
+	// Envoy sends the whole buffered body in one message: allow it plus framing.
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Request.MaxBodyBytes + 1<<20))
+	extprocv3.RegisterExternalProcessorServer(gs, proc)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+
+	var stopping atomic.Bool
+	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go sched.Run(runCtx)
+
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(grpcLis) }()
+	go func() { errc <- admin.Serve(adminLis) }()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	log.Info("duet started",
+		zap.String("grpc", grpcLis.Addr().String()), zap.String("admin", adminLis.Addr().String()),
+		zap.Int("prefill_endpoints", len(cfg.Prefill)), zap.Int("decode_endpoints", len(cfg.Decode)),
+		zap.String("version", version))
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case serveErr = <-errc:
+		log.Error("server stopped", zap.Error(serveErr))
+	}
+	stopping.Store(true)
+	hs.Shutdown()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(shutdownGrace):
+		gs.Stop()
+	}
+	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancelShutdown()
+	if err := admin.Shutdown(shutdownCtx); err != nil {
+		log.Warn("admin shutdown", zap.Error(err))
+	}
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return serveErr
+	}
+	return nil
+}
+
+// readiness is what /readyz needs to know.
+type readiness interface{ Ready() bool }
+
+func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case stopping.Load():
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		case !sched.Ready():
+			http.Error(w, "no ready endpoints yet", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return mux
+}
+
+func schedulerConfig(cfg *config.Config) scheduler.Config {
+	specs := func(eps []config.Endpoint) []scheduler.EndpointSpec {
+		out := make([]scheduler.EndpointSpec, len(eps))
+		for i, ep := range eps {
+			out[i] = scheduler.EndpointSpec{URL: ep.URL, BootstrapPort: ep.BootstrapPort, DPSize: ep.DPSize}
+		}
+		return out
+	}
+	return scheduler.Config{
+		Prefill:           specs(cfg.Prefill),
+		Decode:            specs(cfg.Decode),
+		PrefillPolicy:     cfg.Policy.Prefill,
+		DecodePolicy:      cfg.Policy.Decode,
+		DiscoveryInterval: cfg.Discovery.Interval,
+		DiscoveryTimeout:  cfg.Discovery.Timeout,
+	}
+}
+
+func newLogger(level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("log_level: %w", err)
+	}
+	zc := zap.NewProductionConfig()
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Sampling = nil
+	log, err := zc.Build()
+	if err != nil {
+		return nil, fmt.Errorf("build logger: %w", err)
+	}
+	return log, nil
+}

@@ -1,0 +1,243 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SimSpec describes one simulated engine.
+type SimSpec struct {
+	// DPSize is the engine's data-parallel size (default 1).
+	DPSize int
+	// Args are extra duet-sim flags.
+	Args []string
+}
+
+// Options describe a stack.
+type Options struct {
+	// Prefill engines; empty makes an aggregated stack whose Decode engines
+	// run in SGLang's non-PD mode.
+	Prefill []SimSpec
+	// Decode engines (at least one).
+	Decode []SimSpec
+	// MaxBodyBytes is duet's request.max_body_bytes (default 4 MiB).
+	MaxBodyBytes int
+	// KVTimeout is the decode engines' wait for KV (default 5s).
+	KVTimeout time.Duration
+	// DecodeMsPerToken paces generated tokens (default 2).
+	DecodeMsPerToken int
+	// LogLevel is duet's log level (default debug).
+	LogLevel string
+	// Dir receives configs and logs; default a new temporary directory.
+	Dir string
+}
+
+// Stack is a running Envoy + duet + engines on loopback.
+type Stack struct {
+	Tools Tools
+	Dir   string
+	// EnvoyURL is the base URL clients send to, e.g. http://127.0.0.1:41234.
+	EnvoyURL string
+	// EnvoyAdminURL is Envoy's admin base URL.
+	EnvoyAdminURL string
+	// DuetAdminURL is duet's admin base URL.
+	DuetAdminURL string
+	// EnvoyConfig is the path of the rendered Envoy bootstrap.
+	EnvoyConfig string
+	Prefill     []*Sim
+	Decode      []*Sim
+	Duet        *Process
+	Envoy       *Process
+}
+
+// Start builds a stack and waits until every part is ready. On error,
+// everything started so far is stopped.
+func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
+	if len(opts.Decode) == 0 {
+		return nil, errors.New("harness: at least one decode engine is required")
+	}
+	tools, err := FindTools()
+	if err != nil {
+		return nil, err
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 4 << 20
+	}
+	if opts.KVTimeout == 0 {
+		opts.KVTimeout = 5 * time.Second
+	}
+	if opts.DecodeMsPerToken == 0 {
+		opts.DecodeMsPerToken = 2
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "debug"
+	}
+	if opts.Dir == "" {
+		if opts.Dir, err = os.MkdirTemp("", "duet-e2e-"); err != nil {
+			return nil, err
+		}
+	}
+	s := &Stack{Tools: tools, Dir: opts.Dir}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+
+	// Two ports per engine (API and bootstrap), four for duet and Envoy.
+	ports, err := freePorts(2*(len(opts.Prefill)+len(opts.Decode)) + 4)
+	if err != nil {
+		return nil, err
+	}
+	next := func() int { p := ports[0]; ports = ports[1:]; return p }
+
+	pd := len(opts.Prefill) > 0
+	for i, spec := range opts.Prefill {
+		sim, err := s.startSim(ctx, fmt.Sprintf("prefill-%d", i), "prefill", spec, next(), next(), opts)
+		if err != nil {
+			return nil, err
+		}
+		s.Prefill = append(s.Prefill, sim)
+	}
+	decodeMode := "decode"
+	if !pd {
+		decodeMode = "null"
+	}
+	for i, spec := range opts.Decode {
+		sim, err := s.startSim(ctx, fmt.Sprintf("decode-%d", i), decodeMode, spec, next(), next(), opts)
+		if err != nil {
+			return nil, err
+		}
+		s.Decode = append(s.Decode, sim)
+	}
+
+	grpcPort, adminPort, envoyPort, envoyAdminPort := next(), next(), next(), next()
+	cfgPath := filepath.Join(s.Dir, "duet.yaml")
+	if err := os.WriteFile(cfgPath, []byte(s.duetConfig(opts, grpcPort, adminPort, envoyPort, envoyAdminPort)), 0o644); err != nil {
+		return nil, err
+	}
+	s.DuetAdminURL = "http://" + hostPort(adminPort)
+	if s.Duet, err = startProcess(s.Dir, "duet", tools.Duet, "serve", "-config", cfgPath); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, s.Duet, s.DuetAdminURL+"/readyz"); err != nil {
+		return nil, err
+	}
+
+	s.EnvoyConfig = filepath.Join(s.Dir, "envoy.yaml")
+	rendered, err := exec.CommandContext(ctx, tools.Duet, "envoy-config", "-config", cfgPath).Output()
+	if err != nil {
+		return nil, fmt.Errorf("duet envoy-config: %w", exitDetail(err))
+	}
+	if err := os.WriteFile(s.EnvoyConfig, rendered, 0o644); err != nil {
+		return nil, err
+	}
+	s.EnvoyURL = "http://" + hostPort(envoyPort)
+	s.EnvoyAdminURL = "http://" + hostPort(envoyAdminPort)
+	if s.Envoy, err = startProcess(s.Dir, "envoy", tools.Envoy, "-c", s.EnvoyConfig,
+		"--disable-hot-restart", "--concurrency", "1", "--log-level", "info"); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, s.Envoy, s.EnvoyAdminURL+"/ready"); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
+	dp := max(spec.DPSize, 1)
+	argv := []string{s.Tools.Sim,
+		"--mode", mode,
+		"--listen", hostPort(port),
+		"--dp-size", strconv.Itoa(dp),
+		"--bootstrap-port", strconv.Itoa(bootstrapPort),
+		"--kv-timeout", opts.KVTimeout.String(),
+		"--decode-ms-per-token", strconv.Itoa(opts.DecodeMsPerToken),
+	}
+	argv = append(argv, spec.Args...)
+	p, err := startProcess(s.Dir, name, argv...)
+	if err != nil {
+		return nil, err
+	}
+	sim := &Sim{Process: p, Mode: mode, URL: "http://" + hostPort(port), Address: hostPort(port),
+		BootstrapPort: bootstrapPort, DPSize: dp}
+	if err := waitHTTP(ctx, p, sim.URL+"/health"); err != nil {
+		return sim, err
+	}
+	return sim, nil
+}
+
+func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAdminPort int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "log_level: %s\nlisten:\n  grpc: %s\n  admin: %s\n", opts.LogLevel, hostPort(grpcPort), hostPort(adminPort))
+	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
+	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
+	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", hostPort(envoyPort), hostPort(envoyAdminPort))
+	if len(s.Prefill) > 0 {
+		b.WriteString("prefill:\n")
+		for _, sim := range s.Prefill {
+			fmt.Fprintf(&b, "  - url: %s\n", sim.URL)
+		}
+	}
+	b.WriteString("decode:\n")
+	for _, sim := range s.Decode {
+		fmt.Fprintf(&b, "  - url: %s\n", sim.URL)
+	}
+	return b.String()
+}
+
+// Processes returns every process of the stack.
+func (s *Stack) Processes() []*Process {
+	var ps []*Process
+	for _, sim := range append(append([]*Sim{}, s.Prefill...), s.Decode...) {
+		ps = append(ps, sim.Process)
+	}
+	for _, p := range []*Process{s.Duet, s.Envoy} {
+		if p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// Logs returns the tail of every process log, for failure reports.
+func (s *Stack) Logs() string {
+	var b strings.Builder
+	for _, p := range s.Processes() {
+		fmt.Fprintf(&b, "----- %s (%s)\n%s\n", p.Name, p.LogPath, p.Tail(3000))
+	}
+	return b.String()
+}
+
+// Close stops every process.
+func (s *Stack) Close() error {
+	var errs []error
+	for _, p := range []*Process{s.Envoy, s.Duet} {
+		if p != nil {
+			errs = append(errs, p.Stop(5*time.Second))
+		}
+	}
+	for _, sim := range append(append([]*Sim{}, s.Prefill...), s.Decode...) {
+		if sim != nil && sim.Process != nil {
+			errs = append(errs, sim.Stop(5*time.Second))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func exitDetail(err error) error {
+	var exit *exec.ExitError
+	if errors.As(err, &exit) && len(exit.Stderr) > 0 {
+		return fmt.Errorf("%w: %s", err, exit.Stderr)
+	}
+	return err
+}

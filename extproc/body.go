@@ -1,0 +1,180 @@
+package extproc
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// Body field names SGLang reads for PD bootstrap and DP routing.
+const (
+	FieldBootstrapHost       = "bootstrap_host"
+	FieldBootstrapPort       = "bootstrap_port"
+	FieldBootstrapRoom       = "bootstrap_room"
+	FieldDisaggPrefillDPRank = "disagg_prefill_dp_rank"
+	FieldRoutedDPRank        = "routed_dp_rank"
+	FieldDeprecatedDPRank    = "data_parallel_rank"
+)
+
+// routingFields are removed from every client body before duet writes its
+// own: a client must never choose a host, a room or a rank.
+var routingFields = []string{
+	FieldBootstrapHost, FieldBootstrapPort, FieldBootstrapRoom,
+	FieldDisaggPrefillDPRank, FieldRoutedDPRank, FieldDeprecatedDPRank,
+}
+
+// errBadBody marks client errors in the request body (HTTP 400).
+var errBadBody = errors.New("invalid request body")
+
+// Body is a parsed inference request body.
+type Body struct {
+	raw []byte
+	// Batch is the number of items SGLang will split the request into, or 0
+	// for a single (scalar) request. Bootstrap fields are lists of this length.
+	Batch int
+}
+
+// ParseBody validates raw as a JSON object and works out its batch shape for
+// route, following SGLang's request models:
+//   - /generate: a list `text`, or a list of lists `input_ids`;
+//   - /v1/chat/completions: `n` > 1 (one room per sample);
+//   - /v1/completions: a list `prompt` of strings or of token lists.
+func ParseBody(route Route, raw []byte) (*Body, error) {
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("%w: the body is empty; %s requests need a JSON object", errBadBody, route)
+	}
+	if !gjson.ValidBytes(raw) {
+		return nil, fmt.Errorf("%w: the body is not valid JSON", errBadBody)
+	}
+	root := gjson.ParseBytes(raw)
+	if !root.IsObject() {
+		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(root))
+	}
+	b := &Body{raw: raw}
+	switch route {
+	case RouteGenerate:
+		if text := root.Get("text"); text.IsArray() {
+			b.Batch = len(text.Array())
+		} else if ids := root.Get("input_ids"); ids.IsArray() && ids.Get("0").IsArray() {
+			b.Batch = len(ids.Array())
+		}
+	case RouteChat:
+		if n := root.Get("n"); n.Exists() && n.Type != gjson.Null {
+			if n.Type != gjson.Number || n.Int() < 1 || float64(n.Int()) != n.Num {
+				return nil, fmt.Errorf("%w: n must be a positive integer", errBadBody)
+			}
+			if n.Int() > 1 {
+				b.Batch = int(n.Int())
+			}
+		}
+	case RouteCompletions:
+		if p := root.Get("prompt"); p.IsArray() {
+			items := p.Array()
+			if len(items) == 0 {
+				return nil, fmt.Errorf("%w: prompt must not be an empty list", errBadBody)
+			}
+			if items[0].Type == gjson.String || items[0].IsArray() {
+				b.Batch = len(items)
+			}
+		}
+	}
+	if b.Batch < 0 || (b.Batch == 0 && route == RouteGenerate && root.Get("text").IsArray()) {
+		return nil, fmt.Errorf("%w: text must not be an empty list", errBadBody)
+	}
+	return b, nil
+}
+
+func kindOf(r gjson.Result) string {
+	switch {
+	case r.IsArray():
+		return "an array"
+	case r.Type == gjson.String:
+		return "a string"
+	case r.Type == gjson.Number:
+		return "a number"
+	case r.Type == gjson.Null:
+		return "null"
+	default:
+		return "a boolean"
+	}
+}
+
+// Placement is what duet writes into a body.
+type Placement struct {
+	// PD selects disaggregated mode: bootstrap fields are written. Otherwise
+	// any client bootstrap fields are removed.
+	PD            bool
+	BootstrapHost string
+	BootstrapPort int
+	// PrefillRank and PrefillDPSize shape the minted rooms and set
+	// disagg_prefill_dp_rank (PD only).
+	PrefillRank   int
+	PrefillDPSize int
+	// RoutedRank, when not negative, is written as routed_dp_rank. Only for a
+	// single-leg (aggregated) request: in PD mode the body is shared by both
+	// legs and must not pin one rank for both.
+	RoutedRank int
+}
+
+// Rewrite returns the body with the client's routing fields replaced by
+// placement, and the bootstrap rooms minted (nil when not PD).
+func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
+	out := b.raw
+	var err error
+	for _, f := range routingFields {
+		if out, err = sjson.DeleteBytes(out, f); err != nil {
+			return nil, nil, fmt.Errorf("remove %s: %w", f, err)
+		}
+	}
+	var rooms []uint64
+	if pl.PD {
+		n := max(b.Batch, 1)
+		rooms = make([]uint64, n)
+		for i := range rooms {
+			rooms[i] = MintRoom(pl.PrefillRank, pl.PrefillDPSize)
+		}
+		host := strconv.Quote(pl.BootstrapHost)
+		port := strconv.Itoa(pl.BootstrapPort)
+		set := []struct {
+			field string
+			value func(i int) string
+		}{
+			{FieldBootstrapHost, func(int) string { return host }},
+			{FieldBootstrapPort, func(int) string { return port }},
+			{FieldBootstrapRoom, func(i int) string { return strconv.FormatUint(rooms[i], 10) }},
+		}
+		for _, s := range set {
+			if out, err = sjson.SetRawBytes(out, s.field, []byte(jsonValue(b.Batch, s.value))); err != nil {
+				return nil, nil, fmt.Errorf("set %s: %w", s.field, err)
+			}
+		}
+		if out, err = sjson.SetBytes(out, FieldDisaggPrefillDPRank, pl.PrefillRank); err != nil {
+			return nil, nil, fmt.Errorf("set %s: %w", FieldDisaggPrefillDPRank, err)
+		}
+	}
+	if pl.RoutedRank >= 0 {
+		if out, err = sjson.SetBytes(out, FieldRoutedDPRank, pl.RoutedRank); err != nil {
+			return nil, nil, fmt.Errorf("set %s: %w", FieldRoutedDPRank, err)
+		}
+	}
+	return out, rooms, nil
+}
+
+// jsonValue renders a scalar (batch 0) or a list of batch values.
+func jsonValue(batch int, value func(i int) string) string {
+	if batch == 0 {
+		return value(0)
+	}
+	buf := make([]byte, 0, batch*8)
+	buf = append(buf, '[')
+	for i := range batch {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, value(i)...)
+	}
+	return string(append(buf, ']'))
+}

@@ -1,0 +1,35 @@
+package extproc
+
+// Headers of the contract between duet and the Envoy configuration. Envoy
+// strips every one of them from client requests before ext_proc runs (early
+// header mutation), so only duet can set them.
+const (
+	// HeaderDecodeEndpoint names the decode host ("ip:port") for the decode
+	// cluster's override_host load balancer.
+	HeaderDecodeEndpoint = "x-duet-decode-endpoint"
+	// HeaderPrefillEndpoint names the prefill host for the prefill cluster's
+	// override_host load balancer (read on the mirrored copy).
+	HeaderPrefillEndpoint = "x-duet-prefill-endpoint"
+	// HeaderMirror names the cluster the route mirrors to (cluster_header);
+	// absent means no mirror.
+	HeaderMirror = "x-duet-mirror"
+	// HeaderPrefillRank carries the prefill DP rank; the mirror policy copies
+	// it into HeaderDPRank on the prefill leg only.
+	HeaderPrefillRank = "x-duet-prefill-dp-rank"
+	// HeaderDPRank is the engine-facing DP rank header honoured by SGLang's
+	// OpenAI routes and vLLM. duet sets the decode rank on the main request.
+	HeaderDPRank = "x-data-parallel-rank"
+	// HeaderRequestID is set when the client sent none.
+	HeaderRequestID = "x-request-id"
+)
+
+// HeaderPrefix is the prefix of every duet routing header.
+const HeaderPrefix = "x-duet-"
+
+// MetadataNamespace is the dynamic-metadata namespace duet writes (allowed
+// through ext_proc's metadata_options.receiving_namespaces).
+const MetadataNamespace = "duet"
+
+// ClientStrippedHeaders lists the headers Envoy must remove from client
+// requests before any filter runs, besides those with HeaderPrefix.
+var ClientStrippedHeaders = []string{HeaderDPRank}

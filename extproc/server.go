@@ -1,0 +1,299 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+// Picker chooses the targets of one request.
+type Picker interface {
+	Pick(ctx context.Context, req *scheduler.Request) (scheduler.Decision, error)
+}
+
+// Options configure a Server.
+type Options struct {
+	// Picker chooses targets; required.
+	Picker Picker
+	// PrefillCluster is the Envoy cluster the mirror goes to (x-duet-mirror).
+	PrefillCluster string
+	// MaxBodyBytes rejects larger bodies with 413 (Envoy's own buffer limit
+	// should already have); 0 means no limit.
+	MaxBodyBytes int
+	// Logger; nil means no logging.
+	Logger *zap.Logger
+	// Metrics; nil means none are recorded.
+	Metrics *Metrics
+}
+
+// Server implements the Envoy ExternalProcessor gRPC service.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	opts Options
+	log  *zap.Logger
+}
+
+// NewServer returns a Server.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Picker == nil {
+		return nil, errors.New("extproc: a Picker is required")
+	}
+	if opts.PrefillCluster == "" {
+		return nil, errors.New("extproc: the prefill cluster name is required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Server{opts: opts, log: log}, nil
+}
+
+// request is the state of one HTTP request on the stream.
+type request struct {
+	route     Route
+	method    string
+	path      string
+	requestID string // from the client; empty when duet must mint one
+	body      []byte
+}
+
+// Process handles one Envoy ext_proc stream (one HTTP request).
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := stream.Context()
+	var req *request
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("receive ext_proc message: %w", err)
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch m := msg.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			req = newRequest(m.RequestHeaders)
+			if m.RequestHeaders.EndOfStream {
+				resp = s.decide(ctx, req, phaseHeaders)
+			} else {
+				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+					RequestHeaders: &extprocv3.HeadersResponse{},
+				}}
+			}
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if req == nil {
+				return status.Error(codes.FailedPrecondition, "request body before request headers")
+			}
+			req.body = append(req.body, m.RequestBody.Body...)
+			if s.opts.MaxBodyBytes > 0 && len(req.body) > s.opts.MaxBodyBytes {
+				resp = s.reject(req, http.StatusRequestEntityTooLarge, "body_too_large",
+					fmt.Sprintf("request body exceeds the %d-byte limit", s.opts.MaxBodyBytes))
+			} else if !m.RequestBody.EndOfStream {
+				// Only BUFFERED is supported: the whole body arrives in one message.
+				resp = s.reject(req, http.StatusInternalServerError, "body_mode",
+					"duet requires ext_proc request_body_mode BUFFERED")
+			} else {
+				resp = s.decide(ctx, req, phaseBody)
+			}
+		case *extprocv3.ProcessingRequest_RequestTrailers:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+				RequestTrailers: &extprocv3.TrailersResponse{},
+			}}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HeadersResponse{},
+			}}
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+				ResponseBody: &extprocv3.BodyResponse{},
+			}}
+		case *extprocv3.ProcessingRequest_ResponseTrailers:
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+				ResponseTrailers: &extprocv3.TrailersResponse{},
+			}}
+		default:
+			return status.Errorf(codes.InvalidArgument, "unknown ext_proc message %T", m)
+		}
+		if err := stream.Send(resp); err != nil {
+			return fmt.Errorf("send ext_proc response: %w", err)
+		}
+	}
+}
+
+func newRequest(h *extprocv3.HttpHeaders) *request {
+	r := &request{}
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		v := hv.Value
+		if len(hv.RawValue) > 0 {
+			v = string(hv.RawValue)
+		}
+		switch hv.Key {
+		case ":method":
+			r.method = v
+		case ":path":
+			r.path = v
+		case HeaderRequestID:
+			r.requestID = v
+		}
+	}
+	r.route = ClassifyRoute(r.method, r.path)
+	return r
+}
+
+type phase int
+
+const (
+	phaseHeaders phase = iota // the request has no body
+	phaseBody
+)
+
+// decide picks targets and builds the response for the message that
+// completes the request (headers without body, or the buffered body).
+func (s *Server) decide(ctx context.Context, req *request, ph phase) *extprocv3.ProcessingResponse {
+	start := time.Now()
+	resp := s.route(ctx, req, ph)
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.latency.WithLabelValues(req.route.String()).Observe(time.Since(start).Seconds())
+	}
+	return resp
+}
+
+func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.ProcessingResponse {
+	var body *Body
+	if req.route.Inference() {
+		var err error
+		if ph == phaseHeaders {
+			err = fmt.Errorf("%w: %s requests need a JSON body", errBadBody, req.path)
+		} else {
+			body, err = ParseBody(req.route, req.body)
+		}
+		if err != nil {
+			return s.reject(req, http.StatusBadRequest, "invalid_body", err.Error())
+		}
+	}
+	if req.requestID == "" {
+		req.requestID = newRequestID()
+	}
+	decision, err := s.opts.Picker.Pick(ctx, &scheduler.Request{ID: req.requestID, Path: req.path})
+	if err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, scheduler.ErrNoEndpoints) {
+			code = http.StatusServiceUnavailable
+		}
+		s.log.Warn("no target", zap.String("request_id", req.requestID), zap.Error(err))
+		return s.reject(req, code, "no_target", "no inference endpoint is available: "+err.Error())
+	}
+
+	// Every routing header is either set or removed, so nothing a client sent
+	// (should Envoy's own stripping be misconfigured) survives.
+	mut := &extprocv3.HeaderMutation{}
+	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
+	set(HeaderDecodeEndpoint, decision.Decode.Endpoint.Address)
+	set(HeaderRequestID, req.requestID)
+	mirror := decision.Prefill != nil && req.route.Inference()
+	if mirror {
+		set(HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
+		set(HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
+		set(HeaderMirror, s.opts.PrefillCluster)
+	} else {
+		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderPrefillEndpoint, HeaderPrefillRank, HeaderMirror)
+	}
+	if decision.Decode.Rank != scheduler.NoRank && req.route.Inference() {
+		set(HeaderDPRank, strconv.Itoa(decision.Decode.Rank))
+	} else {
+		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderDPRank)
+	}
+
+	meta := map[string]any{
+		"request_id": req.requestID,
+		"route":      req.route.String(),
+		"decode":     decision.Decode.String(),
+	}
+	common := &extprocv3.CommonResponse{HeaderMutation: mut}
+	if body != nil {
+		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank}
+		if mirror {
+			p := decision.Prefill
+			pl.BootstrapHost = p.Endpoint.BootstrapHost
+			pl.BootstrapPort = p.Endpoint.BootstrapPort
+			pl.PrefillRank = p.Rank
+			pl.PrefillDPSize = p.Endpoint.DPSize
+			meta["prefill"] = p.String()
+		} else if req.route == RouteGenerate {
+			// Single leg: SGLang ignores the header on /generate, the body pins it.
+			pl.RoutedRank = decision.Decode.Rank
+		}
+		out, rooms, err := body.Rewrite(pl)
+		if err != nil {
+			return s.reject(req, http.StatusBadRequest, "rewrite", err.Error())
+		}
+		if len(rooms) > 0 {
+			meta["bootstrap_room"] = strconv.FormatUint(rooms[0], 10)
+		}
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
+		set("content-length", strconv.Itoa(len(out)))
+	}
+	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: meta})
+	if err != nil {
+		return s.reject(req, http.StatusInternalServerError, "metadata", err.Error())
+	}
+	s.count(req, "routed")
+	if s.log.Core().Enabled(zap.DebugLevel) {
+		s.log.Debug("routed", zap.String("request_id", req.requestID), zap.String("route", req.route.String()),
+			zap.Any("targets", meta))
+	}
+	resp := &extprocv3.ProcessingResponse{DynamicMetadata: md}
+	if ph == phaseHeaders {
+		resp.Response = &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}
+	} else {
+		resp.Response = &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}
+	}
+	return resp
+}
+
+func (s *Server) reject(req *request, code int, details, message string) *extprocv3.ProcessingResponse {
+	s.count(req, details)
+	s.log.Info("rejected", zap.String("path", req.path), zap.Int("status", code), zap.String("reason", message))
+	return immediateError(code, details, message)
+}
+
+func (s *Server) count(req *request, outcome string) {
+	if s.opts.Metrics != nil {
+		s.opts.Metrics.requests.WithLabelValues(req.route.String(), outcome).Inc()
+	}
+}
+
+// newRequestID returns a random UUIDv4 string.
+func newRequestID() string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := rand.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, 36)
+	for i, c := range b {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, hex[c>>4], hex[c&0xf])
+	}
+	return string(out)
+}
