@@ -1,0 +1,125 @@
+package extproc
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+func TestParseBodyBatch(t *testing.T) {
+	tests := []struct {
+		name  string
+		route Route
+		body  string
+		batch int
+		bad   bool
+	}{
+		{"chat single", RouteChat, `{"messages":[{"role":"user","content":"hi"}]}`, 0, false},
+		{"chat n=1", RouteChat, `{"messages":[],"n":1}`, 0, false},
+		{"chat n=3", RouteChat, `{"messages":[],"n":3}`, 3, false},
+		{"chat n null", RouteChat, `{"messages":[],"n":null}`, 0, false},
+		{"chat n=0", RouteChat, `{"messages":[],"n":0}`, 0, true},
+		{"chat n=1.5", RouteChat, `{"messages":[],"n":1.5}`, 0, true},
+		{"chat n string", RouteChat, `{"messages":[],"n":"2"}`, 0, true},
+		{"completions string", RouteCompletions, `{"prompt":"hi"}`, 0, false},
+		{"completions token ids", RouteCompletions, `{"prompt":[1,2,3]}`, 0, false},
+		{"completions list", RouteCompletions, `{"prompt":["a","b"]}`, 2, false},
+		{"completions token lists", RouteCompletions, `{"prompt":[[1],[2],[3]]}`, 3, false},
+		{"completions empty list", RouteCompletions, `{"prompt":[]}`, 0, true},
+		{"generate text", RouteGenerate, `{"text":"hi"}`, 0, false},
+		{"generate text list", RouteGenerate, `{"text":["a","b","c"]}`, 3, false},
+		{"generate empty text list", RouteGenerate, `{"text":[]}`, 0, true},
+		{"generate input_ids", RouteGenerate, `{"input_ids":[1,2]}`, 0, false},
+		{"generate input_ids batch", RouteGenerate, `{"input_ids":[[1],[2]]}`, 2, false},
+		{"responses", RouteResponses, `{"input":"hi"}`, 0, false},
+		{"malformed", RouteChat, `{"messages":`, 0, true},
+		{"array", RouteChat, `[1,2]`, 0, true},
+		{"string", RouteChat, `"hi"`, 0, true},
+		{"empty", RouteChat, ``, 0, true},
+		{"trailing garbage", RouteChat, `{} x`, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := ParseBody(tt.route, []byte(tt.body))
+			if tt.bad {
+				if !errors.Is(err, errBadBody) {
+					t.Fatalf("err = %v, want errBadBody", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Batch != tt.batch {
+				t.Errorf("Batch = %d, want %d", b.Batch, tt.batch)
+			}
+		})
+	}
+}
+
+func TestRewritePD(t *testing.T) {
+	client := `{"model":"m","text":["a","b","c"],"bootstrap_room":5,"bootstrap_host":"evil","routed_dp_rank":1,"data_parallel_rank":1,"disagg_prefill_dp_rank":0,"sampling_params":{"max_new_tokens":4}}`
+	b, err := ParseBody(RouteGenerate, []byte(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, rooms, err := b.Rewrite(Placement{PD: true, BootstrapHost: "10.0.0.1", BootstrapPort: 8998,
+		PrefillRank: 2, PrefillDPSize: 4, RoutedRank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := gjson.ParseBytes(out)
+	if len(rooms) != 3 {
+		t.Fatalf("rooms = %v, want 3", rooms)
+	}
+	for i, r := range j.Get("bootstrap_room").Array() {
+		if r.Uint() != rooms[i] || r.Uint()%4 != 2 {
+			t.Errorf("room %d = %d (minted %d), want room %% 4 == 2", i, r.Uint(), rooms[i])
+		}
+	}
+	for _, f := range []string{"bootstrap_host", "bootstrap_port"} {
+		if n := len(j.Get(f).Array()); n != 3 {
+			t.Errorf("%s has %d items, want 3: %s", f, n, out)
+		}
+	}
+	if j.Get("bootstrap_host.0").String() != "10.0.0.1" || j.Get("bootstrap_port.2").Int() != 8998 {
+		t.Errorf("bootstrap fields wrong: %s", out)
+	}
+	if j.Get("disagg_prefill_dp_rank").Int() != 2 {
+		t.Errorf("disagg_prefill_dp_rank wrong: %s", out)
+	}
+	if j.Get("routed_dp_rank").Exists() || j.Get("data_parallel_rank").Exists() {
+		t.Errorf("client rank fields survived: %s", out)
+	}
+	if j.Get("sampling_params.max_new_tokens").Int() != 4 || j.Get("model").String() != "m" {
+		t.Errorf("client fields lost: %s", out)
+	}
+}
+
+func TestRewriteScalarAndAggregated(t *testing.T) {
+	b, err := ParseBody(RouteChat, []byte(`{"messages":[{"role":"user","content":"hi"}],"bootstrap_room":[1,2]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, rooms, err := b.Rewrite(Placement{PD: true, BootstrapHost: "h", BootstrapPort: 1, PrefillRank: 0, PrefillDPSize: 1, RoutedRank: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := gjson.ParseBytes(out)
+	if len(rooms) != 1 || j.Get("bootstrap_room").Uint() != rooms[0] || j.Get("bootstrap_room").IsArray() {
+		t.Errorf("scalar room wrong: %s", out)
+	}
+
+	out, rooms, err = b.Rewrite(Placement{RoutedRank: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j = gjson.ParseBytes(out)
+	if rooms != nil || j.Get("bootstrap_room").Exists() || j.Get("disagg_prefill_dp_rank").Exists() {
+		t.Errorf("aggregated body carries bootstrap fields: %s", out)
+	}
+	if j.Get("routed_dp_rank").Int() != 3 {
+		t.Errorf("routed_dp_rank not set: %s", out)
+	}
+}

@@ -1,0 +1,242 @@
+package extproc
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+// fakePicker returns a fixed decision or error.
+type fakePicker struct {
+	decision scheduler.Decision
+	err      error
+}
+
+func (f *fakePicker) Pick(context.Context, *scheduler.Request) (scheduler.Decision, error) {
+	return f.decision, f.err
+}
+
+var (
+	prefillEP = &scheduler.Endpoint{Role: scheduler.RolePrefill, Address: "10.0.0.1:30000", BootstrapHost: "10.0.0.1", BootstrapPort: 8998, DPSize: 4, Ready: true}
+	decodeEP  = &scheduler.Endpoint{Role: scheduler.RoleDecode, Address: "10.0.0.2:30000", BootstrapHost: "10.0.0.2", DPSize: 2, Ready: true}
+	pdPick    = scheduler.Decision{Prefill: &scheduler.Target{Endpoint: prefillEP, Rank: 3}, Decode: scheduler.Target{Endpoint: decodeEP, Rank: 1}}
+	aggPick   = scheduler.Decision{Decode: scheduler.Target{Endpoint: decodeEP, Rank: 1}}
+)
+
+// client starts a Server on loopback gRPC and returns a client for it.
+func client(t *testing.T, picker Picker, maxBody int) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	srv, err := NewServer(Options{Picker: picker, PrefillCluster: "duet_prefill", MaxBodyBytes: maxBody,
+		Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return extprocv3.NewExternalProcessorClient(conn)
+}
+
+// exchange plays Envoy for one request: headers, then (if body != nil) the
+// buffered body; it returns the response to the last message sent.
+func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, method, path string, hdrs map[string]string, body []byte) *extprocv3.ProcessingResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hm := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte(method)}, {Key: ":path", RawValue: []byte(path)},
+	}}
+	for k, v := range hdrs {
+		hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: k, RawValue: []byte(v)})
+	}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: hm, EndOfStream: body == nil}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body == nil || resp.GetImmediateResponse() != nil {
+		return resp
+	}
+	if err := stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err = stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func common(resp *extprocv3.ProcessingResponse) *extprocv3.CommonResponse {
+	if b := resp.GetRequestBody(); b != nil {
+		return b.GetResponse()
+	}
+	return resp.GetRequestHeaders().GetResponse()
+}
+
+func setHeaders(c *extprocv3.CommonResponse) map[string]string {
+	out := map[string]string{}
+	for _, h := range c.GetHeaderMutation().GetSetHeaders() {
+		out[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
+	}
+	return out
+}
+
+func removed(c *extprocv3.CommonResponse) map[string]bool {
+	out := map[string]bool{}
+	for _, h := range c.GetHeaderMutation().GetRemoveHeaders() {
+		out[h] = true
+	}
+	return out
+}
+
+func TestProcessPDChat(t *testing.T) {
+	c := client(t, &fakePicker{decision: pdPick}, 1<<20)
+	resp := exchange(t, c, "POST", "/v1/chat/completions", map[string]string{"x-request-id": "abc"},
+		[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"routed_dp_rank":0}`))
+	cr := common(resp)
+	if cr == nil {
+		t.Fatalf("no body response: %v", resp)
+	}
+	body := cr.GetBodyMutation().GetBody()
+	h := setHeaders(cr)
+	want := map[string]string{
+		HeaderDecodeEndpoint: "10.0.0.2:30000", HeaderPrefillEndpoint: "10.0.0.1:30000",
+		HeaderMirror: "duet_prefill", HeaderPrefillRank: "3", HeaderDPRank: "1",
+		HeaderRequestID: "abc", "content-length": strconv.Itoa(len(body)),
+	}
+	for k, v := range want {
+		if h[k] != v {
+			t.Errorf("header %s = %q, want %q", k, h[k], v)
+		}
+	}
+	j := gjson.ParseBytes(body)
+	if j.Get("bootstrap_room").Uint()%4 != 3 || j.Get("disagg_prefill_dp_rank").Int() != 3 ||
+		j.Get("bootstrap_host").String() != "10.0.0.1" || j.Get("bootstrap_port").Int() != 8998 {
+		t.Errorf("body not rewritten for prefill rank 3: %s", body)
+	}
+	if j.Get("routed_dp_rank").Exists() {
+		t.Errorf("shared PD body must not pin a rank: %s", body)
+	}
+	md := resp.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()
+	if md["request_id"].GetStringValue() != "abc" || md["prefill"].GetStringValue() == "" {
+		t.Errorf("dynamic metadata = %v", md)
+	}
+}
+
+func TestProcessPassThroughAndAggregated(t *testing.T) {
+	tests := []struct {
+		name       string
+		pick       scheduler.Decision
+		method     string
+		path       string
+		body       []byte
+		wantRank   string // "" = removed
+		wantRouted int64  // -1 = absent
+	}{
+		{"GET models in PD", pdPick, "GET", "/v1/models", nil, "", -1},
+		{"unknown POST in PD", pdPick, "POST", "/v1/embeddings", []byte(`{"input":"x"}`), "", -1},
+		{"aggregated chat", aggPick, "POST", "/v1/chat/completions", []byte(`{"messages":[]}`), "1", -1},
+		{"aggregated generate", aggPick, "POST", "/generate", []byte(`{"text":"x","bootstrap_room":9}`), "1", 1},
+		{"aggregated no rank", scheduler.Decision{Decode: scheduler.Target{Endpoint: decodeEP, Rank: scheduler.NoRank}},
+			"POST", "/generate", []byte(`{"text":"x","routed_dp_rank":0}`), "", -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := client(t, &fakePicker{decision: tt.pick}, 1<<20)
+			cr := common(exchange(t, c, tt.method, tt.path, nil, tt.body))
+			h, rm := setHeaders(cr), removed(cr)
+			if h[HeaderDecodeEndpoint] != "10.0.0.2:30000" {
+				t.Errorf("decode endpoint = %q", h[HeaderDecodeEndpoint])
+			}
+			for _, k := range []string{HeaderMirror, HeaderPrefillEndpoint, HeaderPrefillRank} {
+				if _, set := h[k]; set || !rm[k] {
+					t.Errorf("%s must be removed (set=%v removed=%v)", k, set, rm[k])
+				}
+			}
+			if got := h[HeaderDPRank]; got != tt.wantRank || (tt.wantRank == "" && !rm[HeaderDPRank]) {
+				t.Errorf("rank header = %q (removed %v), want %q", got, rm[HeaderDPRank], tt.wantRank)
+			}
+			if len(h[HeaderRequestID]) != 36 {
+				t.Errorf("request id not minted: %q", h[HeaderRequestID])
+			}
+			body := cr.GetBodyMutation().GetBody()
+			if !ClassifyRoute(tt.method, tt.path).Inference() {
+				if body != nil {
+					t.Errorf("pass-through body rewritten: %s", body)
+				}
+				return
+			}
+			j := gjson.ParseBytes(body)
+			if j.Get("bootstrap_room").Exists() {
+				t.Errorf("aggregated body has bootstrap fields: %s", body)
+			}
+			if r := j.Get("routed_dp_rank"); (tt.wantRouted < 0) == r.Exists() || (r.Exists() && r.Int() != tt.wantRouted) {
+				t.Errorf("routed_dp_rank = %s, want %d: %s", r.Raw, tt.wantRouted, body)
+			}
+		})
+	}
+}
+
+func TestProcessRejects(t *testing.T) {
+	tests := []struct {
+		name   string
+		picker *fakePicker
+		path   string
+		body   []byte
+		status int
+	}{
+		{"malformed json", &fakePicker{decision: pdPick}, "/v1/chat/completions", []byte(`{"messages":[`), 400},
+		{"not an object", &fakePicker{decision: pdPick}, "/v1/completions", []byte(`[1]`), 400},
+		{"no body", &fakePicker{decision: pdPick}, "/generate", nil, 400},
+		{"too large", &fakePicker{decision: pdPick}, "/generate", []byte(`{"text":"` + string(make([]byte, 2048)) + `"}`), 413},
+		{"no endpoints", &fakePicker{err: fmt.Errorf("decode: %w", scheduler.ErrNoEndpoints)}, "/generate", []byte(`{"text":"x"}`), 503},
+		{"picker failure", &fakePicker{err: fmt.Errorf("boom")}, "/generate", []byte(`{"text":"x"}`), 500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := client(t, tt.picker, 1024)
+			ir := exchange(t, c, "POST", tt.path, nil, tt.body).GetImmediateResponse()
+			if ir == nil {
+				t.Fatal("no immediate response")
+			}
+			if int(ir.GetStatus().GetCode()) != tt.status {
+				t.Errorf("status = %d, want %d", ir.GetStatus().GetCode(), tt.status)
+			}
+			var e openAIError
+			if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Message == "" || e.Error.Code != tt.status {
+				t.Errorf("body is not an OpenAI error: %s (%v)", ir.GetBody(), err)
+			}
+		})
+	}
+}

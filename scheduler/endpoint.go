@@ -1,0 +1,173 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// NoRank means the engine chooses the DP rank itself. A target with NoRank
+// must not be pinned to a rank: it is never sent as rank 0.
+const NoRank = -1
+
+// defaultBootstrapPort is SGLang's default --disaggregation-bootstrap-port.
+const defaultBootstrapPort = 8998
+
+// Role is the part an engine plays in prefill/decode disaggregated serving.
+type Role string
+
+// The roles an endpoint can have. In aggregated mode every endpoint is a
+// decode endpoint: it serves whole requests.
+const (
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// EndpointSpec is one configured engine.
+type EndpointSpec struct {
+	// URL is the engine's base URL, e.g. http://127.0.0.1:30000.
+	URL string
+	// BootstrapPort is the prefill engine's disaggregation bootstrap port.
+	// It is used for prefill endpoints only; 0 means discover it.
+	BootstrapPort int
+	// DPSize is the engine's data-parallel size; 0 means discover it.
+	DPSize int
+}
+
+// Endpoint is an engine as the scheduler knows it. It is a value snapshot:
+// later discovery rounds never modify an Endpoint that has been handed out.
+type Endpoint struct {
+	// Role is the pool the endpoint belongs to.
+	Role Role
+	// URL is the engine's base URL as configured, without a trailing slash.
+	URL string
+	// Address is "ip:port" exactly as Envoy's cluster names the host
+	// (IPv6 as [ip]:port). Hostnames are resolved during discovery; the
+	// field is empty until a hostname has been resolved once.
+	Address string
+	// BootstrapHost is the host part of URL: what a decode engine dials to
+	// reach this prefill engine's bootstrap server.
+	BootstrapHost string
+	// BootstrapPort is the bootstrap server's port (prefill only).
+	BootstrapPort int
+	// DPSize is the engine's data-parallel size; 0 while unknown.
+	DPSize int
+	// Source says where DPSize and BootstrapPort came from: "server_info",
+	// "get_server_info" or "config"; empty while unknown. After a failed
+	// discovery round it still names the source of the values in use.
+	Source string
+	// Ready reports whether the endpoint may be scheduled.
+	Ready bool
+	// LastError is the error of the last discovery round, if any.
+	LastError string
+}
+
+// Target is one (endpoint, DP rank) pair: the unit the policies choose.
+// Endpoint points into an immutable snapshot and must not be modified.
+type Target struct {
+	Endpoint *Endpoint
+	// Rank is the DP rank to pin, or NoRank when the engine picks.
+	Rank int
+}
+
+// String returns the target as address/rank, e.g. "127.0.0.1:30001/dp1",
+// or "127.0.0.1:30001/dp-" when the engine picks the rank. An endpoint whose
+// hostname has not been resolved yet shows its URL instead of the address.
+func (t Target) String() string {
+	host := "<nil>"
+	if t.Endpoint != nil {
+		host = t.Endpoint.Address
+		if host == "" {
+			host = t.Endpoint.URL
+		}
+	}
+	if t.Rank == NoRank {
+		return host + "/dp-"
+	}
+	return host + "/dp" + strconv.Itoa(t.Rank)
+}
+
+// Source values for Endpoint.Source.
+const (
+	sourceServerInfo    = "server_info"
+	sourceGetServerInfo = "get_server_info"
+	sourceConfig        = "config"
+)
+
+// parsedURL is what the scheduler needs from an endpoint's base URL.
+type parsedURL struct {
+	base string     // normalized base URL, no trailing slash
+	key  string     // identity used to detect duplicates
+	host string     // host without brackets or port
+	port string     // explicit port, or the scheme's default
+	ip   netip.Addr // valid when host is an IP literal
+}
+
+// parseEndpointURL validates an engine base URL and splits it into the parts
+// the scheduler uses.
+func parseEndpointURL(raw string) (parsedURL, error) {
+	if raw == "" {
+		return parsedURL{}, errors.New("empty URL")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return parsedURL{}, err
+	}
+	scheme := strings.ToLower(u.Scheme)
+	var defaultPort string
+	switch scheme {
+	case "http":
+		defaultPort = "80"
+	case "https":
+		defaultPort = "443"
+	default:
+		return parsedURL{}, fmt.Errorf("scheme %q is not http or https", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
+		return parsedURL{}, errors.New("no host")
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return parsedURL{}, errors.New("a base URL takes no user info, query or fragment")
+	}
+	port := u.Port()
+	if port == "" {
+		port = defaultPort
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return parsedURL{}, fmt.Errorf("invalid port %q", port)
+	}
+	host := u.Hostname()
+	p := parsedURL{
+		base: strings.TrimRight(raw, "/"),
+		host: host,
+		port: port,
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		p.ip = ip
+		host = ip.String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	p.key = scheme + "://" + net.JoinHostPort(host, port) + strings.TrimRight(u.EscapedPath(), "/")
+	return p, nil
+}
+
+// address formats ip and port the way Envoy names a host: ip:port, with
+// IPv6 addresses in brackets.
+func address(ip netip.Addr, port string) string {
+	return net.JoinHostPort(ip.String(), port)
+}
+
+// preferIPv4 returns the first IPv4 address in addrs, or else the first
+// address. addrs must not be empty.
+func preferIPv4(addrs []netip.Addr) netip.Addr {
+	for _, a := range addrs {
+		if a = a.Unmap(); a.Is4() {
+			return a
+		}
+	}
+	return addrs[0]
+}

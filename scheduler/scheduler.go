@@ -1,0 +1,288 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Defaults for the zero values of Config.
+const (
+	defaultDiscoveryInterval = 10 * time.Second
+	defaultDiscoveryTimeout  = 2 * time.Second
+)
+
+// ErrNoEndpoints is wrapped in the error Pick returns when a role has no
+// ready endpoint; the error message names the role.
+var ErrNoEndpoints = errors.New("no ready endpoint")
+
+// Config configures a Scheduler.
+type Config struct {
+	// Prefill lists the prefill engines. Empty means aggregated mode: no
+	// prefill leg, the decode pool serves whole requests.
+	Prefill []EndpointSpec
+	// Decode lists the decode engines (or, in aggregated mode, the
+	// engines). At least one is required.
+	Decode []EndpointSpec
+	// PrefillPolicy names the prefill pool's policy; default "round_robin".
+	PrefillPolicy string
+	// DecodePolicy names the decode pool's policy; default "round_robin".
+	DecodePolicy string
+	// DiscoveryInterval is the time between discovery rounds in Run;
+	// default 10s.
+	DiscoveryInterval time.Duration
+	// DiscoveryTimeout bounds each HTTP call and DNS lookup of discovery;
+	// default 2s.
+	DiscoveryTimeout time.Duration
+	// HTTPClient makes the discovery calls; default a client with no
+	// overall timeout (DiscoveryTimeout applies per call).
+	HTTPClient *http.Client
+}
+
+// Decision is the outcome for one request.
+type Decision struct {
+	// Prefill is the prefill target; nil when no prefill pool is
+	// configured (aggregated mode).
+	Prefill *Target
+	// Decode is the decode target (in aggregated mode, the only one).
+	Decode Target
+}
+
+// Scheduler keeps the configured endpoints up to date and picks targets for
+// requests. Its methods are safe for concurrent use.
+type Scheduler struct {
+	log           *zap.Logger
+	client        *http.Client
+	interval      time.Duration
+	timeout       time.Duration
+	lookup        func(ctx context.Context, host string) ([]netip.Addr, error)
+	prefillPolicy Policy
+	decodePolicy  Policy
+	pd            bool
+
+	discoverMu sync.Mutex // serializes discovery rounds; guards members' discovery state
+	members    []*member  // prefill first, then decode, in configuration order
+
+	snap atomic.Pointer[snapshot]
+}
+
+// New validates cfg and returns a Scheduler for it. No endpoint is ready
+// until the first discovery round: call Discover or Run. A nil log discards
+// logs.
+func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if len(cfg.Decode) == 0 {
+		return nil, errors.New("scheduler: no decode endpoint configured")
+	}
+	s := &Scheduler{
+		log:      log,
+		client:   cfg.HTTPClient,
+		interval: cfg.DiscoveryInterval,
+		timeout:  cfg.DiscoveryTimeout,
+		pd:       len(cfg.Prefill) > 0,
+	}
+	if s.client == nil {
+		s.client = &http.Client{}
+	}
+	if s.interval <= 0 {
+		s.interval = defaultDiscoveryInterval
+	}
+	if s.timeout <= 0 {
+		s.timeout = defaultDiscoveryTimeout
+	}
+	resolver := &net.Resolver{}
+	s.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+		return resolver.LookupNetIP(ctx, "ip", host)
+	}
+
+	var err error
+	if s.prefillPolicy, err = policyOrDefault(cfg.PrefillPolicy); err != nil {
+		return nil, fmt.Errorf("scheduler: prefill policy: %w", err)
+	}
+	if s.decodePolicy, err = policyOrDefault(cfg.DecodePolicy); err != nil {
+		return nil, fmt.Errorf("scheduler: decode policy: %w", err)
+	}
+
+	seen := make(map[string]string) // duplicate key -> URL as configured
+	add := func(role Role, specs []EndpointSpec) error {
+		for i, spec := range specs {
+			m, err := newMember(role, spec)
+			if err != nil {
+				return fmt.Errorf("scheduler: %s endpoint %d: %w", role, i, err)
+			}
+			if prev, ok := seen[m.url.key]; ok {
+				return fmt.Errorf("scheduler: duplicate endpoint URL %q (same engine as %q)", spec.URL, prev)
+			}
+			seen[m.url.key] = spec.URL
+			s.members = append(s.members, m)
+		}
+		return nil
+	}
+	if err := add(RolePrefill, cfg.Prefill); err != nil {
+		return nil, err
+	}
+	if err := add(RoleDecode, cfg.Decode); err != nil {
+		return nil, err
+	}
+	s.snap.Store(newSnapshot(s.states()))
+	return s, nil
+}
+
+// policyOrDefault builds the named policy, round_robin if name is empty.
+func policyOrDefault(name string) (Policy, error) {
+	if name == "" {
+		name = policyRoundRobin
+	}
+	return newPolicy(name)
+}
+
+// newMember validates spec and returns its endpoint in the undiscovered
+// state.
+func newMember(role Role, spec EndpointSpec) (*member, error) {
+	u, err := parseEndpointURL(spec.URL)
+	if err != nil {
+		return nil, fmt.Errorf("URL %q: %w", spec.URL, err)
+	}
+	if spec.DPSize < 0 || spec.DPSize > maxDPSize {
+		return nil, fmt.Errorf("URL %q: DPSize %d out of range [0, %d]", spec.URL, spec.DPSize, maxDPSize)
+	}
+	if spec.BootstrapPort < 0 || spec.BootstrapPort > 65535 {
+		return nil, fmt.Errorf("URL %q: BootstrapPort %d out of range [0, 65535]", spec.URL, spec.BootstrapPort)
+	}
+	m := &member{role: role, spec: spec, url: u}
+	m.cur = Endpoint{Role: role, URL: u.base, BootstrapHost: u.host}
+	if u.ip.IsValid() {
+		m.cur.Address = address(u.ip, u.port)
+	}
+	return m, nil
+}
+
+// states returns the members' current states. The caller holds discoverMu
+// or is New.
+func (s *Scheduler) states() []Endpoint {
+	eps := make([]Endpoint, len(s.members))
+	for i, m := range s.members {
+		eps[i] = m.cur
+	}
+	return eps
+}
+
+// Discover runs one discovery round over all endpoints concurrently and
+// publishes the result if anything changed. It returns the endpoints'
+// errors joined, including those of endpoints that stay ready on known or
+// configured values. If ctx ends during the round, the round's results are
+// dropped and the context's error is returned.
+func (s *Scheduler) Discover(ctx context.Context) error {
+	s.discoverMu.Lock()
+	defer s.discoverMu.Unlock()
+
+	probes := make([]probe, len(s.members))
+	var wg sync.WaitGroup
+	for i, m := range s.members {
+		wg.Go(func() { probes[i] = s.probe(ctx, m) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("scheduler: discover: %w", err)
+	}
+
+	var errs []error
+	changed := false
+	for i, m := range s.members {
+		ep, err := s.apply(m, probes[i])
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ep != m.cur {
+			changed = true
+			m.cur = ep
+		}
+	}
+	if changed {
+		s.snap.Store(newSnapshot(s.states()))
+	}
+	return errors.Join(errs...)
+}
+
+// Run calls Discover now and then every DiscoveryInterval until ctx is
+// done. Discovery errors are logged as endpoints change state; Run itself
+// only logs them at debug level.
+func (s *Scheduler) Run(ctx context.Context) {
+	ticker := time.NewTicker(s.interval)
+	defer ticker.Stop()
+	for {
+		if err := s.Discover(ctx); err != nil && ctx.Err() == nil {
+			s.log.Debug("discovery round finished with errors", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Ready reports whether requests can be scheduled: at least one decode
+// endpoint is ready and, if a prefill pool is configured, at least one
+// prefill endpoint too.
+func (s *Scheduler) Ready() bool {
+	snap := s.snap.Load()
+	return len(snap.decode) > 0 && (!s.pd || len(snap.prefill) > 0)
+}
+
+// PD reports whether a prefill pool is configured, that is whether requests
+// are served disaggregated.
+func (s *Scheduler) PD() bool { return s.pd }
+
+// Pick chooses the targets for one request: a decode target with the decode
+// policy and, when a prefill pool is configured, a prefill target with the
+// prefill policy. If a needed role has no ready endpoint, the error wraps
+// ErrNoEndpoints. A nil req is treated as an empty Request.
+func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("scheduler: pick: %w", err)
+	}
+	snap := s.snap.Load()
+	// Check both roles before asking any policy, so that a failed pick
+	// leaves the policies' state untouched.
+	if len(snap.decode) == 0 {
+		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
+	}
+	if s.pd && len(snap.prefill) == 0 {
+		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
+	}
+	if req == nil {
+		req = &Request{}
+	}
+	var d Decision
+	if s.pd {
+		t, err := s.prefillPolicy.Pick(ctx, req, snap.prefill)
+		if err != nil {
+			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
+		}
+		d.Prefill = &t
+	}
+	t, err := s.decodePolicy.Pick(ctx, req, snap.decode)
+	if err != nil {
+		return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err)
+	}
+	d.Decode = t
+	return d, nil
+}
+
+// Endpoints returns a snapshot of all endpoints of both roles: prefill
+// first, then decode, each in configuration order.
+func (s *Scheduler) Endpoints() []Endpoint {
+	return slices.Clone(s.snap.Load().endpoints)
+}
