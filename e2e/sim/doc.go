@@ -1,0 +1,26 @@
+// Package sim is duet-sim: a simulated SGLang HTTP server for end-to-end tests.
+//
+// No GPUs are involved. A Server speaks SGLang's real HTTP wire protocol
+// (OpenAI routes, native /generate, /server_info, /v1/loads, /metrics) and
+// reproduces the parts of SGLang's behaviour that a router can get wrong
+// when it drives prefill/decode (PD) disaggregation with data-parallel (DP)
+// ranks:
+//
+//   - DP rank selection: the X-Data-Parallel-Rank header on the OpenAI
+//     routes, the routed_dp_rank body field (and its deprecated alias
+//     data_parallel_rank), follow_bootstrap_room on prefill and round robin
+//     otherwise, with SGLang's validation errors;
+//   - the PD handshake: a prefill server runs a bootstrap HTTP server and
+//     records, per bootstrap room, on which DP rank the KV cache was
+//     produced; a decode server resolves the prefill rank it expects
+//     (disagg_prefill_dp_rank, else bootstrap_room % prefill dp_size) and
+//     waits for the KV on exactly that rank, failing with SGLang's messages
+//     when the room never arrives, arrives on another rank, or failed;
+//   - the follow_bootstrap_room conflict check on prefill;
+//   - live per-rank load in /v1/loads and /metrics.
+//
+// Every inference request is recorded and can be inspected over
+// GET /sim/requests, so tests can assert what the router actually sent.
+//
+// The command cmd/duet-sim wraps this package.
+package sim

@@ -1,0 +1,95 @@
+package sim
+
+import (
+	"net"
+	"net/http"
+	"strconv"
+)
+
+// loadBalanceMethod is the resolved --load-balance-method of the default
+// "auto": follow_bootstrap_room on prefill, round_robin otherwise.
+func (s *Server) loadBalanceMethod() string {
+	if s.cfg.Mode == ModePrefill {
+		return "follow_bootstrap_room"
+	}
+	return "round_robin"
+}
+
+// handleServerInfo serves GET /server_info and GET /get_server_info: a
+// subset of SGLang's ServerArgs plus scheduler info and per-rank state.
+func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
+	states := make([]map[string]any, 0, s.cfg.DPSize)
+	for _, l := range s.load.snapshot() {
+		states = append(states, map[string]any{
+			"dp_rank":              l.dpRank,
+			"last_gen_throughput":  l.genThroughput,
+			"num_running_reqs":     l.running,
+			"num_used_tokens":      l.usedTokens,
+			"max_total_num_tokens": s.cfg.MaxTotalTokens,
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"model_path":                      s.cfg.Model,
+		"tokenizer_path":                  s.cfg.Model,
+		"served_model_name":               s.cfg.Model,
+		"host":                            hostOf(s.listenAddr()),
+		"port":                            portOf(s.listenAddr()),
+		"dp_size":                         s.cfg.DPSize,
+		"tp_size":                         1,
+		"pp_size":                         1,
+		"enable_dp_attention":             s.cfg.DPSize > 1,
+		"disaggregation_mode":             string(s.cfg.Mode),
+		"disaggregation_bootstrap_port":   s.cfg.BootstrapPort,
+		"disaggregation_transfer_backend": "mooncake",
+		"load_balance_method":             s.loadBalanceMethod(),
+		"max_running_requests":            s.cfg.MaxRunningRequests,
+		"max_total_num_tokens":            s.cfg.MaxTotalTokens,
+		"context_length":                  DefaultMaxModelLen,
+		"page_size":                       1,
+		"enable_metrics":                  true,
+		"internal_states":                 states,
+		"version":                         Version,
+	})
+}
+
+// handleModels serves GET /v1/models.
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id":            s.cfg.Model,
+			"object":        "model",
+			"created":       s.started.Unix(),
+			"owned_by":      "sglang",
+			"root":          s.cfg.Model,
+			"max_model_len": DefaultMaxModelLen,
+		}},
+	})
+}
+
+// listenAddr is the bound API address after Start, else the configured one.
+func (s *Server) listenAddr() string {
+	if a := s.Addr(); a != nil {
+		return a.String()
+	}
+	return s.cfg.Listen
+}
+
+// hostOf returns the host part of a host:port address.
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return host
+}
+
+// portOf returns the port of a host:port address, 0 if it has none.
+func portOf(addr string) int {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(port)
+	return n
+}

@@ -1,0 +1,82 @@
+package sim
+
+import (
+	"sync"
+	"time"
+)
+
+// KV transfer states of a bootstrap room, as served by GET /sim/kv.
+const (
+	RoomPending = "pending"
+	RoomDone    = "done"
+	RoomFailed  = "failed"
+	RoomUnknown = "unknown"
+)
+
+// roomTTL is how long finished rooms are kept; pruning is lazy.
+const (
+	roomTTL        = 10 * time.Minute
+	roomPruneEvery = 1024
+)
+
+// RoomStatus is the prefill-side KV state of one bootstrap room.
+type RoomStatus struct {
+	// Room is the bootstrap room.
+	Room int64 `json:"room"`
+	// State is pending, done, failed or unknown.
+	State string `json:"state"`
+	// DPRank is the prefill DP rank that holds (or would hold) the KV.
+	DPRank *int `json:"dp_rank,omitempty"`
+	// Error explains a failed room.
+	Error string `json:"error,omitempty"`
+}
+
+// roomEntry is a stored room state.
+type roomEntry struct {
+	state   string
+	dpRank  int
+	err     string
+	updated time.Time
+}
+
+// roomStore records, on a prefill server, which rank produced the KV of
+// each bootstrap room. The latest write for a room wins.
+type roomStore struct {
+	mu     sync.Mutex
+	rooms  map[int64]roomEntry
+	writes int
+	now    func() time.Time
+}
+
+// newRoomStore returns an empty store.
+func newRoomStore() *roomStore {
+	return &roomStore{rooms: make(map[int64]roomEntry), now: time.Now}
+}
+
+// set records the state of room on rank.
+func (s *roomStore) set(room int64, rank int, state, errMsg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.rooms[room] = roomEntry{state: state, dpRank: rank, err: errMsg, updated: now}
+	s.writes++
+	if s.writes%roomPruneEvery == 0 {
+		for k, e := range s.rooms {
+			if e.state != RoomPending && now.Sub(e.updated) > roomTTL {
+				delete(s.rooms, k)
+			}
+		}
+	}
+}
+
+// status returns the state of room; State is RoomUnknown if never seen.
+func (s *roomStore) status(room int64) RoomStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.rooms[room]
+	if !ok {
+		return RoomStatus{Room: room, State: RoomUnknown}
+	}
+	rank := e.dpRank
+	return RoomStatus{Room: room, State: e.state, DPRank: &rank, Error: e.err}
+}

@@ -1,0 +1,89 @@
+package sim
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricLabels are the labels of every per-rank gauge, as SGLang's
+// SchedulerMetricsCollector sets them. SGLang adds dp_rank only when the
+// scheduler was launched by the DP controller, i.e. dp_size > 1.
+func metricLabels(dpSize int) []string {
+	labels := []string{"engine_type", "model_name", "pp_rank", "tp_rank"}
+	if dpSize > 1 {
+		labels = append([]string{"dp_rank"}, labels...)
+	}
+	return labels
+}
+
+// gaugeSpec is one per-rank gauge and how to read it from a snapshot.
+type gaugeSpec struct {
+	desc  *prometheus.Desc
+	value func(s *Server, l rankSnapshot) float64
+}
+
+// rankCollector exports the live per-rank load on every scrape.
+type rankCollector struct {
+	s      *Server
+	gauges []gaugeSpec
+}
+
+// newRankCollector builds the collector for s.
+func newRankCollector(s *Server) *rankCollector {
+	labels := metricLabels(s.cfg.DPSize)
+	g := func(name, help string, f func(*Server, rankSnapshot) float64) gaugeSpec {
+		return gaugeSpec{desc: prometheus.NewDesc(name, help, labels, nil), value: f}
+	}
+	usage := func(s *Server, l rankSnapshot) float64 {
+		return float64(l.usedTokens) / float64(s.cfg.MaxTotalTokens)
+	}
+	return &rankCollector{s: s, gauges: []gaugeSpec{
+		g("sglang:num_running_reqs", "The number of running requests.",
+			func(_ *Server, l rankSnapshot) float64 { return float64(l.running) }),
+		g("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+			func(*Server, rankSnapshot) float64 { return 0 }),
+		g("sglang:num_used_tokens", "The number of used tokens.",
+			func(_ *Server, l rankSnapshot) float64 { return float64(l.usedTokens) }),
+		g("sglang:token_usage", "The token usage.", usage),
+		g("sglang:cache_hit_rate", "The cache hit rate.",
+			func(*Server, rankSnapshot) float64 { return 0 }),
+		g("sglang:gen_throughput", "The generation throughput (token/s).",
+			func(_ *Server, l rankSnapshot) float64 { return l.genThroughput }),
+		g("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.",
+			func(_ *Server, l rankSnapshot) float64 { return float64(l.transfer) }),
+	}}
+}
+
+// Describe implements prometheus.Collector.
+func (c *rankCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, g := range c.gauges {
+		ch <- g.desc
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
+	engine := c.s.cfg.Mode.engineType()
+	for _, l := range c.s.load.snapshot() {
+		labels := []string{engine, c.s.cfg.Model, "0", "0"}
+		if c.s.cfg.DPSize > 1 {
+			labels = append([]string{strconv.Itoa(l.dpRank)}, labels...)
+		}
+		for _, g := range c.gauges {
+			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, g.value(c.s, l), labels...)
+		}
+	}
+}
+
+// metricsHandler serves /metrics from a private registry.
+func (s *Server) metricsHandler() (http.Handler, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(newRankCollector(s)); err != nil {
+		return nil, fmt.Errorf("register rank collector: %w", err)
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
+}

@@ -1,0 +1,399 @@
+package sim
+
+import (
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// inferRequest is the part of an inference body the simulator acts on.
+type inferRequest struct {
+	route        routeKind
+	model        string
+	stream       bool
+	includeUsage bool
+	// items are the units SGLang schedules independently: batch prompts,
+	// or chat samples when n > 1. Each has its own bootstrap room.
+	items []itemInput
+	// batch is true when /generate or /v1/completions got a list input, so
+	// the response is list-shaped (/generate) or one choice per prompt.
+	batch bool
+	boot  bootstrapFields
+	// bodyRank is routed_dp_rank, or the deprecated data_parallel_rank when
+	// routed_dp_rank is absent.
+	bodyRank *int
+	// disaggPrefillRank is disagg_prefill_dp_rank.
+	disaggPrefillRank *int
+}
+
+// itemInput is one schedulable item.
+type itemInput struct {
+	promptTokens int
+	maxTokens    int
+}
+
+// bootstrapFields holds the PD bootstrap fields, one entry per item; a nil
+// entry means the field was absent or null for that item.
+type bootstrapFields struct {
+	rooms []*int64
+	hosts []*string
+	ports []*int
+}
+
+// parseInferRequest validates body for route and extracts what the
+// simulator needs. Errors are 400s with SGLang-like messages.
+func parseInferRequest(route routeKind, body []byte, servedModel string) (*inferRequest, *apiError) {
+	if !gjson.ValidBytes(body) {
+		return nil, badRequestf("Invalid JSON body")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, badRequestf("Request body must be a JSON object")
+	}
+	req := &inferRequest{route: route, model: servedModel}
+	if m := root.Get("model"); m.Type == gjson.String && m.String() != "" {
+		req.model = m.String()
+	}
+	req.stream = root.Get("stream").Bool()
+	req.includeUsage = root.Get("stream_options.include_usage").Bool()
+
+	var err *apiError
+	switch route {
+	case routeChat:
+		err = parseChat(root, req)
+	case routeCompletions:
+		err = parseCompletions(root, req)
+	case routeGenerate:
+		err = parseGenerate(root, req)
+	case routeResponses:
+		err = parseResponses(root, req)
+	default:
+		err = badRequestf("unknown route")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if req.bodyRank, err = optInt(root.Get("routed_dp_rank"), "routed_dp_rank"); err != nil {
+		return nil, err
+	}
+	if req.bodyRank == nil {
+		if req.bodyRank, err = optInt(root.Get("data_parallel_rank"), "data_parallel_rank"); err != nil {
+			return nil, err
+		}
+	}
+	if req.disaggPrefillRank, err = optInt(root.Get("disagg_prefill_dp_rank"), "disagg_prefill_dp_rank"); err != nil {
+		return nil, err
+	}
+	if req.boot, err = parseBootstrap(root, len(req.items)); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// parseChat reads /v1/chat/completions: messages, n, max tokens.
+func parseChat(root gjson.Result, req *inferRequest) *apiError {
+	msgs := root.Get("messages")
+	if !msgs.IsArray() || len(msgs.Array()) == 0 {
+		return badRequestf("messages: Field required and must be a non-empty list")
+	}
+	var b strings.Builder
+	for _, m := range msgs.Array() {
+		b.WriteString(contentText(m.Get("content")))
+	}
+	maxTokens, err := maxTokensOf(root, "max_completion_tokens", "max_tokens")
+	if err != nil {
+		return err
+	}
+	n := 1
+	if v := root.Get("n"); v.Exists() && v.Type != gjson.Null {
+		nn, err := optInt(v, "n")
+		if err != nil {
+			return err
+		}
+		if *nn < 1 {
+			return badRequestf("n must be at least 1, got %d", *nn)
+		}
+		n = *nn
+	}
+	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens}
+	for i := 0; i < n; i++ {
+		req.items = append(req.items, item)
+	}
+	return nil
+}
+
+// parseCompletions reads /v1/completions: prompt (string, list of strings,
+// token list or list of token lists) and max_tokens.
+func parseCompletions(root gjson.Result, req *inferRequest) *apiError {
+	maxTokens, err := maxTokensOf(root, "max_tokens")
+	if err != nil {
+		return err
+	}
+	prompts, batch, err := promptsOf(root.Get("prompt"), "prompt", "prompt: Field required")
+	if err != nil {
+		return err
+	}
+	req.batch = batch
+	for _, p := range prompts {
+		req.items = append(req.items, itemInput{promptTokens: p, maxTokens: maxTokens})
+	}
+	return nil
+}
+
+// parseGenerate reads native /generate: text or input_ids (single or
+// batch) and sampling_params.max_new_tokens (an object, or one per item).
+func parseGenerate(root gjson.Result, req *inferRequest) *apiError {
+	text, ids := root.Get("text"), root.Get("input_ids")
+	hasText := text.Exists() && text.Type != gjson.Null
+	hasIDs := ids.Exists() && ids.Type != gjson.Null
+	if hasText && hasIDs {
+		return badRequestf("Either text or input_ids should be provided.")
+	}
+	if !hasText && !hasIDs {
+		return badRequestf("Either text, input_ids or input_embeds should be provided.")
+	}
+	var prompts []int
+	var batch bool
+	var err *apiError
+	if hasText {
+		prompts, batch, err = promptsOf(text, "text", "")
+	} else {
+		if !ids.IsArray() {
+			return badRequestf("input_ids must be a list of integers or a list of lists")
+		}
+		prompts, batch, err = promptsOf(ids, "input_ids", "")
+	}
+	if err != nil {
+		return err
+	}
+	req.batch = batch
+	sp := root.Get("sampling_params")
+	if sp.IsArray() && len(sp.Array()) != len(prompts) {
+		return badRequestf("sampling_params list has %d entries for a batch of %d", len(sp.Array()), len(prompts))
+	}
+	for i, p := range prompts {
+		params := sp
+		if sp.IsArray() {
+			params = sp.Array()[i]
+		}
+		maxTokens, err := maxTokensOf(params, "max_new_tokens")
+		if err != nil {
+			return err
+		}
+		req.items = append(req.items, itemInput{promptTokens: p, maxTokens: maxTokens})
+	}
+	return nil
+}
+
+// parseResponses reads /v1/responses: input (string or list of items) and
+// max_output_tokens.
+func parseResponses(root gjson.Result, req *inferRequest) *apiError {
+	in := root.Get("input")
+	if !in.Exists() || in.Type == gjson.Null {
+		return badRequestf("input: Field required")
+	}
+	if in.Type != gjson.String && !in.IsArray() {
+		return badRequestf("input must be a string or a list")
+	}
+	maxTokens, err := maxTokensOf(root, "max_output_tokens")
+	if err != nil {
+		return err
+	}
+	req.items = []itemInput{{promptTokens: textTokens(contentText(in)), maxTokens: maxTokens}}
+	return nil
+}
+
+// promptsOf returns the prompt token counts of a string, list of strings,
+// token list or list of token lists, and whether the input is a batch.
+func promptsOf(v gjson.Result, field, missing string) ([]int, bool, *apiError) {
+	if !v.Exists() || v.Type == gjson.Null {
+		if missing == "" {
+			missing = field + ": Field required"
+		}
+		return nil, false, badRequestf("%s", missing)
+	}
+	if v.Type == gjson.String {
+		return []int{textTokens(v.String())}, false, nil
+	}
+	if !v.IsArray() {
+		return nil, false, badRequestf("%s must be a string or a list", field)
+	}
+	elems := v.Array()
+	if len(elems) == 0 {
+		return nil, false, badRequestf("%s must not be empty", field)
+	}
+	switch {
+	case elems[0].Type == gjson.Number:
+		for _, e := range elems {
+			if e.Type != gjson.Number {
+				return nil, false, badRequestf("%s: mixed token ids and other values", field)
+			}
+		}
+		return []int{len(elems)}, false, nil
+	case elems[0].Type == gjson.String:
+		out := make([]int, len(elems))
+		for i, e := range elems {
+			if e.Type != gjson.String {
+				return nil, false, badRequestf("%s: a batch must be all strings", field)
+			}
+			out[i] = textTokens(e.String())
+		}
+		return out, true, nil
+	case elems[0].IsArray():
+		out := make([]int, len(elems))
+		for i, e := range elems {
+			if !e.IsArray() {
+				return nil, false, badRequestf("%s: a batch of token ids must be all lists", field)
+			}
+			for _, id := range e.Array() {
+				if id.Type != gjson.Number {
+					return nil, false, badRequestf("%s: token ids must be integers", field)
+				}
+			}
+			out[i] = len(e.Array())
+		}
+		return out, true, nil
+	}
+	return nil, false, badRequestf("%s: unsupported element type", field)
+}
+
+// contentText extracts the text of a chat/responses content value: a
+// string, a list of parts with "text", or a list of messages with
+// "content".
+func contentText(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return v.String()
+	case v.IsArray():
+		var b strings.Builder
+		for _, e := range v.Array() {
+			b.WriteString(contentText(e))
+		}
+		return b.String()
+	case v.IsObject():
+		if t := v.Get("text"); t.Type == gjson.String {
+			return t.String()
+		}
+		return contentText(v.Get("content"))
+	}
+	return ""
+}
+
+// maxTokensOf returns the first present field of names as a non-negative
+// int, or the default of 16.
+func maxTokensOf(obj gjson.Result, names ...string) (int, *apiError) {
+	for _, name := range names {
+		v, err := optInt(obj.Get(name), name)
+		if err != nil {
+			return 0, err
+		}
+		if v != nil {
+			if *v < 0 {
+				return 0, badRequestf("%s must be non-negative, got %d", name, *v)
+			}
+			return *v, nil
+		}
+	}
+	return defaultMaxNewTokens, nil
+}
+
+// optInt parses an optional integer field; absent or null gives nil.
+func optInt(v gjson.Result, name string) (*int, *apiError) {
+	n, err := optInt64(v, name)
+	if err != nil || n == nil {
+		return nil, err
+	}
+	if *n > math.MaxInt32 || *n < math.MinInt32 {
+		return nil, badRequestf("%s: integer out of range: %d", name, *n)
+	}
+	i := int(*n)
+	return &i, nil
+}
+
+// optInt64 parses an optional 64-bit integer field. Like pydantic's lax
+// mode it accepts floats with no fractional part.
+func optInt64(v gjson.Result, name string) (*int64, *apiError) {
+	if !v.Exists() || v.Type == gjson.Null {
+		return nil, nil
+	}
+	if v.Type != gjson.Number {
+		return nil, badRequestf("%s: Input should be a valid integer, got %s", name, v.Raw)
+	}
+	if n, err := strconv.ParseInt(v.Raw, 10, 64); err == nil {
+		return &n, nil
+	}
+	f, err := strconv.ParseFloat(v.Raw, 64)
+	if err != nil || f != math.Trunc(f) || f >= math.MaxInt64 || f < math.MinInt64 {
+		return nil, badRequestf("%s: Input should be a valid integer, got %s", name, v.Raw)
+	}
+	n := int64(f)
+	return &n, nil
+}
+
+// parseBootstrap reads bootstrap_room, bootstrap_host and bootstrap_port.
+// A scalar is allowed for a single item; a list must have one entry per
+// item, as SGLang indexes the lists when it splits a batch.
+func parseBootstrap(root gjson.Result, n int) (bootstrapFields, *apiError) {
+	var f bootstrapFields
+	var err *apiError
+	f.rooms, err = perItem(root.Get("bootstrap_room"), "bootstrap_room", n, func(v gjson.Result) (*int64, *apiError) {
+		return optInt64(v, "bootstrap_room")
+	})
+	if err != nil {
+		return f, err
+	}
+	f.hosts, err = perItem(root.Get("bootstrap_host"), "bootstrap_host", n, func(v gjson.Result) (*string, *apiError) {
+		if v.Type == gjson.Null {
+			return nil, nil
+		}
+		if v.Type != gjson.String {
+			return nil, badRequestf("bootstrap_host: Input should be a valid string, got %s", v.Raw)
+		}
+		s := v.String()
+		return &s, nil
+	})
+	if err != nil {
+		return f, err
+	}
+	f.ports, err = perItem(root.Get("bootstrap_port"), "bootstrap_port", n, func(v gjson.Result) (*int, *apiError) {
+		p, err := optInt(v, "bootstrap_port")
+		if err == nil && p != nil && (*p < 0 || *p > 65535) {
+			return nil, badRequestf("bootstrap_port out of range: %d", *p)
+		}
+		return p, err
+	})
+	return f, err
+}
+
+// perItem expands a bootstrap field into one value per item.
+func perItem[T any](v gjson.Result, name string, n int, parse func(gjson.Result) (*T, *apiError)) ([]*T, *apiError) {
+	out := make([]*T, n)
+	if !v.Exists() || v.Type == gjson.Null {
+		return out, nil
+	}
+	if !v.IsArray() {
+		if n != 1 {
+			return nil, badRequestf("%s must be a list of length %d for a batch request, got a scalar", name, n)
+		}
+		x, err := parse(v)
+		if err != nil {
+			return nil, err
+		}
+		out[0] = x
+		return out, nil
+	}
+	elems := v.Array()
+	if len(elems) != n {
+		return nil, badRequestf("%s list has length %d but the batch has %d items", name, len(elems), n)
+	}
+	for i, e := range elems {
+		x, err := parse(e)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = x
+	}
+	return out, nil
+}

@@ -1,0 +1,141 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// errStreamClosed stops an item whose stream was closed or broken.
+var errStreamClosed = errors.New("stream closed")
+
+// itemPlan is how one item will be served.
+type itemPlan struct {
+	index  int
+	in     itemInput
+	room   *int64
+	host   *string
+	port   *int
+	rank   int
+	source rankSource
+	// Decode only.
+	bootAddr    string // prefill bootstrap server host:port
+	prefillRank *int   // rank expected to hold the KV; nil accepts any
+	fakeKV      bool   // FAKE_BOOTSTRAP_HOST: no transfer (health checks)
+}
+
+// emitter receives streaming progress; nil for non-streaming requests.
+type emitter interface {
+	// token reports a generated token; false stops the item.
+	token(res itemResult, delta string, total int) bool
+	// finish reports that the item finished generating.
+	finish(res itemResult)
+}
+
+// runItem serves one item according to the server mode.
+func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, em emitter) (itemResult, error) {
+	res := itemResult{index: p.index, rid: newID(""), promptTokens: p.in.promptTokens}
+	switch s.cfg.Mode {
+	case ModePrefill:
+		return s.runPrefill(ctx, req, p, res, em)
+	case ModeDecode:
+		return s.runDecode(ctx, p, res, em)
+	default:
+		h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
+		defer h.release()
+		if err := sleepCtx(ctx, s.prefillTime(p.in.promptTokens)); err != nil {
+			return res, err
+		}
+		return s.generate(ctx, h, res, p.in.maxTokens, true, em)
+	}
+}
+
+// runPrefill runs the prefill leg: the follow_bootstrap_room conflict
+// check, then the forward pass that makes the room's KV available on this
+// item's rank, then one generated token.
+func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan, res itemResult, em emitter) (itemResult, error) {
+	room := *p.room
+	if msg := s.prefillConflict(req, p); msg != "" {
+		s.rooms.set(room, p.rank, RoomFailed, msg)
+		return res, internalErrorf("%s", msg)
+	}
+	h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
+	defer h.release()
+	s.rooms.set(room, p.rank, RoomPending, "")
+	if err := sleepCtx(ctx, s.prefillTime(p.in.promptTokens)); err != nil {
+		s.rooms.set(room, p.rank, RoomFailed, fmt.Sprintf("prefill aborted: %v", err))
+		return res, err
+	}
+	s.rooms.set(room, p.rank, RoomDone, "")
+	return s.generate(ctx, h, res, 1, false, em)
+}
+
+// prefillConflict returns SGLang's follow_bootstrap_room conflict message
+// when a pinned rank disagrees with the room and the request carries no
+// disagg_prefill_dp_rank; "" otherwise.
+func (s *Server) prefillConflict(req *inferRequest, p *itemPlan) string {
+	if s.cfg.DPSize <= 1 || p.source == sourceRoom || req.disaggPrefillRank != nil {
+		return ""
+	}
+	implied := pyMod(*p.room, s.cfg.DPSize)
+	if p.rank == implied {
+		return ""
+	}
+	return fmt.Sprintf("follow_bootstrap_room conflict: dispatched to dp_rank %d but bootstrap_room %d implies dp_rank %d. "+
+		"Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.", p.rank, *p.room, implied)
+}
+
+// runDecode runs the decode leg: KV preallocated in the transfer queue,
+// wait for the prefill's KV on the expected rank, then generate.
+func (s *Server) runDecode(ctx context.Context, p *itemPlan, res itemResult, em emitter) (itemResult, error) {
+	h := s.load.admit(p.rank, p.in.promptTokens, phaseTransfer)
+	defer h.release()
+	if !p.fakeKV {
+		err := s.kv.waitKV(ctx, kvWait{
+			addr:        p.bootAddr,
+			room:        *p.room,
+			prefillRank: p.prefillRank,
+			decodeRank:  p.rank,
+			timeout:     s.cfg.KVTimeout,
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	h.run()
+	return s.generate(ctx, h, res, p.in.maxTokens, true, em)
+}
+
+// generate produces n deterministic tokens, sleeping DecodePerToken before
+// each one when pace is set.
+func (s *Server) generate(ctx context.Context, h *loadHandle, res itemResult, n int, pace bool, em emitter) (itemResult, error) {
+	var text strings.Builder
+	for i := 0; i < n; i++ {
+		if pace {
+			if err := sleepCtx(ctx, s.cfg.DecodePerToken); err != nil {
+				return res, err
+			}
+		} else if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		h.addToken()
+		delta := tokenText(i)
+		text.WriteString(delta)
+		res.text = text.String()
+		res.completionTokens++
+		if em != nil && !em.token(res, delta, n) {
+			return res, errStreamClosed
+		}
+	}
+	if em != nil {
+		em.finish(res)
+	}
+	return res, nil
+}
+
+// prefillTime is the simulated forward time for a prompt.
+func (s *Server) prefillTime(promptTokens int) time.Duration {
+	return time.Duration(float64(s.cfg.PrefillPer1KTokens) * float64(promptTokens) / 1000)
+}

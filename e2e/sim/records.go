@@ -1,0 +1,127 @@
+package sim
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Record describes one inference HTTP request the simulator received.
+// Records are appended when the request finishes, so Status is final.
+// For batch requests the scalar fields (DPRank, PrefillDPRank,
+// BootstrapHost, BootstrapPort) describe the first item and the list
+// fields describe every item.
+type Record struct {
+	// Path is the request path, e.g. /v1/chat/completions.
+	Path string `json:"path"`
+	// Mode is the server's disaggregation mode.
+	Mode Mode `json:"mode"`
+	// Headers maps each lowercased header name to its first value.
+	Headers map[string]string `json:"headers"`
+	// Body is the raw JSON received (a JSON string if it was not JSON).
+	Body json.RawMessage `json:"body"`
+	// DPRank is the DP rank that served the request, nil if none was picked.
+	DPRank *int `json:"dp_rank"`
+	// DPRanks is the rank of every batch item.
+	DPRanks []int `json:"dp_ranks"`
+	// RankSource says where the rank came from: header, body, room or
+	// round_robin; nil if no rank was picked.
+	RankSource *string `json:"rank_source"`
+	// BootstrapRooms lists the bootstrap rooms, one per item (nil items
+	// for missing rooms).
+	BootstrapRooms []*int64 `json:"bootstrap_rooms"`
+	// BootstrapHost is the first item's bootstrap_host.
+	BootstrapHost *string `json:"bootstrap_host"`
+	// BootstrapPort is the first item's bootstrap_port.
+	BootstrapPort *int `json:"bootstrap_port"`
+	// PrefillDPRank is, on decode, the prefill rank expected to hold the KV.
+	PrefillDPRank *int `json:"prefill_dp_rank"`
+	// PrefillDPRanks lists the expected prefill rank of every item (decode).
+	PrefillDPRanks []int `json:"prefill_dp_ranks,omitempty"`
+	// Stream reports whether the client asked for a streaming response.
+	Stream bool `json:"stream"`
+	// Status is the HTTP status sent; 499 if the client disconnected. A
+	// streaming request that failed after the 200 was sent keeps 200 and
+	// sets Error.
+	Status int `json:"status"`
+	// Error is the failure message, empty on success.
+	Error string `json:"error"`
+	// StartedAt is when the request arrived.
+	StartedAt time.Time `json:"started_at"`
+	// DurationMS is how long the request took, in milliseconds.
+	DurationMS float64 `json:"duration_ms"`
+}
+
+// recordStore is a bounded, mutex-protected list of records.
+type recordStore struct {
+	mu      sync.Mutex
+	max     int
+	records []Record
+}
+
+// newRecordStore returns a store keeping at most max records.
+func newRecordStore(max int) *recordStore {
+	return &recordStore{max: max}
+}
+
+// add appends r, dropping the oldest record when full.
+func (s *recordStore) add(r Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.records) >= s.max {
+		n := copy(s.records, s.records[1:])
+		s.records = s.records[:n]
+	}
+	s.records = append(s.records, r)
+}
+
+// list returns a copy of all records, oldest first.
+func (s *recordStore) list() []Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Record, len(s.records))
+	copy(out, s.records)
+	return out
+}
+
+// clear removes all records and returns how many there were.
+func (s *recordStore) clear() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.records)
+	s.records = nil
+	return n
+}
+
+// handleList serves GET /sim/requests.
+func (s *recordStore) handleList(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.list())
+}
+
+// handleClear serves DELETE /sim/requests.
+func (s *recordStore) handleClear(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]int{"cleared": s.clear()})
+}
+
+// firstHeaders maps lowercased header names to their first value.
+func firstHeaders(h http.Header) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if len(v) > 0 {
+			out[strings.ToLower(k)] = v[0]
+		}
+	}
+	return out
+}
+
+// rawBody returns b as an embeddable JSON value: b itself if it is valid
+// JSON, otherwise a JSON string holding it.
+func rawBody(b []byte) json.RawMessage {
+	if len(b) > 0 && json.Valid(b) {
+		return json.RawMessage(append([]byte(nil), b...))
+	}
+	s, _ := json.Marshal(string(b))
+	return s
+}

@@ -1,0 +1,153 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// itemResult is the outcome (or progress) of one item.
+type itemResult struct {
+	index            int
+	rid              string
+	promptTokens     int
+	completionTokens int
+	text             string
+}
+
+// frame is one SSE event: an optional event name and a JSON payload.
+type frame struct {
+	event string
+	data  []byte
+}
+
+// renderer shapes responses for one request on one route.
+type renderer struct {
+	route        routeKind
+	id           string
+	created      int64
+	model        string
+	batch        bool
+	includeUsage bool
+}
+
+// newRenderer returns a renderer for req.
+func newRenderer(req *inferRequest) *renderer {
+	prefix := map[routeKind]string{
+		routeChat: "chatcmpl-", routeCompletions: "cmpl-", routeGenerate: "", routeResponses: "resp_",
+	}[req.route]
+	return &renderer{
+		route:        req.route,
+		id:           newID(prefix),
+		created:      time.Now().Unix(),
+		model:        req.model,
+		batch:        req.batch,
+		includeUsage: req.includeUsage,
+	}
+}
+
+// newID returns a random hex id with prefix.
+func newID(prefix string) string {
+	return fmt.Sprintf("%s%016x%016x", prefix, rand.Uint64(), rand.Uint64())
+}
+
+// mustJSON encodes v; the simulator only encodes maps and slices of plain
+// values, which cannot fail.
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("sim: encode %T: %v", v, err))
+	}
+	return b
+}
+
+// usage returns prompt and completion token totals. Chat samples (n > 1)
+// share one prompt, so it is counted once.
+func (r *renderer) usage(results []itemResult) (prompt, completion int) {
+	for i, res := range results {
+		if r.route != routeChat || i == 0 {
+			prompt += res.promptTokens
+		}
+		completion += res.completionTokens
+	}
+	return prompt, completion
+}
+
+// openAIUsage is the OpenAI usage object.
+func (r *renderer) openAIUsage(results []itemResult) map[string]any {
+	p, c := r.usage(results)
+	return map[string]any{"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+}
+
+// full renders the non-streaming body.
+func (r *renderer) full(results []itemResult) any {
+	switch r.route {
+	case routeChat, routeCompletions:
+		return r.fullOpenAI(results)
+	case routeGenerate:
+		return r.fullGenerate(results)
+	default:
+		return r.fullResponses(results)
+	}
+}
+
+// startFrames are sent before an item's first token (or its finish).
+func (r *renderer) startFrames(index int) []frame {
+	switch r.route {
+	case routeChat:
+		return []frame{{data: r.chatChunk(index, map[string]any{"role": "assistant", "content": ""}, nil)}}
+	case routeResponses:
+		return r.responsesStart()
+	}
+	return nil
+}
+
+// tokenFrames are sent for one generated token; res already includes it.
+func (r *renderer) tokenFrames(res itemResult, delta string, total int) []frame {
+	switch r.route {
+	case routeChat:
+		return []frame{{data: r.chatChunk(res.index, map[string]any{"content": delta}, nil)}}
+	case routeCompletions:
+		return []frame{{data: r.completionChunk(res.index, delta, nil)}}
+	case routeGenerate:
+		return []frame{{data: r.generateChunk(res, res.completionTokens == total)}}
+	default:
+		return r.responsesDelta(delta)
+	}
+}
+
+// finishFrames are sent when an item finished generating.
+func (r *renderer) finishFrames(res itemResult) []frame {
+	reason := "length"
+	switch r.route {
+	case routeChat:
+		return []frame{{data: r.chatChunk(res.index, map[string]any{}, &reason)}}
+	case routeCompletions:
+		return []frame{{data: r.completionChunk(res.index, "", &reason)}}
+	case routeGenerate:
+		if res.completionTokens == 0 {
+			return []frame{{data: r.generateChunk(res, true)}}
+		}
+		return nil
+	default:
+		return nil
+	}
+}
+
+// endFrames are sent once every item finished, before [DONE].
+func (r *renderer) endFrames(results []itemResult) []frame {
+	switch r.route {
+	case routeChat, routeCompletions:
+		if !r.includeUsage {
+			return nil
+		}
+		return []frame{{data: mustJSON(map[string]any{
+			"id": r.id, "object": r.chunkObject(), "created": r.created, "model": r.model,
+			"choices": []any{}, "usage": r.openAIUsage(results),
+		})}}
+	case routeResponses:
+		return r.responsesEnd(results)
+	}
+	return nil
+}

@@ -1,0 +1,38 @@
+package sim
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// apiHandler builds the main HTTP API.
+func (s *Server) apiHandler() (http.Handler, error) {
+	metrics, err := s.metricsHandler()
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	})
+	if !s.cfg.LegacyServerInfo {
+		mux.HandleFunc("GET /server_info", s.handleServerInfo)
+	}
+	mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /v1/loads", s.handleLoads)
+	mux.Handle("GET /metrics", metrics)
+
+	for _, route := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
+		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))
+	}
+
+	mux.HandleFunc("GET /sim/requests", s.records.handleList)
+	mux.HandleFunc("DELETE /sim/requests", s.records.handleClear)
+
+	// Unknown paths answer like FastAPI.
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeDetail(w, http.StatusNotFound, "Not Found")
+	})
+	return mux, nil
+}

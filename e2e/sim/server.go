@@ -1,0 +1,239 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Server is one simulated SGLang server (one HTTP API, DPSize ranks, and
+// on prefill a bootstrap server).
+type Server struct {
+	cfg     Config
+	log     *zap.Logger
+	load    *loadTracker
+	rooms   *roomStore
+	kv      *kvClient
+	records *recordStore
+	rr      atomic.Uint64 // round-robin counter
+	started time.Time
+
+	handler   http.Handler
+	bootstrap http.Handler
+
+	serverName atomic.Value // string: X-Sim-Server
+
+	mu         sync.Mutex
+	apiSrv     *http.Server
+	bootSrv    *http.Server
+	apiAddr    net.Addr
+	bootAddr   net.Addr
+	cancelBase context.CancelFunc
+	serveErrs  chan error
+}
+
+// New validates cfg, fills defaults and builds a server. It does not
+// listen; use Handler and BootstrapHandler with your own listeners (e.g.
+// httptest), or Start.
+func New(cfg Config, log *zap.Logger) (*Server, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("sim config: %w", err)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     log.With(zap.String("mode", string(cfg.Mode)), zap.String("listen", cfg.Listen)),
+		load:    newLoadTracker(cfg.DPSize),
+		rooms:   newRoomStore(),
+		kv:      newKVClient(cfg.KVPollInterval),
+		records: newRecordStore(cfg.MaxRecords),
+		started: time.Now(),
+	}
+	s.serverName.Store(cfg.Listen)
+	handler, err := s.apiHandler()
+	if err != nil {
+		return nil, fmt.Errorf("sim handler: %w", err)
+	}
+	s.handler = handler
+	if cfg.Mode == ModePrefill {
+		s.bootstrap = s.bootstrapHandler()
+	}
+	return s, nil
+}
+
+// Config returns the effective (defaulted) configuration.
+func (s *Server) Config() Config { return s.cfg }
+
+// Handler returns the main HTTP API.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// BootstrapHandler returns the prefill bootstrap server's handler, or nil
+// when the server is not a prefill.
+func (s *Server) BootstrapHandler() http.Handler { return s.bootstrap }
+
+// Records returns the requests recorded so far, oldest first.
+func (s *Server) Records() []Record { return s.records.list() }
+
+// ClearRecords forgets the recorded requests.
+func (s *Server) ClearRecords() { s.records.clear() }
+
+// SetServerName overrides the X-Sim-Server value (by default the listen
+// address; Start sets it to the bound address).
+func (s *Server) SetServerName(name string) { s.serverName.Store(name) }
+
+// name returns the X-Sim-Server value.
+func (s *Server) name() string { return s.serverName.Load().(string) }
+
+// Start listens on the configured addresses and serves in the background
+// until Shutdown or Close. With port 0 in Listen (or BootstrapPort 0 on a
+// prefill) a free port is chosen; see Addr and BootstrapAddr.
+func (s *Server) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.apiSrv != nil {
+		return errors.New("sim: already started")
+	}
+	var lc net.ListenConfig
+	apiLn, err := lc.Listen(ctx, "tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.cfg.Listen, err)
+	}
+	var bootLn net.Listener
+	if s.cfg.Mode == ModePrefill {
+		host, _, _ := net.SplitHostPort(s.cfg.Listen)
+		addr := net.JoinHostPort(host, strconv.Itoa(s.cfg.BootstrapPort))
+		bootLn, err = lc.Listen(ctx, "tcp", addr)
+		if err != nil {
+			_ = apiLn.Close()
+			return fmt.Errorf("listen on bootstrap address %s: %w", addr, err)
+		}
+		if p := bootLn.Addr().(*net.TCPAddr).Port; s.cfg.BootstrapPort == 0 {
+			// Report the bound port in /server_info and /route users.
+			s.cfg.BootstrapPort = p
+		}
+	}
+	baseCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancelBase = cancel
+	s.apiAddr = apiLn.Addr()
+	s.serverName.Store(s.apiAddr.String())
+	s.serveErrs = make(chan error, 2)
+	s.apiSrv = s.newHTTPServer(baseCtx, s.handler)
+	go s.serve(s.apiSrv, apiLn)
+	if bootLn != nil {
+		s.bootAddr = bootLn.Addr()
+		s.bootSrv = s.newHTTPServer(baseCtx, s.bootstrap)
+		go s.serve(s.bootSrv, bootLn)
+	}
+	s.log.Info("duet-sim serving",
+		zap.Stringer("addr", s.apiAddr),
+		zap.Int("dp_size", s.cfg.DPSize),
+		zap.Int("bootstrap_port", s.cfg.BootstrapPort))
+	return nil
+}
+
+// newHTTPServer returns an http.Server whose request contexts derive from
+// base, so Close aborts requests in flight.
+func (s *Server) newHTTPServer(base context.Context, h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return base },
+		ErrorLog:          zap.NewStdLog(s.log),
+	}
+}
+
+// serve runs srv on ln and reports an unexpected exit.
+func (s *Server) serve(srv *http.Server, ln net.Listener) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.log.Error("http server stopped", zap.Error(err))
+		s.serveErrs <- fmt.Errorf("serve %s: %w", ln.Addr(), err)
+	}
+}
+
+// Errors delivers unexpected serving errors after Start.
+func (s *Server) Errors() <-chan error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.serveErrs
+}
+
+// Addr is the bound main API address after Start, else nil.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.apiAddr
+}
+
+// BootstrapAddr is the bound bootstrap address after Start on a prefill,
+// else nil.
+func (s *Server) BootstrapAddr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bootAddr
+}
+
+// Shutdown stops accepting connections and waits for requests in flight
+// until ctx is done; then it aborts the remaining ones.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	srvs := []*http.Server{s.apiSrv, s.bootSrv}
+	cancel := s.cancelBase
+	s.mu.Unlock()
+	var errs []error
+	for _, srv := range srvs {
+		if srv == nil {
+			continue
+		}
+		if err := srv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown: %w", err))
+		}
+	}
+	if cancel != nil {
+		cancel()
+	}
+	for _, srv := range srvs {
+		if srv != nil {
+			_ = srv.Close()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close aborts requests in flight and closes the listeners.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Shutdown(ctx)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// zapRecord returns log fields for a finished request.
+func zapRecord(r *Record) []zap.Field {
+	f := []zap.Field{
+		zap.String("path", r.Path),
+		zap.Int("status", r.Status),
+		zap.Float64("duration_ms", r.DurationMS),
+		zap.Ints("dp_ranks", r.DPRanks),
+	}
+	if r.PrefillDPRank != nil {
+		f = append(f, zap.Int("prefill_dp_rank", *r.PrefillDPRank))
+	}
+	if r.Error != "" {
+		f = append(f, zap.String("error", r.Error))
+	}
+	return f
+}
