@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -87,16 +88,7 @@ func TestBadBodiesRejected(t *testing.T) {
 			if resp.StatusCode != 400 {
 				t.Fatalf("status %d, want 400: %s", resp.StatusCode, body)
 			}
-			var e struct {
-				Error struct {
-					Message string `json:"message"`
-					Type    string `json:"type"`
-					Code    int    `json:"code"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" || e.Error.Code != 400 || e.Error.Type != "invalid_request_error" {
-				t.Errorf("not an OpenAI error: %s (%v)", body, err)
-			}
+			checkOpenAIError(t, resp, body, 400, "invalid_request_error")
 			if pre1, dec1 := upstreamRequests(t, pd); pre1 != pre0 || dec1 != dec0 {
 				t.Errorf("a rejected request reached engines: prefill %d→%d decode %d→%d", pre0, pre1, dec0, dec1)
 			}
@@ -117,6 +109,7 @@ func TestBodyLimit(t *testing.T) {
 	if resp.StatusCode != 413 {
 		t.Fatalf("oversize: status %d, want 413: %.200s", resp.StatusCode, body)
 	}
+	checkOpenAIError(t, resp, body, 413, "invalid_request_error")
 	if pre1, dec1 := upstreamRequests(t, pd); pre1 != pre0 || dec1 != dec0 {
 		t.Errorf("an oversize request reached engines: prefill %d→%d decode %d→%d", pre0, pre1, dec0, dec1)
 	}
@@ -151,8 +144,28 @@ func TestFailClosedWhenDuetDown(t *testing.T) {
 		if resp.StatusCode != 503 {
 			t.Errorf("%s %s with duet down: status %d, want 503: %s", tc.method, tc.path, resp.StatusCode, out)
 		}
+		checkOpenAIError(t, resp, out, 503, "server_error")
 	}
 	if pre1, dec1 := upstreamRequests(t, s); pre1 != pre0 || dec1 != dec0 {
 		t.Errorf("requests reached engines with duet down: prefill %d→%d decode %d→%d", pre0, pre1, dec0, dec1)
+	}
+}
+
+// checkOpenAIError asserts an OpenAI-format JSON error body, whether duet or
+// Envoy itself produced it.
+func checkOpenAIError(t *testing.T, resp *http.Response, body []byte, code int, typ string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    int    `json:"code"`
+		} `json:"error"`
+	}
+	if ct := resp.Header.Get("content-type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("content-type %q, want application/json", ct)
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" || e.Error.Code != code || e.Error.Type != typ {
+		t.Errorf("want an OpenAI error (code %d, type %s), got %s (%v)", code, typ, body, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // openAIError is the error envelope OpenAI clients parse.
@@ -26,10 +27,8 @@ func errorType(status int) string {
 	switch {
 	case status == http.StatusRequestEntityTooLarge || status < 500:
 		return "invalid_request_error"
-	case status == http.StatusServiceUnavailable:
-		return "service_unavailable"
 	default:
-		return "internal_server_error"
+		return "server_error"
 	}
 }
 
@@ -40,7 +39,10 @@ func immediateError(status int, details, message string) *extprocv3.ProcessingRe
 	body, _ := json.Marshal(openAIError{Error: openAIErrorBody{
 		Message: message, Type: errorType(status), Code: status,
 	}})
+	// Tag the reply so Envoy's local_reply_config leaves duet's body alone.
+	md, _ := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{"local_reply": true}})
 	return &extprocv3.ProcessingResponse{
+		DynamicMetadata: md,
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 			ImmediateResponse: &extprocv3.ImmediateResponse{
 				Status: &typev3.HttpStatus{Code: typev3.StatusCode(status)},
