@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "duet.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestRunCommands(t *testing.T) {
+	cfg := writeConfig(t, "prefill: [{url: \"http://10.0.0.1:30000\"}]\ndecode: [{url: \"http://10.0.0.2:30000\"}]\n")
+	tests := []struct {
+		name    string
+		args    []string
+		wantOut []string
+		wantErr string
+	}{
+		{"version", []string{"version"}, []string{"dev"}, ""},
+		{"envoy-config", []string{"envoy-config", "-config", cfg}, []string{"duet_prefill", "socket_address: {address: \"10.0.0.2\", port_value: 30000}"}, ""},
+		{"unknown command", []string{"launch"}, nil, `unknown command "launch"`},
+		{"missing config", []string{"envoy-config", "-config", "/nonexistent.yaml"}, nil, "read config"},
+		{"bad config", []string{"envoy-config", "-config", writeConfig(t, "decode: []\n")}, nil, "decode: at least one endpoint"},
+		{"stray args", []string{"serve", "-config", cfg, "extra"}, nil, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), tt.args, &out, &errOut)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.wantOut {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output lacks %q", w)
+				}
+			}
+		})
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// serve answers the admin endpoints, becomes ready once an engine is
+// discovered, and returns cleanly when its context ends (SIGTERM).
+func TestServeLifecycle(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/server_info" {
+			fmt.Fprint(w, `{"dp_size":2,"disaggregation_mode":"null"}`)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer engine.Close()
+	admin := freeAddr(t)
+	cfg := writeConfig(t, fmt.Sprintf("listen: {grpc: %q, admin: %q}\ndiscovery: {interval: 100ms}\ndecode: [{url: %q}]\n",
+		freeAddr(t), admin, engine.URL))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-config", cfg}, io.Discard, io.Discard) }()
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if code, _ := get("/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("duet never became ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics = %d", code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v after shutdown", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

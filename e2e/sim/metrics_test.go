@@ -1,0 +1,110 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape fetches and parses /metrics.
+func scrape(t *testing.T, ts *testServer) map[string]*dto.MetricFamily {
+	t.Helper()
+	r := get(t, ts.api.URL+"/metrics")
+	if r.status != 200 {
+		t.Fatalf("status %d", r.status)
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(r.body))
+	if err != nil {
+		t.Fatalf("parse metrics: %v\n%s", err, r.body)
+	}
+	return fams
+}
+
+// labelsOf returns a metric's labels as a map.
+func labelsOf(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+func TestMetricsExposition(t *testing.T) {
+	gauges := []string{"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens",
+		"sglang:token_usage", "sglang:cache_hit_rate", "sglang:gen_throughput"}
+	tests := []struct {
+		name       string
+		mode       Mode
+		dp         int
+		wantEngine string
+		wantRanks  []string // dp_rank label values; nil: no dp_rank label
+	}{
+		{name: "decode dp4", mode: ModeDecode, dp: 4, wantEngine: "decode", wantRanks: []string{"0", "1", "2", "3"}},
+		{name: "prefill dp2", mode: ModePrefill, dp: 2, wantEngine: "prefill", wantRanks: []string{"0", "1"}},
+		{name: "unified dp1 has no dp_rank", mode: ModeNull, dp: 1, wantEngine: "unified"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startTest(t, Config{Mode: tc.mode, DPSize: tc.dp, Model: "m-x"})
+			fams := scrape(t, ts)
+			for _, name := range gauges {
+				f, ok := fams[name]
+				if !ok {
+					t.Fatalf("missing %s", name)
+				}
+				if f.GetType() != dto.MetricType_GAUGE {
+					t.Fatalf("%s is %v", name, f.GetType())
+				}
+				var ranks []string
+				for _, m := range f.GetMetric() {
+					l := labelsOf(m)
+					if l["engine_type"] != tc.wantEngine || l["model_name"] != "m-x" || l["tp_rank"] != "0" || l["pp_rank"] != "0" {
+						t.Fatalf("%s labels %v", name, l)
+					}
+					if r, ok := l["dp_rank"]; ok {
+						ranks = append(ranks, r)
+					}
+				}
+				if len(f.GetMetric()) != tc.dp || strings.Join(ranks, ",") != strings.Join(tc.wantRanks, ",") {
+					t.Fatalf("%s: %d series, dp_rank labels %v, want %v", name, len(f.GetMetric()), ranks, tc.wantRanks)
+				}
+			}
+		})
+	}
+}
+
+func TestMetricsAreLive(t *testing.T) {
+	ts := startTest(t, Config{Mode: ModeNull, DPSize: 2, DecodePerToken: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		postCtx(ctx, t, ts.api.URL+"/generate", `{"input_ids":[1,2,3,4,5,6,7],"routed_dp_rank":1}`)
+	}()
+	value := func(fams map[string]*dto.MetricFamily, name, rank string) float64 {
+		for _, m := range fams[name].GetMetric() {
+			if labelsOf(m)["dp_rank"] == rank {
+				return m.GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("%s has no dp_rank=%s", name, rank)
+		return 0
+	}
+	var fams map[string]*dto.MetricFamily
+	eventually(t, "running on rank 1", func() bool {
+		fams = scrape(t, ts)
+		return value(fams, "sglang:num_running_reqs", "1") == 1
+	})
+	if value(fams, "sglang:num_used_tokens", "1") != 7 || value(fams, "sglang:num_running_reqs", "0") != 0 {
+		t.Fatalf("unexpected values")
+	}
+	cancel()
+	<-done
+}
