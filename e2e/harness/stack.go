@@ -143,19 +143,33 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.EnvoyURL = "http://" + hostPort(envoyPort)
 	s.EnvoyAdminURL = "http://" + hostPort(envoyAdminPort)
-	if s.Envoy, err = startProcess(s.Dir, "envoy", tools.Envoy, "-c", s.EnvoyConfig,
-		"--disable-hot-restart", "--concurrency", "1", "--log-level", "info"); err != nil {
-		return nil, err
-	}
-	if err := waitHTTP(ctx, s.Envoy, s.EnvoyAdminURL+"/ready"); err != nil {
+	if s.Envoy, err = startEnvoy(ctx, tools, s.Dir, s.EnvoyConfig, s.EnvoyAdminURL); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
 func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
+	return startSim(ctx, s.Tools, s.Dir, name, mode, spec, port, bootstrapPort, opts)
+}
+
+// StartSim starts one simulated engine in mode (prefill, decode or null)
+// outside a Stack, logging into dir, and waits until it is healthy.
+func StartSim(ctx context.Context, dir, name, mode string, spec SimSpec) (*Sim, error) {
+	tools, err := FindTools()
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	return startSim(ctx, tools, dir, name, mode, spec, ports[0], ports[1], Options{KVTimeout: 5 * time.Second, DecodeMsPerToken: 2})
+}
+
+func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
 	dp := max(spec.DPSize, 1)
-	argv := []string{s.Tools.Sim,
+	argv := []string{tools.Sim,
 		"--mode", mode,
 		"--listen", hostPort(port),
 		"--dp-size", strconv.Itoa(dp),
@@ -164,7 +178,7 @@ func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, p
 		"--decode-ms-per-token", strconv.Itoa(opts.DecodeMsPerToken),
 	}
 	argv = append(argv, spec.Args...)
-	p, err := startProcess(s.Dir, name, argv...)
+	p, err := startProcess(dir, name, argv...)
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +189,32 @@ func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, p
 	}
 	return sim, nil
 }
+
+// StartEnvoy runs Envoy with the bootstrap at configPath, logging into dir,
+// and waits until its admin interface at adminURL reports ready.
+func StartEnvoy(ctx context.Context, dir, configPath, adminURL string) (*Process, error) {
+	tools, err := FindTools()
+	if err != nil {
+		return nil, err
+	}
+	return startEnvoy(ctx, tools, dir, configPath, adminURL)
+}
+
+func startEnvoy(ctx context.Context, tools Tools, dir, configPath, adminURL string) (*Process, error) {
+	p, err := startProcess(dir, "envoy", tools.Envoy, "-c", configPath,
+		"--disable-hot-restart", "--concurrency", "1", "--log-level", "info")
+	if err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, p, adminURL+"/ready"); err != nil {
+		p.Stop(time.Second)
+		return nil, err
+	}
+	return p, nil
+}
+
+// FreePorts reserves n free loopback ports (see freePorts).
+func FreePorts(n int) ([]int, error) { return freePorts(n) }
 
 func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAdminPort int) string {
 	var b strings.Builder

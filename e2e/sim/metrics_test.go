@@ -7,13 +7,18 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
 
-// scrape fetches and parses /metrics.
-func scrape(t *testing.T, ts *testServer) map[string]*dto.MetricFamily {
+// family is one parsed metric family.
+type family struct {
+	typ     string
+	samples model.Vector
+}
+
+// scrape fetches /metrics and parses it with expfmt.
+func scrape(t *testing.T, ts *testServer) map[string]family {
 	t.Helper()
 	r := get(t, ts.api.URL+"/metrics")
 	if r.status != 200 {
@@ -24,14 +29,13 @@ func scrape(t *testing.T, ts *testServer) map[string]*dto.MetricFamily {
 	if err != nil {
 		t.Fatalf("parse metrics: %v\n%s", err, r.body)
 	}
-	return fams
-}
-
-// labelsOf returns a metric's labels as a map.
-func labelsOf(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
+	out := map[string]family{}
+	for name, f := range fams {
+		vec, err := expfmt.ExtractSamples(&expfmt.DecodeOptions{Timestamp: model.Now()}, f)
+		if err != nil {
+			t.Fatalf("extract %s: %v", name, err)
+		}
+		out[name] = family{typ: f.GetType().String(), samples: vec}
 	}
 	return out
 }
@@ -59,21 +63,21 @@ func TestMetricsExposition(t *testing.T) {
 				if !ok {
 					t.Fatalf("missing %s", name)
 				}
-				if f.GetType() != dto.MetricType_GAUGE {
-					t.Fatalf("%s is %v", name, f.GetType())
+				if f.typ != "GAUGE" {
+					t.Fatalf("%s is %v", name, f.typ)
 				}
 				var ranks []string
-				for _, m := range f.GetMetric() {
-					l := labelsOf(m)
-					if l["engine_type"] != tc.wantEngine || l["model_name"] != "m-x" || l["tp_rank"] != "0" || l["pp_rank"] != "0" {
+				for _, smp := range f.samples {
+					l := smp.Metric
+					if string(l["engine_type"]) != tc.wantEngine || l["model_name"] != "m-x" || l["tp_rank"] != "0" || l["pp_rank"] != "0" {
 						t.Fatalf("%s labels %v", name, l)
 					}
 					if r, ok := l["dp_rank"]; ok {
-						ranks = append(ranks, r)
+						ranks = append(ranks, string(r))
 					}
 				}
-				if len(f.GetMetric()) != tc.dp || strings.Join(ranks, ",") != strings.Join(tc.wantRanks, ",") {
-					t.Fatalf("%s: %d series, dp_rank labels %v, want %v", name, len(f.GetMetric()), ranks, tc.wantRanks)
+				if len(f.samples) != tc.dp || strings.Join(ranks, ",") != strings.Join(tc.wantRanks, ",") {
+					t.Fatalf("%s: %d series, dp_rank labels %v, want %v", name, len(f.samples), ranks, tc.wantRanks)
 				}
 			}
 		})
@@ -88,16 +92,16 @@ func TestMetricsAreLive(t *testing.T) {
 		defer close(done)
 		postCtx(ctx, t, ts.api.URL+"/generate", `{"input_ids":[1,2,3,4,5,6,7],"routed_dp_rank":1}`)
 	}()
-	value := func(fams map[string]*dto.MetricFamily, name, rank string) float64 {
-		for _, m := range fams[name].GetMetric() {
-			if labelsOf(m)["dp_rank"] == rank {
-				return m.GetGauge().GetValue()
+	value := func(fams map[string]family, name, rank string) float64 {
+		for _, smp := range fams[name].samples {
+			if string(smp.Metric["dp_rank"]) == rank {
+				return float64(smp.Value)
 			}
 		}
 		t.Fatalf("%s has no dp_rank=%s", name, rank)
 		return 0
 	}
-	var fams map[string]*dto.MetricFamily
+	var fams map[string]family
 	eventually(t, "running on rank 1", func() bool {
 		fams = scrape(t, ts)
 		return value(fams, "sglang:num_running_reqs", "1") == 1
