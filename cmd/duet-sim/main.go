@@ -56,6 +56,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&decodeMS, "decode-ms-per-token", 2, "simulated time per generated token, in ms")
 	fs.IntVar(&o.cfg.MaxTotalTokens, "max-total-tokens", sim.DefaultMaxTotalTokens, "KV capacity per rank (max_total_num_tokens)")
 	fs.BoolVar(&o.cfg.LegacyServerInfo, "legacy-server-info", false, "serve only /get_server_info (404 on /server_info), like old SGLang")
+	fs.IntVar(&o.cfg.MaxRecords, "max-records", sim.DefaultMaxRecords, "request records kept for GET /sim/requests (oldest dropped first)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -53,7 +53,7 @@ const (
 	DefaultMaxRunningRequests = 256
 	DefaultKVPollInterval     = 10 * time.Millisecond
 	DefaultMaxModelLen        = 131072
-	DefaultMaxRecords         = 100000
+	DefaultMaxRecords         = 10000
 	defaultMaxNewTokens       = 16
 )
 
@@ -94,8 +94,8 @@ type Config struct {
 	// KVPollInterval is how often decode polls the prefill's KV state.
 	// Default 10ms.
 	KVPollInterval time.Duration
-	// MaxRecords bounds the request-record store; the oldest records are
-	// dropped first. Default 100000.
+	// MaxRecords bounds the request-record store (records hold the request
+	// bodies); the oldest records are dropped first. Default 10000.
 	MaxRecords int
 }
 

@@ -66,12 +66,15 @@ func newRecordStore(max int) *recordStore {
 	return &recordStore{max: max}
 }
 
-// add appends r, dropping the oldest record when full.
+// add appends r. When the store is full it drops the oldest tenth of the
+// records at once, so that adding stays cheap on average.
 func (s *recordStore) add(r Record) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.records) >= s.max {
-		n := copy(s.records, s.records[1:])
+		drop := min(len(s.records), s.max/10+1)
+		n := copy(s.records, s.records[drop:])
+		clear(s.records[n:])
 		s.records = s.records[:n]
 	}
 	s.records = append(s.records, r)
