@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -172,14 +171,4 @@ func upstreamRequests(t *testing.T, s *harness.Stack) (prefill, decode int) {
 // chatBody is a small chat request.
 func chatBody(stream bool, extra string) []byte {
 	return []byte(fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"Tell me about disaggregated serving."}],"max_tokens":8,"stream":%v%s}`, stream, extra))
-}
-
-// jsonField decodes one field of a JSON body.
-func jsonField(t *testing.T, body []byte, field string) json.RawMessage {
-	t.Helper()
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		t.Fatalf("body is not a JSON object: %v: %s", err, body)
-	}
-	return m[field]
 }

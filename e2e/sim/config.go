@@ -41,7 +41,9 @@ func (m Mode) engineType() string {
 // Version is the SGLang version the simulator reports.
 const Version = "0.5.19"
 
-// Default values used by Config.withDefaults.
+// Default values. Config.withDefaults applies them to zero fields, except
+// DefaultBootstrapPort, DefaultPrefillPer1K and DefaultDecodePerToken, which
+// are the CLI defaults only (zero is meaningful in Config).
 const (
 	DefaultListen             = "127.0.0.1:30000"
 	DefaultBootstrapPort      = 8998

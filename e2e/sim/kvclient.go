@@ -34,8 +34,13 @@ type kvClient struct {
 
 // newKVClient returns a client polling every pollEvery.
 func newKVClient(pollEvery time.Duration) *kvClient {
+	// Many decode items poll the same prefill concurrently; keep enough
+	// idle connections to avoid churning through ephemeral ports.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 1024
+	tr.MaxIdleConnsPerHost = 256
 	return &kvClient{
-		http:      &http.Client{Timeout: bootstrapHTTPTimeout},
+		http:      &http.Client{Timeout: bootstrapHTTPTimeout, Transport: tr},
 		pollEvery: pollEvery,
 		infos:     make(map[string]prefillInfo),
 	}

@@ -202,6 +202,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if cancel != nil {
 		cancel()
 	}
+	s.kv.http.CloseIdleConnections()
 	for _, srv := range srvs {
 		if srv != nil {
 			_ = srv.Close()

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"strconv"
-	"strings"
 	"unicode/utf8"
 )
 
@@ -18,13 +17,4 @@ func tokenText(i int) string {
 		return "tok0"
 	}
 	return " tok" + strconv.Itoa(i)
-}
-
-// generatedText is the full deterministic text of n generated tokens.
-func generatedText(n int) string {
-	var b strings.Builder
-	for i := 0; i < n; i++ {
-		b.WriteString(tokenText(i))
-	}
-	return b.String()
 }
