@@ -27,7 +27,7 @@ func TestMirrorReceivesRewrittenBody(t *testing.T) {
 		if leg.Headers["content-length"] != strconv.Itoa(len(leg.Body)) {
 			t.Errorf("%s leg: content-length %q, body %d bytes", leg.Mode, leg.Headers["content-length"], len(leg.Body))
 		}
-		if len(leg.Rooms()) != 1 || leg.BootstrapHost == "" || leg.BootstrapPort == nil {
+		if len(leg.Rooms()) != 1 || leg.Host() == "" || leg.BootstrapPort == nil {
 			t.Errorf("%s leg: bootstrap fields missing: %s", leg.Mode, leg.Body)
 		}
 		if leg.Status != 200 || leg.Error != "" {
@@ -57,9 +57,9 @@ func TestLegsReachHostsNamedByHeaders(t *testing.T) {
 			t.Errorf("mirror reached %s but duet named %s", preSim.Address, got)
 		}
 		host, _, _ := net.SplitHostPort(preSim.Address)
-		if dec.BootstrapHost != host || dec.BootstrapPort == nil || *dec.BootstrapPort != preSim.BootstrapPort {
+		if dec.Host() != host || dec.BootstrapPort == nil || *dec.BootstrapPort != preSim.BootstrapPort {
 			t.Errorf("bootstrap %s:%v does not name the prefill that got the mirror (%s, bootstrap port %d)",
-				dec.BootstrapHost, dec.BootstrapPort, preSim.Address, preSim.BootstrapPort)
+				dec.Host(), dec.BootstrapPort, preSim.Address, preSim.BootstrapPort)
 		}
 		usedPrefill[preSim.Name]++
 		usedDecode[decSim.Name]++
@@ -83,11 +83,11 @@ func TestPerLegDPRank(t *testing.T) {
 		}
 		_, dec := only(t, legs(t, pd.Decode, id, 1))
 		preSim, pre := only(t, legs(t, pd.Prefill, id, 1))
-		if dec.DPRank == nil || dec.RankSource != "header" || dec.Headers["x-data-parallel-rank"] != strconv.Itoa(*dec.DPRank) {
-			t.Fatalf("decode leg not pinned by header: rank %v source %q header %q", dec.DPRank, dec.RankSource, dec.Headers["x-data-parallel-rank"])
+		if dec.DPRank == nil || dec.Source() != "header" || dec.Headers["x-data-parallel-rank"] != strconv.Itoa(*dec.DPRank) {
+			t.Fatalf("decode leg not pinned by header: rank %v source %q header %q", dec.DPRank, dec.Source(), dec.Headers["x-data-parallel-rank"])
 		}
-		if pre.DPRank == nil || pre.RankSource != "header" {
-			t.Fatalf("prefill leg not pinned by its own header: rank %v source %q", pre.DPRank, pre.RankSource)
+		if pre.DPRank == nil || pre.Source() != "header" {
+			t.Fatalf("prefill leg not pinned by its own header: rank %v source %q", pre.DPRank, pre.Source())
 		}
 		room := pre.Rooms()[0]
 		if want := int(room % uint64(preSim.DPSize)); *pre.DPRank != want {
@@ -136,8 +136,8 @@ func TestGenerateBatch(t *testing.T) {
 	if len(seen) != 3 {
 		t.Errorf("rooms not distinct: %v", pre.Rooms())
 	}
-	if pre.RankSource != "room" {
-		t.Errorf("/generate prefill rank source = %q, want room (header is ignored there)", pre.RankSource)
+	if pre.Source() != "room" {
+		t.Errorf("/generate prefill rank source = %q, want room (header is ignored there)", pre.Source())
 	}
 }
 
@@ -192,8 +192,8 @@ func TestAggregatedNoMirror(t *testing.T) {
 			t.Fatalf("%s: status %d: %s", tc.path, resp.StatusCode, body)
 		}
 		_, rec := only(t, legs(t, s.Decode, id, 1))
-		if rec.Mode != "null" || len(rec.Rooms()) != 0 || rec.DPRank == nil || rec.RankSource != tc.source {
-			t.Errorf("%s: mode %s rooms %v rank pinned %v source %q (want %s)", tc.path, rec.Mode, rec.Rooms(), rec.DPRank != nil, rec.RankSource, tc.source)
+		if rec.Mode != "null" || len(rec.Rooms()) != 0 || rec.DPRank == nil || rec.Source() != tc.source {
+			t.Errorf("%s: mode %s rooms %v rank pinned %v source %q (want %s)", tc.path, rec.Mode, rec.Rooms(), rec.DPRank != nil, rec.Source(), tc.source)
 		}
 		if bytes.Contains(rec.Body, []byte("bootstrap")) || rec.Headers["x-duet-mirror"] != "" {
 			t.Errorf("%s: aggregated request carries PD routing: %s %v", tc.path, rec.Body, rec.Headers)

@@ -42,8 +42,8 @@ func TestSpoofedRoutingIsIgnored(t *testing.T) {
 			t.Errorf("routing headers are not duet's: decode %q prefill %q", dec.Headers["x-duet-decode-endpoint"], pre.Headers["x-duet-prefill-endpoint"])
 		}
 		host, _, _ := net.SplitHostPort(preSim.Address)
-		if dec.BootstrapHost != host || dec.Rooms()[0] == 7 {
-			t.Errorf("client bootstrap fields survived: host %s rooms %v", dec.BootstrapHost, dec.Rooms())
+		if dec.Host() != host || dec.Rooms()[0] == 7 {
+			t.Errorf("client bootstrap fields survived: host %s rooms %v", dec.Host(), dec.Rooms())
 		}
 		var fields map[string]json.RawMessage
 		if err := json.Unmarshal(dec.Body, &fields); err != nil {

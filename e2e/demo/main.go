@@ -138,7 +138,7 @@ func prefillLeg(ctx context.Context, s *harness.Stack, id string) (string, error
 					}
 					fmt.Fprintf(&rooms, "%d (room %% %d = %d)", room, sim.DPSize, room%uint64(sim.DPSize))
 				}
-				return fmt.Sprintf("%s dp%s (rank from %s)  bootstrap_room %s", sim.Address, rank, r.RankSource, rooms.String()), nil
+				return fmt.Sprintf("%s dp%s (rank from %s)  bootstrap_room %s", sim.Address, rank, r.Source(), rooms.String()), nil
 			}
 		}
 		time.Sleep(20 * time.Millisecond)

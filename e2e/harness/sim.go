@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+
+	"github.com/duet-router/duet/e2e/sim"
 )
 
 // Sim is a running duet-sim engine.
@@ -20,35 +22,9 @@ type Sim struct {
 	DPSize int
 }
 
-// Record is one inference request as the simulated engine saw it.
-type Record struct {
-	Path           string            `json:"path"`
-	Mode           string            `json:"mode"`
-	Headers        map[string]string `json:"headers"`
-	Body           json.RawMessage   `json:"body"`
-	DPRank         *int              `json:"dp_rank"`
-	RankSource     string            `json:"rank_source"`
-	BootstrapRooms []*uint64         `json:"bootstrap_rooms"`
-	BootstrapHost  string            `json:"bootstrap_host"`
-	BootstrapPort  *int              `json:"bootstrap_port"`
-	PrefillDPRank  *int              `json:"prefill_dp_rank"`
-	Status         int               `json:"status"`
-	Error          string            `json:"error"`
-}
-
-// Rooms returns the bootstrap rooms the request carried (missing ones left out).
-func (r Record) Rooms() []uint64 {
-	var out []uint64
-	for _, room := range r.BootstrapRooms {
-		if room != nil {
-			out = append(out, *room)
-		}
-	}
-	return out
-}
-
-// RequestID returns the record's x-request-id header.
-func (r Record) RequestID() string { return r.Headers["x-request-id"] }
+// Record is one inference request as the simulated engine saw it (the
+// JSON of GET /sim/requests).
+type Record = sim.Record
 
 // Requests returns what the engine has recorded.
 func (s *Sim) Requests(ctx context.Context) ([]Record, error) {

@@ -128,3 +128,30 @@ func rawBody(b []byte) json.RawMessage {
 	s, _ := json.Marshal(string(b))
 	return s
 }
+
+// RequestID returns the request's x-request-id header.
+func (r Record) RequestID() string { return r.Headers["x-request-id"] }
+
+// Rooms returns the bootstrap rooms the request carried, missing ones left out.
+func (r Record) Rooms() []uint64 {
+	var out []uint64
+	for _, room := range r.BootstrapRooms {
+		if room != nil && *room >= 0 {
+			out = append(out, uint64(*room))
+		}
+	}
+	return out
+}
+
+// Source returns where the rank came from, or "" if no rank was picked.
+func (r Record) Source() string { return stringOrEmpty(r.RankSource) }
+
+// Host returns the first item's bootstrap_host, or "".
+func (r Record) Host() string { return stringOrEmpty(r.BootstrapHost) }
+
+func stringOrEmpty(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
