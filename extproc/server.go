@@ -187,7 +187,9 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	if req.requestID == "" {
 		req.requestID = newRequestID()
 	}
-	decision, err := s.opts.Picker.Pick(ctx, &scheduler.Request{ID: req.requestID, Path: req.path})
+	decision, err := s.opts.Picker.Pick(ctx, &scheduler.Request{
+		ID: req.requestID, Path: req.path, DecodeOnly: !req.route.Inference(),
+	})
 	if err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, scheduler.ErrNoEndpoints) {
@@ -203,7 +205,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
 	set(HeaderDecodeEndpoint, decision.Decode.Endpoint.Address)
 	set(HeaderRequestID, req.requestID)
-	mirror := decision.Prefill != nil && req.route.Inference()
+	mirror := decision.Prefill != nil
 	if mirror {
 		set(HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
 		set(HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,14 +20,21 @@ import (
 	"github.com/duet-router/duet/scheduler"
 )
 
-// fakePicker returns a fixed decision or error.
+// fakePicker returns a fixed decision or error; like the scheduler, it
+// leaves out the prefill target of a decode-only request.
 type fakePicker struct {
 	decision scheduler.Decision
 	err      error
+	last     atomic.Pointer[scheduler.Request]
 }
 
-func (f *fakePicker) Pick(context.Context, *scheduler.Request) (scheduler.Decision, error) {
-	return f.decision, f.err
+func (f *fakePicker) Pick(_ context.Context, req *scheduler.Request) (scheduler.Decision, error) {
+	f.last.Store(req)
+	d := f.decision
+	if req.DecodeOnly {
+		d.Prefill = nil
+	}
+	return d, f.err
 }
 
 var (
@@ -173,8 +181,13 @@ func TestProcessPassThroughAndAggregated(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := client(t, &fakePicker{decision: tt.pick}, 1<<20)
+			picker := &fakePicker{decision: tt.pick}
+			c := client(t, picker, 1<<20)
 			cr := common(exchange(t, c, tt.method, tt.path, nil, tt.body))
+			inference := ClassifyRoute(tt.method, tt.path).Inference()
+			if picker.last.Load().DecodeOnly == inference {
+				t.Errorf("DecodeOnly = %v for an inference=%v route", !inference, inference)
+			}
 			h, rm := setHeaders(cr), removed(cr)
 			if h[HeaderDecodeEndpoint] != "10.0.0.2:30000" {
 				t.Errorf("decode endpoint = %q", h[HeaderDecodeEndpoint])
@@ -191,7 +204,7 @@ func TestProcessPassThroughAndAggregated(t *testing.T) {
 				t.Errorf("request id not minted: %q", h[HeaderRequestID])
 			}
 			body := cr.GetBodyMutation().GetBody()
-			if !ClassifyRoute(tt.method, tt.path).Inference() {
+			if !inference {
 				if body != nil {
 					t.Errorf("pass-through body rewritten: %s", body)
 				}

@@ -12,6 +12,10 @@ type Request struct {
 	ID string
 	// Path is the request's HTTP path, e.g. /v1/chat/completions.
 	Path string
+	// DecodeOnly asks for a decode target alone, even in PD mode: requests
+	// that are not inference (GET /v1/models, ...) are never mirrored, so no
+	// prefill target is chosen and the prefill pool need not be ready.
+	DecodeOnly bool
 }
 
 // Policy chooses one target among candidates.

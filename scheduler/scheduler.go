@@ -253,20 +253,21 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, fmt.Errorf("scheduler: pick: %w", err)
 	}
+	if req == nil {
+		req = &Request{}
+	}
+	pd := s.pd && !req.DecodeOnly
 	snap := s.snap.Load()
 	// Check both roles before asking any policy, so that a failed pick
 	// leaves the policies' state untouched.
 	if len(snap.decode) == 0 {
 		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
 	}
-	if s.pd && len(snap.prefill) == 0 {
+	if pd && len(snap.prefill) == 0 {
 		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
 	}
-	if req == nil {
-		req = &Request{}
-	}
 	var d Decision
-	if s.pd {
+	if pd {
 		t, err := s.prefillPolicy.Pick(ctx, req, snap.prefill)
 		if err != nil {
 			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)

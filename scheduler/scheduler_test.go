@@ -315,6 +315,34 @@ func TestPickAggregated(t *testing.T) {
 	}
 }
 
+// A decode-only pick in PD mode chooses no prefill target, does not advance
+// the prefill policy, and works while the prefill pool is not ready.
+func TestPickDecodeOnly(t *testing.T) {
+	s := newTestScheduler(t, Config{Prefill: pool(t, 1, 2, "prefill"), Decode: pool(t, 1, 1, "decode")}, nil)
+	mustDiscover(t, s)
+	first, err := s.Pick(testContext(t), &Request{})
+	if err != nil || first.Prefill == nil {
+		t.Fatalf("PD pick = %v, %v; want a prefill target", first.Prefill, err)
+	}
+	d, err := s.Pick(testContext(t), &Request{DecodeOnly: true})
+	if err != nil || d.Prefill != nil || d.Decode.Endpoint == nil {
+		t.Fatalf("decode-only pick = %+v, %v; want a decode target alone", d, err)
+	}
+	next, err := s.Pick(testContext(t), &Request{})
+	if err != nil || next.Prefill.Rank == first.Prefill.Rank {
+		t.Errorf("prefill round robin did not advance past rank %d (decode-only pick consumed a turn?)", first.Prefill.Rank)
+	}
+
+	noPrefill := newTestScheduler(t, Config{
+		Prefill: []EndpointSpec{{URL: newFakeEngine(t, map[string]response{"/server_info": {status: 500}}).url()}},
+		Decode:  pool(t, 1, 1, "decode"),
+	}, nil)
+	_ = noPrefill.Discover(testContext(t))
+	if _, err := noPrefill.Pick(testContext(t), &Request{DecodeOnly: true}); err != nil {
+		t.Errorf("decode-only pick with no ready prefill: %v", err)
+	}
+}
+
 func TestPickCanceled(t *testing.T) {
 	s := newTestScheduler(t, Config{Decode: pool(t, 1, 1, "")}, nil)
 	mustDiscover(t, s)
