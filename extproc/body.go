@@ -57,7 +57,9 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 	switch route {
 	case RouteGenerate:
 		if text := root.Get("text"); text.IsArray() {
-			b.Batch = len(text.Array())
+			if b.Batch = len(text.Array()); b.Batch == 0 {
+				return nil, fmt.Errorf("%w: text must not be an empty list", errBadBody)
+			}
 		} else if ids := root.Get("input_ids"); ids.IsArray() && ids.Get("0").IsArray() {
 			b.Batch = len(ids.Array())
 		}
@@ -80,9 +82,6 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 				b.Batch = len(items)
 			}
 		}
-	}
-	if b.Batch < 0 || (b.Batch == 0 && route == RouteGenerate && root.Get("text").IsArray()) {
-		return nil, fmt.Errorf("%w: text must not be an empty list", errBadBody)
 	}
 	return b, nil
 }
