@@ -3,10 +3,11 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 )
 
-// Request is what a policy may look at when it chooses a target.
+// Request is what the scheduler and its policies know about one request.
 type Request struct {
 	// ID identifies the request, e.g. its x-request-id.
 	ID string
@@ -16,47 +17,120 @@ type Request struct {
 	// that are not inference (GET /v1/models, ...) are never mirrored, so no
 	// prefill target is chosen and the prefill pool need not be ready.
 	DecodeOnly bool
+	// Model is the requested model name (for the per-model token estimate).
+	Model string
+	// Prompt is the prompt in a stable text form (chat messages rendered by
+	// the caller); it feeds the token estimate and the prefix index. Ignored
+	// when TokenIDs is set.
+	Prompt []byte
+	// TokenIDs is the prompt as token ids, when the client sent them.
+	TokenIDs []int64
+	// MaxTokens is the requested output length; 0 when not given.
+	MaxTokens int
+	// Items is the number of sequences in the request (batch size, n);
+	// 0 counts as 1.
+	Items int
+
+	// Set by the scheduler before the policies run.
+
+	// PromptTokens is the estimated (or, with TokenIDs, exact) prompt
+	// length in tokens, over all items; at least 1.
+	PromptTokens int64
+	// Blocks are the prompt's chained block hashes (see package prefix).
+	Blocks []uint64
+}
+
+// Load is what duet knows about a target's load when a policy runs.
+type Load struct {
+	// Tokens is the target's token load: the tokens the engine reported in
+	// its last fresh scrape plus the tokens duet reserved there since.
+	Tokens int64
+	// Reserved is the part of Tokens that duet reserved and no scrape has
+	// covered yet.
+	Reserved int64
+	// Capacity is the rank's KV capacity in tokens; 0 when unknown.
+	Capacity int64
+	// Running and Waiting are the engine-reported request counts.
+	Running, Waiting int
+	// Fresh reports whether a scrape younger than the staleness bound backs
+	// the engine-reported numbers; stale numbers are not used (zero).
+	Fresh bool
+}
+
+// Candidate is one target as a policy sees it for one request.
+type Candidate struct {
+	Target
+	// Load is the target's load, including duet's own reservations.
+	Load Load
+	// Prefix is the fraction (0 to 1) of the request's prompt blocks that
+	// duet's prefix index believes are cached on this target.
+	Prefix float64
 }
 
 // Policy chooses one target among candidates.
 //
-// The scheduler calls Pick concurrently and only with a non-empty candidate
-// list, which the policy must not modify or retain past the call. The
-// returned target must be one of the candidates. Pick must be cheap: it runs
-// on the request path.
+// The scheduler calls Pick with a non-empty candidate list in a stable
+// order (see buildTargets), under the pool's lock: picks of one pool never
+// run concurrently, and the chosen target's reservation is recorded before
+// the next pick sees the loads. The policy must not retain cands. Pick must
+// be cheap: it runs on the request path. Ties must break deterministically
+// (the earliest candidate wins) unless the policy is random by design.
 type Policy interface {
-	// Name returns the name the policy was created with, e.g. "round_robin".
+	// Name returns the policy's name, e.g. "least_tokens".
 	Name() string
-	// Pick returns the chosen target.
-	Pick(ctx context.Context, req *Request, candidates []Target) (Target, error)
+	// Pick returns the index in cands of the chosen target.
+	Pick(ctx context.Context, req *Request, cands []Candidate) (int, error)
 }
 
-// policyRoundRobin names the round_robin policy; it is the default.
+// PolicySpec names a policy and its parameters. Parameters a policy does
+// not use are ignored; zero values mean the policy's defaults.
+type PolicySpec struct {
+	// Name is one of PolicyNames().
+	Name string
+	// CacheThreshold is the prefix-match fraction above which cache_aware
+	// follows the cache (default 0.3).
+	CacheThreshold float64
+	// BalanceAbsTokens and BalanceRel bound the imbalance cache_aware
+	// tolerates: it balances by load when max-min > BalanceAbsTokens and
+	// max > BalanceRel*min (defaults 16384 tokens and 1.5).
+	BalanceAbsTokens int64
+	BalanceRel       float64
+	// LoadFactor bounds prefix_hash's consistent hashing: a target is
+	// skipped while its load exceeds LoadFactor times the mean (default 1.25).
+	LoadFactor float64
+	// Weights maps scorer names (see ScorerNames) to weights for weighted.
+	Weights map[string]float64
+	// Seed seeds random and power_of_two; 0 means a random seed.
+	Seed uint64
+}
+
+// policyFactories builds each policy from its spec.
+var policyFactories = map[string]func(PolicySpec) (Policy, error){
+	policyRoundRobin: func(PolicySpec) (Policy, error) { return newRoundRobin(), nil },
+}
+
+// PolicyNames lists the policy names NewPolicy accepts, sorted.
+func PolicyNames() []string {
+	names := make([]string, 0, len(policyFactories))
+	for n := range policyFactories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// policyRoundRobin names the round_robin policy.
 const policyRoundRobin = "round_robin"
 
-// policyNames lists the valid policy names, sorted.
-func policyNames() []string {
-	return []string{policyRoundRobin}
-}
-
-// NewPolicy returns a new instance of the policy called name. Each call
-// returns an independent instance with its own state. An unknown name is an
-// error that lists the valid ones.
-func NewPolicy(name string) (Policy, error) {
-	p, err := newPolicy(name)
+// NewPolicy returns the policy spec names, configured by spec.
+func NewPolicy(spec PolicySpec) (Policy, error) {
+	build, ok := policyFactories[spec.Name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (valid: %s)", spec.Name, strings.Join(PolicyNames(), ", "))
+	}
+	p, err := build(spec)
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: %w", err)
+		return nil, fmt.Errorf("policy %s: %w", spec.Name, err)
 	}
 	return p, nil
-}
-
-// newPolicy is NewPolicy without the package prefix on its error, for
-// callers that add their own context.
-func newPolicy(name string) (Policy, error) {
-	switch name {
-	case policyRoundRobin:
-		return newRoundRobin(), nil
-	default:
-		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(policyNames(), ", "))
-	}
 }

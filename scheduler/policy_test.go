@@ -18,12 +18,12 @@ func TestNewPolicy(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := NewPolicy(tt.name)
+			p, err := NewPolicy(PolicySpec{Name: tt.name})
 			if tt.wantErr {
 				if err == nil {
 					t.Fatalf("NewPolicy(%q) = %v, want an error", tt.name, p.Name())
 				}
-				if !strings.Contains(err.Error(), "round_robin") || !strings.Contains(err.Error(), "scheduler:") {
+				if !strings.Contains(err.Error(), "round_robin") || !strings.Contains(err.Error(), "unknown policy") {
 					t.Errorf("NewPolicy(%q) error %q should name the valid policies", tt.name, err)
 				}
 				return
@@ -43,15 +43,15 @@ func TestRoundRobin(t *testing.T) {
 		{Address: "a:1", DPSize: 2},
 		{Address: "b:1", DPSize: 3},
 	}
-	var all []Target
+	var all []Candidate
 	for i := range eps {
 		for r := range eps[i].DPSize {
-			all = append(all, Target{Endpoint: &eps[i], Rank: r})
+			all = append(all, Candidate{Target: Target{Endpoint: &eps[i], Rank: r}})
 		}
 	}
 	tests := []struct {
 		name  string
-		cands []Target
+		cands []Candidate
 		picks int
 	}{
 		{"one target", all[:1], 7},
@@ -60,7 +60,7 @@ func TestRoundRobin(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := NewPolicy("round_robin")
+			p, err := NewPolicy(PolicySpec{Name: "round_robin"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,26 +70,26 @@ func TestRoundRobin(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Pick: %v", err)
 				}
-				if want := tt.cands[i%len(tt.cands)]; got != want {
-					t.Fatalf("pick %d = %v, want %v", i, got, want)
+				if want := i % len(tt.cands); got != want {
+					t.Fatalf("pick %d = %d, want %d", i, got, want)
 				}
-				counts[got.String()]++
+				counts[tt.cands[got].String()]++
 			}
 			checkEven(t, "round_robin", counts, len(tt.cands), tt.picks)
 		})
 	}
-	p, _ := NewPolicy("round_robin")
+	p, _ := NewPolicy(PolicySpec{Name: "round_robin"})
 	if _, err := p.Pick(t.Context(), &Request{}, nil); !errors.Is(err, ErrNoEndpoints) {
 		t.Errorf("Pick(no candidates) = %v, want ErrNoEndpoints", err)
 	}
 }
 
 func TestPoliciesAreIndependent(t *testing.T) {
-	a, _ := NewPolicy("round_robin")
-	b, _ := NewPolicy("round_robin")
-	cands := []Target{{Rank: 0}, {Rank: 1}}
+	a, _ := NewPolicy(PolicySpec{Name: "round_robin"})
+	b, _ := NewPolicy(PolicySpec{Name: "round_robin"})
+	cands := []Candidate{{Target: Target{Rank: 0}}, {Target: Target{Rank: 1}}}
 	_, _ = a.Pick(t.Context(), nil, cands)
-	if got, _ := b.Pick(t.Context(), nil, cands); got.Rank != 0 {
-		t.Errorf("a fresh policy started at rank %d: policies share state", got.Rank)
+	if got, _ := b.Pick(t.Context(), nil, cands); got != 0 {
+		t.Errorf("a fresh policy started at index %d: policies share state", got)
 	}
 }

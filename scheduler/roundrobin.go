@@ -18,10 +18,10 @@ func newRoundRobin() *roundRobin { return &roundRobin{} }
 func (*roundRobin) Name() string { return policyRoundRobin }
 
 // Pick implements Policy.
-func (p *roundRobin) Pick(_ context.Context, _ *Request, candidates []Target) (Target, error) {
-	if len(candidates) == 0 {
-		return Target{}, fmt.Errorf("round_robin: %w", ErrNoEndpoints)
+func (p *roundRobin) Pick(_ context.Context, _ *Request, cands []Candidate) (int, error) {
+	if len(cands) == 0 {
+		return 0, fmt.Errorf("round_robin: %w", ErrNoEndpoints)
 	}
 	n := p.next.Add(1) - 1
-	return candidates[n%uint64(len(candidates))], nil
+	return int(n % uint64(len(cands))), nil
 }

@@ -33,10 +33,10 @@ type Config struct {
 	// Decode lists the decode engines (or, in aggregated mode, the
 	// engines). At least one is required.
 	Decode []EndpointSpec
-	// PrefillPolicy names the prefill pool's policy; default "round_robin".
-	PrefillPolicy string
-	// DecodePolicy names the decode pool's policy; default "round_robin".
-	DecodePolicy string
+	// PrefillPolicy is the prefill pool's policy; default round_robin.
+	PrefillPolicy PolicySpec
+	// DecodePolicy is the decode pool's policy; default round_robin.
+	DecodePolicy PolicySpec
 	// DiscoveryInterval is the time between discovery rounds in Run;
 	// default 10s.
 	DiscoveryInterval time.Duration
@@ -139,12 +139,12 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	return s, nil
 }
 
-// policyOrDefault builds the named policy, round_robin if name is empty.
-func policyOrDefault(name string) (Policy, error) {
-	if name == "" {
-		name = policyRoundRobin
+// policyOrDefault builds the policy of spec, round_robin if it names none.
+func policyOrDefault(spec PolicySpec) (Policy, error) {
+	if spec.Name == "" {
+		spec.Name = policyRoundRobin
 	}
-	return newPolicy(name)
+	return NewPolicy(spec)
 }
 
 // newMember validates spec and returns its endpoint in the undiscovered
@@ -268,13 +268,13 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	}
 	var d Decision
 	if pd {
-		t, err := s.prefillPolicy.Pick(ctx, req, snap.prefill)
+		t, err := pickFrom(ctx, s.prefillPolicy, req, snap.prefill)
 		if err != nil {
 			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
 		}
 		d.Prefill = &t
 	}
-	t, err := s.decodePolicy.Pick(ctx, req, snap.decode)
+	t, err := pickFrom(ctx, s.decodePolicy, req, snap.decode)
 	if err != nil {
 		return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err)
 	}
@@ -286,4 +286,20 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 // first, then decode, each in configuration order.
 func (s *Scheduler) Endpoints() []Endpoint {
 	return slices.Clone(s.snap.Load().endpoints)
+}
+
+// pickFrom runs policy over targets.
+func pickFrom(ctx context.Context, policy Policy, req *Request, targets []Target) (Target, error) {
+	cands := make([]Candidate, len(targets))
+	for i, t := range targets {
+		cands[i] = Candidate{Target: t}
+	}
+	i, err := policy.Pick(ctx, req, cands)
+	if err != nil {
+		return Target{}, err
+	}
+	if i < 0 || i >= len(cands) {
+		return Target{}, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+	}
+	return targets[i], nil
 }

@@ -145,8 +145,8 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 	return scheduler.Config{
 		Prefill:           specs(cfg.Prefill),
 		Decode:            specs(cfg.Decode),
-		PrefillPolicy:     cfg.Policy.Prefill,
-		DecodePolicy:      cfg.Policy.Decode,
+		PrefillPolicy:     scheduler.PolicySpec{Name: cfg.Policy.Prefill},
+		DecodePolicy:      scheduler.PolicySpec{Name: cfg.Policy.Decode},
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
 	}
