@@ -187,9 +187,11 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	if req.requestID == "" {
 		req.requestID = newRequestID()
 	}
-	decision, err := s.opts.Picker.Pick(ctx, &scheduler.Request{
-		ID: req.requestID, Path: req.path, DecodeOnly: !req.route.Inference(),
-	})
+	sreq := &scheduler.Request{ID: req.requestID, Path: req.path, DecodeOnly: !req.route.Inference()}
+	if body != nil {
+		describe(req.route, body, sreq)
+	}
+	decision, err := s.opts.Picker.Pick(ctx, sreq)
 	if err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, scheduler.ErrNoEndpoints) {

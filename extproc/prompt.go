@@ -1,0 +1,94 @@
+package extproc
+
+import (
+	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+// describe fills the scheduler's view of an inference request from its
+// body: model, prompt (rendered in a stable text form, or token ids),
+// requested output length and number of items. The prompt of a batch is
+// its first item: it keys the prefix index, and the token estimate is
+// scaled by Items.
+func describe(route Route, b *Body, req *scheduler.Request) {
+	root := gjson.ParseBytes(b.raw)
+	req.Model = root.Get("model").String()
+	req.Items = max(b.Batch, 1)
+	for _, path := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "sampling_params.max_new_tokens"} {
+		if v := root.Get(path); v.Type == gjson.Number && v.Int() > 0 {
+			req.MaxTokens = int(v.Int())
+			break
+		}
+	}
+	switch route {
+	case RouteChat:
+		req.Prompt = renderMessages(root.Get("messages"), nil)
+	case RouteCompletions:
+		prompt := root.Get("prompt")
+		if prompt.IsArray() && b.Batch > 0 {
+			prompt = prompt.Get("0")
+		}
+		setPrompt(prompt, req)
+	case RouteGenerate:
+		if text := root.Get("text"); text.Exists() {
+			if text.IsArray() {
+				text = text.Get("0")
+			}
+			req.Prompt = []byte(text.String())
+		} else {
+			ids := root.Get("input_ids")
+			if b.Batch > 0 {
+				ids = ids.Get("0")
+			}
+			setPrompt(ids, req)
+		}
+	case RouteResponses:
+		input := root.Get("input")
+		if input.IsArray() {
+			req.Prompt = renderMessages(input, []byte(root.Get("instructions").String()))
+		} else {
+			req.Prompt = append([]byte(root.Get("instructions").String()), input.String()...)
+		}
+	}
+}
+
+// setPrompt takes a prompt that is either text or a list of token ids.
+func setPrompt(v gjson.Result, req *scheduler.Request) {
+	if !v.IsArray() {
+		req.Prompt = []byte(v.String())
+		return
+	}
+	ids := v.Array()
+	req.TokenIDs = make([]int64, 0, len(ids))
+	for _, id := range ids {
+		req.TokenIDs = append(req.TokenIDs, id.Int())
+	}
+}
+
+// renderMessages renders chat messages as "role\ncontent\n" per message,
+// content parts joined, after prefix. Equal conversations render equally,
+// and a conversation that grows keeps its earlier rendering as a prefix.
+func renderMessages(msgs gjson.Result, prefix []byte) []byte {
+	out := append([]byte(nil), prefix...)
+	msgs.ForEach(func(_, m gjson.Result) bool {
+		out = append(out, m.Get("role").String()...)
+		out = append(out, '\n')
+		content := m.Get("content")
+		if content.IsArray() {
+			content.ForEach(func(_, part gjson.Result) bool {
+				if t := part.Get("text"); t.Exists() {
+					out = append(out, t.String()...)
+				} else if t := part.Get("content"); t.Exists() {
+					out = append(out, t.String()...)
+				}
+				return true
+			})
+		} else {
+			out = append(out, content.String()...)
+		}
+		out = append(out, '\n')
+		return true
+	})
+	return out
+}

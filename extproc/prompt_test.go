@@ -1,0 +1,64 @@
+package extproc
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+func TestDescribe(t *testing.T) {
+	tests := []struct {
+		name      string
+		route     Route
+		body      string
+		model     string
+		prompt    string
+		ids       []int64
+		maxTokens int
+		items     int
+	}{
+		{"chat", RouteChat, `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":" there"}]}],"max_tokens":9}`,
+			"m", "system\nBe brief.\nuser\nHi there\n", nil, 9, 1},
+		{"chat n", RouteChat, `{"messages":[{"role":"user","content":"x"}],"n":3,"max_completion_tokens":5}`, "", "user\nx\n", nil, 5, 3},
+		{"completions text", RouteCompletions, `{"prompt":"Once","max_tokens":4}`, "", "Once", nil, 4, 1},
+		{"completions batch", RouteCompletions, `{"prompt":["a","b"]}`, "", "a", nil, 0, 2},
+		{"completions ids", RouteCompletions, `{"prompt":[1,2,3]}`, "", "", []int64{1, 2, 3}, 0, 1},
+		{"generate text", RouteGenerate, `{"text":"hello","sampling_params":{"max_new_tokens":7}}`, "", "hello", nil, 7, 1},
+		{"generate batch", RouteGenerate, `{"text":["a","b","c"]}`, "", "a", nil, 0, 3},
+		{"generate ids batch", RouteGenerate, `{"input_ids":[[5,6],[7]]}`, "", "", []int64{5, 6}, 0, 2},
+		{"responses", RouteResponses, `{"instructions":"I.","input":"hey","max_output_tokens":3}`, "", "I.hey", nil, 3, 1},
+		{"responses messages", RouteResponses, `{"input":[{"role":"user","content":"q"}]}`, "", "user\nq\n", nil, 0, 1},
+		{"missing prompt", RouteChat, `{"model":"m"}`, "m", "", nil, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := ParseBody(tt.route, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var req scheduler.Request
+			describe(tt.route, b, &req)
+			if req.Model != tt.model || string(req.Prompt) != tt.prompt || !slices.Equal(req.TokenIDs, tt.ids) ||
+				req.MaxTokens != tt.maxTokens || req.Items != tt.items {
+				t.Errorf("got model %q prompt %q ids %v max %d items %d", req.Model, req.Prompt, req.TokenIDs, req.MaxTokens, req.Items)
+			}
+		})
+	}
+}
+
+// A growing conversation keeps its earlier rendering as a prefix: that is
+// what lets the prefix index follow a multi-turn chat.
+func TestRenderMessagesGrowsAsPrefix(t *testing.T) {
+	turn1 := `{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"}]}`
+	turn2 := `{"messages":[{"role":"system","content":"S"},{"role":"user","content":"one"},{"role":"assistant","content":"ok"},{"role":"user","content":"two"}]}`
+	var r1, r2 scheduler.Request
+	b1, _ := ParseBody(RouteChat, []byte(turn1))
+	b2, _ := ParseBody(RouteChat, []byte(turn2))
+	describe(RouteChat, b1, &r1)
+	describe(RouteChat, b2, &r2)
+	if !bytes.HasPrefix(r2.Prompt, r1.Prompt) {
+		t.Errorf("turn 2 %q does not extend turn 1 %q", r2.Prompt, r1.Prompt)
+	}
+}

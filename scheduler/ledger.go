@@ -1,0 +1,226 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+)
+
+// TargetKey identifies a target across snapshots: the endpoint's configured
+// URL and the rank (NoRank for a single-rank decode engine).
+type TargetKey struct {
+	URL  string
+	Rank int
+}
+
+// Key returns the target's key.
+func (t Target) Key() TargetKey { return TargetKey{URL: t.Endpoint.URL, Rank: t.Rank} }
+
+// Ledger defaults.
+const (
+	defaultCoverDelay     = 100 * time.Millisecond
+	defaultStaleAfter     = 5 * time.Second
+	defaultReservationTTL = 10 * time.Minute
+)
+
+// ledger keeps, per target, the load the engine last reported and the
+// tokens duet reserved there since. Its mutex is also the pick lock:
+// reading the loads, choosing and reserving happen under it, so two
+// concurrent picks never see the same minimum.
+//
+// A reservation ends when completion feedback releases it, when a scrape
+// that started after the request reached the engine covers it (the engine's
+// own numbers then include the request), or, as a safety net against lost
+// feedback, after ttl.
+type ledger struct {
+	mu         sync.Mutex
+	targets    map[TargetKey]*targetState
+	requests   map[string]*reservation
+	coverDelay time.Duration // time for a request to reach the engine after the pick
+	staleAfter time.Duration // scraped numbers older than this are not used
+	ttl        time.Duration
+}
+
+// targetState is one target's entry. Snapshots point at it, so it lives
+// as long as the target is schedulable.
+type targetState struct {
+	key       TargetKey
+	scraped   int64 // engine-reported tokens (num_total_tokens, else num_used_tokens)
+	capacity  int64
+	running   int
+	waiting   int
+	scrapedAt time.Time // when the last successful scrape finished; zero: never
+	reserved  int64
+	holds     map[*hold]struct{}
+	removed   bool // dropped from the ledger; stale snapshots may still point here
+}
+
+// reservation is one request's holds on its targets (prefill and decode).
+type reservation struct {
+	id          string
+	at          time.Time
+	model       string
+	promptBytes int
+	holds       []*hold
+}
+
+// hold is a reservation's tokens on one target.
+type hold struct {
+	res    *reservation
+	target *targetState
+	role   Role
+	tokens int64
+}
+
+func newLedger(coverDelay, staleAfter, ttl time.Duration) *ledger {
+	if coverDelay <= 0 {
+		coverDelay = defaultCoverDelay
+	}
+	if staleAfter <= 0 {
+		staleAfter = defaultStaleAfter
+	}
+	if ttl <= 0 {
+		ttl = defaultReservationTTL
+	}
+	return &ledger{
+		targets:    map[TargetKey]*targetState{},
+		requests:   map[string]*reservation{},
+		coverDelay: coverDelay,
+		staleAfter: staleAfter,
+		ttl:        ttl,
+	}
+}
+
+// state returns key's entry, creating it. Caller holds mu.
+func (l *ledger) state(key TargetKey) *targetState {
+	ts, ok := l.targets[key]
+	if !ok {
+		ts = &targetState{key: key, holds: map[*hold]struct{}{}}
+		l.targets[key] = ts
+	}
+	return ts
+}
+
+// load returns what a policy sees of ts at now. Caller holds mu.
+func (l *ledger) load(ts *targetState, now time.Time) Load {
+	ld := Load{Tokens: ts.reserved, Reserved: ts.reserved}
+	if !ts.scrapedAt.IsZero() && now.Sub(ts.scrapedAt) <= l.staleAfter {
+		ld.Fresh = true
+		ld.Tokens += ts.scraped
+		ld.Capacity = ts.capacity
+		ld.Running, ld.Waiting = ts.running, ts.waiting
+	}
+	return ld
+}
+
+// reserve adds tokens on ts for request id. Caller holds mu.
+func (l *ledger) reserve(ts *targetState, id string, role Role, tokens int64, now time.Time, model string, promptBytes int) {
+	if ts.removed || tokens <= 0 {
+		return
+	}
+	res, ok := l.requests[id]
+	if !ok {
+		res = &reservation{id: id, at: now, model: model, promptBytes: promptBytes}
+		l.requests[id] = res
+	}
+	h := &hold{res: res, target: ts, role: role, tokens: tokens}
+	res.holds = append(res.holds, h)
+	ts.holds[h] = struct{}{}
+	ts.reserved += tokens
+}
+
+// release ends request id's holds of role ("" for all of them) and reports
+// the request's model and prompt size; ok is false when nothing was held.
+func (l *ledger) release(id string, role Role) (model string, promptBytes int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res, found := l.requests[id]
+	if !found {
+		return "", 0, false
+	}
+	for _, h := range append([]*hold(nil), res.holds...) {
+		if role == "" || h.role == role {
+			l.drop(h)
+		}
+	}
+	return res.model, res.promptBytes, true
+}
+
+// drop ends one hold. Caller holds mu.
+func (l *ledger) drop(h *hold) {
+	ts := h.target
+	if _, ok := ts.holds[h]; ok {
+		delete(ts.holds, h)
+		ts.reserved -= h.tokens
+	}
+	res := h.res
+	for i, x := range res.holds {
+		if x == h {
+			res.holds = append(res.holds[:i], res.holds[i+1:]...)
+			break
+		}
+	}
+	if len(res.holds) == 0 {
+		delete(l.requests, res.id)
+	}
+}
+
+// rankLoad is one rank's numbers from a scrape, already keyed.
+type rankLoad struct {
+	key      TargetKey
+	tokens   int64
+	capacity int64
+	running  int
+	waiting  int
+}
+
+// observe records a successful scrape that started at started and finished
+// at finished, and ends the holds it covers. Ranks the ledger does not know
+// (not schedulable) are ignored.
+func (l *ledger) observe(ranks []rankLoad, started, finished time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range ranks {
+		ts, ok := l.targets[r.key]
+		if !ok {
+			continue
+		}
+		ts.scraped, ts.capacity, ts.running, ts.waiting = r.tokens, r.capacity, r.running, r.waiting
+		ts.scrapedAt = finished
+		for h := range ts.holds {
+			if h.res.at.Add(l.coverDelay).Before(started) {
+				l.drop(h)
+			}
+		}
+	}
+}
+
+// expire ends reservations older than the ttl; it returns how many.
+func (l *ledger) expire(now time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, res := range l.requests {
+		if now.Sub(res.at) > l.ttl {
+			for _, h := range append([]*hold(nil), res.holds...) {
+				l.drop(h)
+			}
+			n++
+		}
+	}
+	return n
+}
+
+// retain drops every target whose key keep rejects, with its holds.
+// Caller holds mu.
+func (l *ledger) retain(keep func(TargetKey) bool) {
+	for key, ts := range l.targets {
+		if keep(key) {
+			continue
+		}
+		for h := range ts.holds {
+			l.drop(h)
+		}
+		ts.removed = true
+		delete(l.targets, key)
+	}
+}
