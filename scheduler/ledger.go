@@ -3,6 +3,8 @@ package scheduler
 import (
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TargetKey identifies a target across snapshots: the endpoint's configured
@@ -20,6 +22,10 @@ const (
 	defaultCoverDelay     = 100 * time.Millisecond
 	defaultStaleAfter     = 5 * time.Second
 	defaultReservationTTL = 10 * time.Minute
+	// finishedGrace is how long a request's record outlives its last hold,
+	// so that the whole-request log entry, which may arrive after both legs'
+	// entries, still finds its model and prompt size.
+	finishedGrace = 30 * time.Second
 )
 
 // ledger keeps, per target, the load the engine last reported and the
@@ -44,6 +50,9 @@ type ledger struct {
 // as long as the target is schedulable.
 type targetState struct {
 	key       TargetKey
+	role      Role
+	label     string             // Target.String(), for metrics
+	picks     prometheus.Counter // nil without metrics
 	scraped   int64 // engine-reported tokens (num_total_tokens, else num_used_tokens)
 	capacity  int64
 	running   int
@@ -61,6 +70,7 @@ type reservation struct {
 	model       string
 	promptBytes int
 	holds       []*hold
+	emptySince  time.Time // when the last hold ended; zero while holds remain
 }
 
 // hold is a reservation's tokens on one target.
@@ -124,29 +134,39 @@ func (l *ledger) reserve(ts *targetState, id string, role Role, tokens int64, no
 	}
 	h := &hold{res: res, target: ts, role: role, tokens: tokens}
 	res.holds = append(res.holds, h)
+	res.emptySince = time.Time{}
 	ts.holds[h] = struct{}{}
 	ts.reserved += tokens
 }
 
-// release ends request id's holds of role ("" for all of them) and reports
-// the request's model and prompt size; ok is false when nothing was held.
+// release ends request id's holds of role, or with role "" all of them and
+// the request's record. It reports the request's model and prompt size; ok
+// is false when the request is unknown (never reserved, or long finished).
 func (l *ledger) release(id string, role Role) (model string, promptBytes int, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.releaseLocked(id, role)
+}
+
+// releaseLocked is release with mu held.
+func (l *ledger) releaseLocked(id string, role Role) (model string, promptBytes int, ok bool) {
 	res, found := l.requests[id]
 	if !found {
 		return "", 0, false
 	}
 	for _, h := range append([]*hold(nil), res.holds...) {
 		if role == "" || h.role == role {
-			l.drop(h)
+			l.drop(h, time.Now())
 		}
+	}
+	if role == "" {
+		delete(l.requests, id)
 	}
 	return res.model, res.promptBytes, true
 }
 
-// drop ends one hold. Caller holds mu.
-func (l *ledger) drop(h *hold) {
+// drop ends one hold at now. Caller holds mu.
+func (l *ledger) drop(h *hold, now time.Time) {
 	ts := h.target
 	if _, ok := ts.holds[h]; ok {
 		delete(ts.holds, h)
@@ -159,8 +179,8 @@ func (l *ledger) drop(h *hold) {
 			break
 		}
 	}
-	if len(res.holds) == 0 {
-		delete(l.requests, res.id)
+	if len(res.holds) == 0 && res.emptySince.IsZero() {
+		res.emptySince = now
 	}
 }
 
@@ -188,23 +208,31 @@ func (l *ledger) observe(ranks []rankLoad, started, finished time.Time) {
 		ts.scrapedAt = finished
 		for h := range ts.holds {
 			if h.res.at.Add(l.coverDelay).Before(started) {
-				l.drop(h)
+				l.drop(h, finished)
 			}
 		}
 	}
 }
 
-// expire ends reservations older than the ttl; it returns how many.
+// expire ends reservations older than the ttl (lost feedback) and forgets
+// requests whose holds all ended more than finishedGrace ago. It returns
+// how many reservations the ttl ended.
 func (l *ledger) expire(now time.Time) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := 0
-	for _, res := range l.requests {
-		if now.Sub(res.at) > l.ttl {
-			for _, h := range append([]*hold(nil), res.holds...) {
-				l.drop(h)
+	for id, res := range l.requests {
+		switch {
+		case now.Sub(res.at) > l.ttl:
+			if len(res.holds) > 0 {
+				n++
 			}
-			n++
+			for _, h := range append([]*hold(nil), res.holds...) {
+				l.drop(h, now)
+			}
+			delete(l.requests, id)
+		case !res.emptySince.IsZero() && now.Sub(res.emptySince) > finishedGrace:
+			delete(l.requests, id)
 		}
 	}
 	return n
@@ -218,7 +246,7 @@ func (l *ledger) retain(keep func(TargetKey) bool) {
 			continue
 		}
 		for h := range ts.holds {
-			l.drop(h)
+			l.drop(h, time.Now())
 		}
 		ts.removed = true
 		delete(l.targets, key)

@@ -87,8 +87,13 @@ func TestLedgerExpireAndRetain(t *testing.T) {
 	_, stillB := l.targets[TargetKey{"http://b:1", 0}]
 	l.reserve(b, "late", RoleDecode, 9, t0, "", 0) // a stale snapshot's pick
 	l.mu.Unlock()
-	if stillB || !b.removed || len(l.requests) != 0 || b.reserved != 0 {
-		t.Errorf("retain kept b: present %v removed %v requests %d reserved %d", stillB, b.removed, len(l.requests), b.reserved)
+	if stillB || !b.removed || b.reserved != 0 || len(l.requests["new"].holds) != 0 || l.requests["late"] != nil {
+		t.Errorf("retain kept b: present %v removed %v reserved %d", stillB, b.removed, b.reserved)
+	}
+	// The finished record lingers for the whole-request log entry, then goes.
+	l.expire(time.Now().Add(finishedGrace + time.Second))
+	if len(l.requests) != 0 {
+		t.Errorf("%d finished requests not forgotten after the grace period", len(l.requests))
 	}
 }
 
