@@ -68,9 +68,11 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
+	feedback := registerFeedback(ctx, gs, discardFeedback, log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}
+	admin.Handler = withFeedbackDebug(admin.Handler, feedback)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -145,10 +147,22 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 	return scheduler.Config{
 		Prefill:           specs(cfg.Prefill),
 		Decode:            specs(cfg.Decode),
-		PrefillPolicy:     scheduler.PolicySpec{Name: cfg.Policy.Prefill},
-		DecodePolicy:      scheduler.PolicySpec{Name: cfg.Policy.Decode},
+		PrefillPolicy:     policySpec(cfg.Policy.Prefill),
+		DecodePolicy:      policySpec(cfg.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
+	}
+}
+
+func policySpec(p config.PolicySpec) scheduler.PolicySpec {
+	return scheduler.PolicySpec{
+		Name:             p.Name,
+		CacheThreshold:   p.CacheThreshold,
+		BalanceAbsTokens: p.BalanceAbsTokens,
+		BalanceRel:       p.BalanceRel,
+		LoadFactor:       p.LoadFactor,
+		Weights:          p.Weights,
+		Seed:             p.Seed,
 	}
 }
 

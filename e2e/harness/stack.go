@@ -35,6 +35,12 @@ type Options struct {
 	DecodeMsPerToken int
 	// LogLevel is duet's log level (default debug).
 	LogLevel string
+	// PrefillPolicy and DecodePolicy are duet's policy sections in YAML
+	// flow form, e.g. "least_tokens" or "{name: cache_aware, cache_threshold: 0.5}"
+	// (default round_robin, so that consecutive requests spread).
+	PrefillPolicy, DecodePolicy string
+	// LoadInterval is duet's load.interval (default 200ms).
+	LoadInterval time.Duration
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
 }
@@ -78,6 +84,15 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	if opts.LogLevel == "" {
 		opts.LogLevel = "debug"
+	}
+	if opts.PrefillPolicy == "" {
+		opts.PrefillPolicy = "round_robin"
+	}
+	if opts.DecodePolicy == "" {
+		opts.DecodePolicy = "round_robin"
+	}
+	if opts.LoadInterval == 0 {
+		opts.LoadInterval = 200 * time.Millisecond
 	}
 	if opts.Dir == "" {
 		if opts.Dir, err = os.MkdirTemp("", "duet-e2e-"); err != nil {
@@ -221,6 +236,8 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 	fmt.Fprintf(&b, "log_level: %s\nlisten:\n  grpc: %s\n  admin: %s\n", opts.LogLevel, hostPort(grpcPort), hostPort(adminPort))
 	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
 	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
+	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
+	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
 	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", hostPort(envoyPort), hostPort(envoyAdminPort))
 	if len(s.Prefill) > 0 {
 		b.WriteString("prefill:\n")

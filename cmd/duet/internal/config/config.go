@@ -11,7 +11,9 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"reflect"
 	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -32,6 +34,12 @@ type Config struct {
 	Policy Policy `yaml:"policy"`
 	// Discovery tunes how engines are asked for their DP size and bootstrap port.
 	Discovery Discovery `yaml:"discovery"`
+	// Load tunes load scraping and reservations.
+	Load LoadOptions `yaml:"load"`
+	// Prefix tunes the prefix index.
+	Prefix PrefixOptions `yaml:"prefix"`
+	// Tokens tunes the token estimate.
+	Tokens TokenOptions `yaml:"tokens"`
 	// Request bounds what duet accepts from clients.
 	Request Request `yaml:"request"`
 	// Envoy parameterises the bootstrap rendered by `duet envoy-config`.
@@ -57,10 +65,91 @@ type Endpoint struct {
 	DPSize int `yaml:"dp_size"`
 }
 
-// Policy names the policy of each role.
+// Policy holds the policy of each role.
 type Policy struct {
-	Prefill string `yaml:"prefill"`
-	Decode  string `yaml:"decode"`
+	Prefill PolicySpec `yaml:"prefill"`
+	Decode  PolicySpec `yaml:"decode"`
+}
+
+// PolicySpec is a policy name with its parameters. In YAML it is either a
+// bare name (`least_tokens`) or a mapping with a name and parameters.
+type PolicySpec struct {
+	// Name is the policy: round_robin, random, power_of_two, least_tokens,
+	// prefix_hash, cache_aware or weighted.
+	Name string `yaml:"name"`
+	// CacheThreshold (cache_aware): prefix-match fraction that pins a
+	// request to the target caching it.
+	CacheThreshold float64 `yaml:"cache_threshold"`
+	// BalanceAbsTokens and BalanceRel (cache_aware): the imbalance past
+	// which cache_aware balances by tokens instead.
+	BalanceAbsTokens int64   `yaml:"balance_abs_tokens"`
+	BalanceRel       float64 `yaml:"balance_rel"`
+	// LoadFactor (prefix_hash): the bound on a target's load relative to the mean.
+	LoadFactor float64 `yaml:"load_factor"`
+	// Weights (weighted): scorer name (tokens, prefix, queue, kv) to weight.
+	Weights map[string]float64 `yaml:"weights"`
+	// Seed (random, power_of_two): 0 means random.
+	Seed uint64 `yaml:"seed"`
+}
+
+// UnmarshalYAML accepts a bare policy name or a mapping; unknown keys in
+// the mapping are errors.
+func (p *PolicySpec) UnmarshalYAML(node *yaml.Node) error {
+	if node.Kind == yaml.ScalarNode {
+		p.Name = node.Value
+		return nil
+	}
+	if node.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: a policy is a name or a mapping", node.Line)
+	}
+	known := map[string]bool{}
+	t := reflect.TypeOf(*p)
+	for i := range t.NumField() {
+		known[strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]] = true
+	}
+	for i := 0; i < len(node.Content); i += 2 {
+		if k := node.Content[i].Value; !known[k] {
+			return fmt.Errorf("line %d: field %s not found in a policy", node.Content[i].Line, k)
+		}
+	}
+	type plain PolicySpec // no UnmarshalYAML: avoids recursion
+	return node.Decode((*plain)(p))
+}
+
+// LoadOptions configures load scraping and the reservation ledger.
+type LoadOptions struct {
+	// Interval between load scrapes of every engine; "-1s" disables them.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one scrape.
+	Timeout time.Duration `yaml:"timeout"`
+	// Concurrency bounds the scrapes in flight.
+	Concurrency int `yaml:"concurrency"`
+	// StaleAfter is the age past which scraped numbers are not used.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// CoverDelay is the time for a request to reach its engine; a scrape
+	// started later covers duet's reservation for it.
+	CoverDelay time.Duration `yaml:"cover_delay"`
+	// ReservationTTL ends reservations whose completion was never reported.
+	ReservationTTL time.Duration `yaml:"reservation_ttl"`
+}
+
+// PrefixOptions configures the prefix index.
+type PrefixOptions struct {
+	// BlockBytes is the size of a hashed text block.
+	BlockBytes int `yaml:"block_bytes"`
+	// BlockTokens is the size of a hashed token-id block.
+	BlockTokens int `yaml:"block_tokens"`
+	// MaxBlocksPerTarget bounds the index's memory per (engine, rank).
+	MaxBlocksPerTarget int `yaml:"max_blocks_per_target"`
+}
+
+// TokenOptions configures the token estimate.
+type TokenOptions struct {
+	// CharsPerToken is the starting ratio; engine-reported usage corrects it.
+	CharsPerToken float64 `yaml:"chars_per_token"`
+	// DefaultMaxTokens is the expected output per sequence in decode
+	// reservations, and the cap of a requested max_tokens.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
 }
 
 // Discovery tunes engine discovery.
@@ -97,7 +186,8 @@ type Envoy struct {
 const (
 	DefaultGRPC              = "127.0.0.1:9002"
 	DefaultAdmin             = "127.0.0.1:9003"
-	DefaultPolicy            = "round_robin"
+	DefaultPrefillPolicy     = "cache_aware"
+	DefaultDecodePolicy      = "least_tokens"
 	DefaultMaxBodyBytes      = 32 << 20
 	DefaultEnvoyListen       = "127.0.0.1:8080"
 	DefaultEnvoyAdmin        = "127.0.0.1:9901"
@@ -139,8 +229,8 @@ func (c *Config) applyDefaults() {
 	setDefault(&c.Listen.GRPC, DefaultGRPC)
 	setDefault(&c.Listen.Admin, DefaultAdmin)
 	setDefault(&c.LogLevel, "info")
-	setDefault(&c.Policy.Prefill, DefaultPolicy)
-	setDefault(&c.Policy.Decode, DefaultPolicy)
+	setDefault(&c.Policy.Prefill.Name, DefaultPrefillPolicy)
+	setDefault(&c.Policy.Decode.Name, DefaultDecodePolicy)
 	setDefault(&c.Envoy.Listen, DefaultEnvoyListen)
 	setDefault(&c.Envoy.Admin, DefaultEnvoyAdmin)
 	if c.Envoy.Duet == "" {
@@ -230,6 +320,32 @@ func (c *Config) Validate() error {
 	}
 	if c.Discovery.Interval < 0 || c.Discovery.Timeout < 0 {
 		errs = append(errs, errors.New("discovery: interval and timeout must be positive"))
+	}
+	for _, d := range []struct {
+		field string
+		value time.Duration
+	}{
+		{"load.timeout", c.Load.Timeout}, {"load.stale_after", c.Load.StaleAfter},
+		{"load.cover_delay", c.Load.CoverDelay}, {"load.reservation_ttl", c.Load.ReservationTTL},
+	} {
+		if d.value < 0 {
+			errs = append(errs, fmt.Errorf("%s: %v must not be negative", d.field, d.value))
+		}
+	}
+	for _, n := range []struct {
+		field string
+		value int
+	}{
+		{"load.concurrency", c.Load.Concurrency}, {"prefix.block_bytes", c.Prefix.BlockBytes},
+		{"prefix.block_tokens", c.Prefix.BlockTokens}, {"prefix.max_blocks_per_target", c.Prefix.MaxBlocksPerTarget},
+		{"tokens.default_max_tokens", c.Tokens.DefaultMaxTokens},
+	} {
+		if n.value < 0 {
+			errs = append(errs, fmt.Errorf("%s: %d must not be negative", n.field, n.value))
+		}
+	}
+	if c.Tokens.CharsPerToken < 0 {
+		errs = append(errs, fmt.Errorf("tokens.chars_per_token: %v must not be negative", c.Tokens.CharsPerToken))
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

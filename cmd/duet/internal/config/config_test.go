@@ -22,7 +22,7 @@ listen:
 	if cfg.Envoy.Duet != "127.0.0.1:9102" {
 		t.Errorf("envoy.duet = %q, want 127.0.0.1:9102", cfg.Envoy.Duet)
 	}
-	if cfg.Policy.Prefill != DefaultPolicy || cfg.Policy.Decode != DefaultPolicy {
+	if cfg.Policy.Prefill.Name != DefaultPrefillPolicy || cfg.Policy.Decode.Name != DefaultDecodePolicy {
 		t.Errorf("policies = %+v", cfg.Policy)
 	}
 	if cfg.Request.MaxBodyBytes != DefaultMaxBodyBytes || cfg.Envoy.MessageTimeout != 2*time.Second {
@@ -51,6 +51,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad level", `{decode: [{url: "http://a:1"}], log_level: loud}`, []string{"log_level"}},
 		{"tiny body", `{decode: [{url: "http://a:1"}], request: {max_body_bytes: 10}}`, []string{"request.max_body_bytes"}},
 		{"bad duration", `{decode: [{url: "http://a:1"}], discovery: {interval: soon}}`, []string{"parse yaml"}},
+		{"policy unknown key", `{decode: [{url: "http://a:1"}], policy: {decode: {name: weighted, wieghts: {}}}}`, []string{"field wieghts not found in a policy"}},
+		{"policy list", `{decode: [{url: "http://a:1"}], policy: {decode: [a]}}`, []string{"a policy is a name or a mapping"}},
+		{"negative load", `{decode: [{url: "http://a:1"}], load: {stale_after: -1s, concurrency: -2}}`, []string{"load.stale_after", "load.concurrency"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -64,5 +67,26 @@ func TestParseErrorsNameTheField(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParsePolicies(t *testing.T) {
+	cfg, err := Parse([]byte(`
+decode: [{url: "http://a:1"}]
+load: {interval: 250ms, stale_after: 2s}
+policy:
+  prefill: prefix_hash
+  decode:
+    name: weighted
+    weights: {tokens: 2, prefix: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Policy.Prefill.Name != "prefix_hash" || cfg.Policy.Decode.Name != "weighted" || cfg.Policy.Decode.Weights["tokens"] != 2 {
+		t.Errorf("policies = %+v", cfg.Policy)
+	}
+	if cfg.Load.Interval != 250*time.Millisecond || cfg.Load.StaleAfter != 2*time.Second {
+		t.Errorf("load = %+v", cfg.Load)
 	}
 }
