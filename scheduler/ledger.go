@@ -53,7 +53,7 @@ type targetState struct {
 	role      Role
 	label     string             // Target.String(), for metrics
 	picks     prometheus.Counter // nil without metrics
-	scraped   int64 // engine-reported tokens (num_total_tokens, else num_used_tokens)
+	scraped   int64              // engine-reported tokens (num_total_tokens, else num_used_tokens)
 	capacity  int64
 	running   int
 	waiting   int

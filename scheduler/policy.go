@@ -106,7 +106,13 @@ type PolicySpec struct {
 
 // policyFactories builds each policy from its spec.
 var policyFactories = map[string]func(PolicySpec) (Policy, error){
-	policyRoundRobin: func(PolicySpec) (Policy, error) { return newRoundRobin(), nil },
+	policyRoundRobin:  func(PolicySpec) (Policy, error) { return newRoundRobin(), nil },
+	policyLeastTokens: newLeastTokens,
+	policyRandom:      newRandom,
+	policyPowerOfTwo:  newPowerOfTwo,
+	policyPrefixHash:  newPrefixHash,
+	policyCacheAware:  newCacheAware,
+	policyWeighted:    newWeighted,
 }
 
 // PolicyNames lists the policy names NewPolicy accepts, sorted.
@@ -119,8 +125,16 @@ func PolicyNames() []string {
 	return names
 }
 
-// policyRoundRobin names the round_robin policy.
-const policyRoundRobin = "round_robin"
+// The policy names.
+const (
+	policyRoundRobin  = "round_robin"
+	policyLeastTokens = "least_tokens"
+	policyRandom      = "random"
+	policyPowerOfTwo  = "power_of_two"
+	policyPrefixHash  = "prefix_hash"
+	policyCacheAware  = "cache_aware"
+	policyWeighted    = "weighted"
+)
 
 // NewPolicy returns the policy spec names, configured by spec.
 func NewPolicy(spec PolicySpec) (Policy, error) {

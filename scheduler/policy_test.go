@@ -12,9 +12,16 @@ func TestNewPolicy(t *testing.T) {
 		wantErr bool
 	}{
 		{"round_robin", false},
+		{"least_tokens", false},
+		{"random", false},
+		{"power_of_two", false},
+		{"prefix_hash", false},
+		{"cache_aware", false},
+		{"weighted", false},
 		{"", true},
 		{"Round_Robin", true},
-		{"least_tokens", true},
+		{"least-tokens", true},
+		{"prefix", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

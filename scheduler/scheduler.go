@@ -12,7 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/scheduler/load"
+	"github.com/duet-router/duet/scheduler/prefix"
 )
 
 // Defaults for the zero values of Config.
@@ -46,6 +50,55 @@ type Config struct {
 	// HTTPClient makes the discovery calls; default a client with no
 	// overall timeout (DiscoveryTimeout applies per call).
 	HTTPClient *http.Client
+	// Load configures load scraping and the reservation ledger.
+	Load LoadConfig
+	// Prefix configures prompt hashing and the prefix index.
+	Prefix PrefixConfig
+	// Tokens configures the token estimate.
+	Tokens TokenConfig
+	// Registerer receives the scheduler's metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// LoadConfig configures load scraping and the reservation ledger.
+type LoadConfig struct {
+	// Interval between scrapes of every ready endpoint (default 1s).
+	// Negative disables scraping: loads are then duet's reservations only.
+	Interval time.Duration
+	// Timeout bounds one scrape (default 1s).
+	Timeout time.Duration
+	// Concurrency bounds the scrapes in flight (default 16).
+	Concurrency int
+	// StaleAfter is the age past which scraped numbers are not used
+	// (default 5s).
+	StaleAfter time.Duration
+	// CoverDelay is how long after a pick the request is assumed to have
+	// reached the engine, so that a scrape started later covers it
+	// (default 100ms).
+	CoverDelay time.Duration
+	// ReservationTTL ends reservations whose feedback never came
+	// (default 10m).
+	ReservationTTL time.Duration
+}
+
+// PrefixConfig configures prompt hashing and the prefix index.
+type PrefixConfig struct {
+	// BlockBytes is the text block size (default 64 bytes, about 16 tokens).
+	BlockBytes int
+	// BlockTokens is the token-id block size (default 16).
+	BlockTokens int
+	// MaxBlocksPerTarget bounds the index's memory per target (default 65536).
+	MaxBlocksPerTarget int
+}
+
+// TokenConfig configures the token estimate.
+type TokenConfig struct {
+	// CharsPerToken is the starting characters-per-token ratio of every
+	// model (default 4); reported usage corrects it per model.
+	CharsPerToken float64
+	// DefaultMaxTokens is the expected output per sequence, and the cap of
+	// a requested max_tokens, in decode reservations (default 256).
+	DefaultMaxTokens int
 }
 
 // Decision is the outcome for one request.
@@ -73,6 +126,18 @@ type Scheduler struct {
 	members    []*member  // prefill first, then decode, in configuration order
 
 	snap atomic.Pointer[snapshot]
+
+	ledger           *ledger
+	tokens           *TokenEstimator
+	hasher           prefix.Hasher
+	index            *prefix.Index[TargetKey]
+	scraper          *load.Scraper
+	loadCfg          LoadConfig
+	defaultMaxTokens int
+	metrics          *metrics
+	anonymous        atomic.Uint64
+	// Candidate scratch space, guarded by ledger.mu.
+	prefillScratch, decodeScratch []Candidate
 }
 
 // New validates cfg and returns a Scheduler for it. No endpoint is ready
@@ -114,6 +179,31 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		return nil, fmt.Errorf("scheduler: decode policy: %w", err)
 	}
 
+	s.loadCfg = cfg.Load
+	if s.loadCfg.Interval == 0 {
+		s.loadCfg.Interval = time.Second
+	}
+	if s.loadCfg.Timeout <= 0 {
+		s.loadCfg.Timeout = time.Second
+	}
+	if s.loadCfg.Concurrency <= 0 {
+		s.loadCfg.Concurrency = 16
+	}
+	s.ledger = newLedger(s.loadCfg.CoverDelay, s.loadCfg.StaleAfter, s.loadCfg.ReservationTTL)
+	s.tokens = NewTokenEstimator(cfg.Tokens.CharsPerToken)
+	s.defaultMaxTokens = cfg.Tokens.DefaultMaxTokens
+	if s.defaultMaxTokens <= 0 {
+		s.defaultMaxTokens = 256
+	}
+	s.hasher = prefix.Hasher{BlockBytes: cfg.Prefix.BlockBytes, BlockTokens: cfg.Prefix.BlockTokens}
+	s.index = prefix.NewIndex[TargetKey](cfg.Prefix.MaxBlocksPerTarget)
+	s.scraper = load.NewScraper(s.client, s.loadCfg.Timeout)
+	if cfg.Registerer != nil {
+		s.metrics = newMetrics(cfg.Registerer, s.ledger, map[Role]string{
+			RolePrefill: s.prefillPolicy.Name(), RoleDecode: s.decodePolicy.Name(),
+		})
+	}
+
 	seen := make(map[string]string) // duplicate key -> URL as configured
 	add := func(role Role, specs []EndpointSpec) error {
 		for i, spec := range specs {
@@ -135,7 +225,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	if err := add(RoleDecode, cfg.Decode); err != nil {
 		return nil, err
 	}
-	s.snap.Store(newSnapshot(s.states()))
+	s.publish()
 	return s, nil
 }
 
@@ -166,6 +256,12 @@ func newMember(role Role, spec EndpointSpec) (*member, error) {
 		m.cur.Address = address(u.ip, u.port)
 	}
 	return m, nil
+}
+
+// publish makes the members' current states the snapshot picks use. The
+// caller holds discoverMu or is New.
+func (s *Scheduler) publish() {
+	s.snap.Store(newSnapshot(s.states(), s.ledger, s.metrics, s.index.Remove))
 }
 
 // states returns the members' current states. The caller holds discoverMu
@@ -210,7 +306,7 @@ func (s *Scheduler) Discover(ctx context.Context) error {
 		}
 	}
 	if changed {
-		s.snap.Store(newSnapshot(s.states()))
+		s.publish()
 	}
 	return errors.Join(errs...)
 }
@@ -219,6 +315,9 @@ func (s *Scheduler) Discover(ctx context.Context) error {
 // done. Discovery errors are logged as endpoints change state; Run itself
 // only logs them at debug level.
 func (s *Scheduler) Run(ctx context.Context) {
+	if s.loadCfg.Interval > 0 {
+		go s.runScrapes(ctx)
+	}
 	ticker := time.NewTicker(s.interval)
 	defer ticker.Stop()
 	for {
@@ -238,68 +337,15 @@ func (s *Scheduler) Run(ctx context.Context) {
 // prefill endpoint too.
 func (s *Scheduler) Ready() bool {
 	snap := s.snap.Load()
-	return len(snap.decode) > 0 && (!s.pd || len(snap.prefill) > 0)
+	return len(snap.decode.targets) > 0 && (!s.pd || len(snap.prefill.targets) > 0)
 }
 
 // PD reports whether a prefill pool is configured, that is whether requests
 // are served disaggregated.
 func (s *Scheduler) PD() bool { return s.pd }
 
-// Pick chooses the targets for one request: a decode target with the decode
-// policy and, when a prefill pool is configured, a prefill target with the
-// prefill policy. If a needed role has no ready endpoint, the error wraps
-// ErrNoEndpoints. A nil req is treated as an empty Request.
-func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
-	if err := ctx.Err(); err != nil {
-		return Decision{}, fmt.Errorf("scheduler: pick: %w", err)
-	}
-	if req == nil {
-		req = &Request{}
-	}
-	pd := s.pd && !req.DecodeOnly
-	snap := s.snap.Load()
-	// Check both roles before asking any policy, so that a failed pick
-	// leaves the policies' state untouched.
-	if len(snap.decode) == 0 {
-		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
-	}
-	if pd && len(snap.prefill) == 0 {
-		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
-	}
-	var d Decision
-	if pd {
-		t, err := pickFrom(ctx, s.prefillPolicy, req, snap.prefill)
-		if err != nil {
-			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
-		}
-		d.Prefill = &t
-	}
-	t, err := pickFrom(ctx, s.decodePolicy, req, snap.decode)
-	if err != nil {
-		return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err)
-	}
-	d.Decode = t
-	return d, nil
-}
-
 // Endpoints returns a snapshot of all endpoints of both roles: prefill
 // first, then decode, each in configuration order.
 func (s *Scheduler) Endpoints() []Endpoint {
 	return slices.Clone(s.snap.Load().endpoints)
-}
-
-// pickFrom runs policy over targets.
-func pickFrom(ctx context.Context, policy Policy, req *Request, targets []Target) (Target, error) {
-	cands := make([]Candidate, len(targets))
-	for i, t := range targets {
-		cands[i] = Candidate{Target: t}
-	}
-	i, err := policy.Pick(ctx, req, cands)
-	if err != nil {
-		return Target{}, err
-	}
-	if i < 0 || i >= len(cands) {
-		return Target{}, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
-	}
-	return targets[i], nil
 }

@@ -30,8 +30,8 @@ func TestNewRejects(t *testing.T) {
 		{"query", Config{Decode: []EndpointSpec{{URL: a + "?x=1"}}}, "no user info, query or fragment"},
 		{"negative DPSize", Config{Decode: []EndpointSpec{{URL: a, DPSize: -1}}}, "DPSize -1 out of range"},
 		{"bootstrap port too large", Config{Prefill: []EndpointSpec{{URL: a, BootstrapPort: 70000}}, Decode: []EndpointSpec{{URL: "http://127.0.0.1:1"}}}, "BootstrapPort 70000"},
-		{"unknown decode policy", Config{Decode: []EndpointSpec{{URL: a}}, DecodePolicy: PolicySpec{Name: "fastest"}}, `decode policy: unknown policy "fastest" (valid: round_robin)`},
-		{"unknown prefill policy", Config{Decode: []EndpointSpec{{URL: a}}, PrefillPolicy: PolicySpec{Name: "rr"}}, `prefill policy: unknown policy "rr" (valid: round_robin)`},
+		{"unknown decode policy", Config{Decode: []EndpointSpec{{URL: a}}, DecodePolicy: PolicySpec{Name: "fastest"}}, `decode policy: unknown policy "fastest" (valid: cache_aware, least_tokens`},
+		{"unknown prefill policy", Config{Decode: []EndpointSpec{{URL: a}}, PrefillPolicy: PolicySpec{Name: "rr"}}, `prefill policy: unknown policy "rr" (valid: cache_aware, least_tokens`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -156,14 +156,14 @@ func TestTargets(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			snap := newSnapshot(tt.endpoints)
-			if got := targetStrings(snap.prefill); strings.Join(got, ",") != strings.Join(tt.wantPrefill, ",") {
+			snap := newSnapshot(tt.endpoints, newLedger(0, 0, 0), nil, func(TargetKey) {})
+			if got := targetStrings(snap.prefill.targets); strings.Join(got, ",") != strings.Join(tt.wantPrefill, ",") {
 				t.Errorf("prefill targets = %q, want %q", got, tt.wantPrefill)
 			}
-			if got := targetStrings(snap.decode); strings.Join(got, ",") != strings.Join(tt.wantDecode, ",") {
+			if got := targetStrings(snap.decode.targets); strings.Join(got, ",") != strings.Join(tt.wantDecode, ",") {
 				t.Errorf("decode targets = %q, want %q", got, tt.wantDecode)
 			}
-			for _, tg := range append(snap.prefill, snap.decode...) {
+			for _, tg := range append(snap.prefill.targets, snap.decode.targets...) {
 				inside := false
 				for i := range snap.endpoints {
 					inside = inside || tg.Endpoint == &snap.endpoints[i]
@@ -186,7 +186,7 @@ func targetStrings(ts []Target) []string {
 
 // pool starts n fake engines answering /server_info with dp ranks each and
 // returns their specs.
-func pool(t *testing.T, n, dp int, mode string) []EndpointSpec {
+func enginePool(t *testing.T, n, dp int, mode string) []EndpointSpec {
 	t.Helper()
 	specs := make([]EndpointSpec, n)
 	for i := range specs {
@@ -213,9 +213,9 @@ func TestPickRoundRobin(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := Config{Decode: pool(t, tt.decodeN, tt.decodeDP, "decode")}
+			cfg := Config{Decode: enginePool(t, tt.decodeN, tt.decodeDP, "decode")}
 			if tt.prefillN > 0 {
-				cfg.Prefill = pool(t, tt.prefillN, tt.prefillDP, "prefill")
+				cfg.Prefill = enginePool(t, tt.prefillN, tt.prefillDP, "prefill")
 			}
 			s := newTestScheduler(t, cfg, nil)
 			mustDiscover(t, s)
@@ -298,7 +298,7 @@ func TestPickNoEndpoints(t *testing.T) {
 }
 
 func TestPickAggregated(t *testing.T) {
-	s := newTestScheduler(t, Config{Decode: pool(t, 1, 2, "null")}, nil)
+	s := newTestScheduler(t, Config{Decode: enginePool(t, 1, 2, "null")}, nil)
 	mustDiscover(t, s)
 	if s.PD() {
 		t.Error("PD() = true without a prefill pool")
@@ -318,7 +318,7 @@ func TestPickAggregated(t *testing.T) {
 // A decode-only pick in PD mode chooses no prefill target, does not advance
 // the prefill policy, and works while the prefill pool is not ready.
 func TestPickDecodeOnly(t *testing.T) {
-	s := newTestScheduler(t, Config{Prefill: pool(t, 1, 2, "prefill"), Decode: pool(t, 1, 1, "decode")}, nil)
+	s := newTestScheduler(t, Config{Prefill: enginePool(t, 1, 2, "prefill"), Decode: enginePool(t, 1, 1, "decode")}, nil)
 	mustDiscover(t, s)
 	first, err := s.Pick(testContext(t), &Request{})
 	if err != nil || first.Prefill == nil {
@@ -335,7 +335,7 @@ func TestPickDecodeOnly(t *testing.T) {
 
 	noPrefill := newTestScheduler(t, Config{
 		Prefill: []EndpointSpec{{URL: newFakeEngine(t, map[string]response{"/server_info": {status: 500}}).url()}},
-		Decode:  pool(t, 1, 1, "decode"),
+		Decode:  enginePool(t, 1, 1, "decode"),
 	}, nil)
 	_ = noPrefill.Discover(testContext(t))
 	if _, err := noPrefill.Pick(testContext(t), &Request{DecodeOnly: true}); err != nil {
@@ -344,7 +344,7 @@ func TestPickDecodeOnly(t *testing.T) {
 }
 
 func TestPickCanceled(t *testing.T) {
-	s := newTestScheduler(t, Config{Decode: pool(t, 1, 1, "")}, nil)
+	s := newTestScheduler(t, Config{Decode: enginePool(t, 1, 1, "")}, nil)
 	mustDiscover(t, s)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -355,8 +355,8 @@ func TestPickCanceled(t *testing.T) {
 
 func TestPickConcurrent(t *testing.T) {
 	s := newTestScheduler(t, Config{
-		Prefill: pool(t, 2, 2, "prefill"),
-		Decode:  pool(t, 2, 2, "decode"),
+		Prefill: enginePool(t, 2, 2, "prefill"),
+		Decode:  enginePool(t, 2, 2, "decode"),
 	}, nil)
 	mustDiscover(t, s)
 	ctx := testContext(t)

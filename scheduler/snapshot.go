@@ -3,15 +3,24 @@ package scheduler
 // snapshot is an immutable view of the endpoints and the targets built from
 // them. Discovery publishes a new one whenever an endpoint's state changes;
 // picks read whichever is current. Nothing in a published snapshot is ever
-// modified.
+// modified (the ledger entries it points at change under the ledger's lock).
 type snapshot struct {
 	endpoints []Endpoint // both roles: prefill first, then decode, in configuration order
-	prefill   []Target   // targets of ready prefill endpoints
-	decode    []Target   // targets of ready decode endpoints
+	prefill   pool       // targets of ready prefill endpoints
+	decode    pool       // targets of ready decode endpoints
 }
 
-// newSnapshot builds a snapshot from the endpoints' states. It copies eps.
-func newSnapshot(eps []Endpoint) *snapshot {
+// pool is one role's schedulable targets with their ledger entries.
+type pool struct {
+	targets []Target
+	states  []*targetState    // states[i] is targets[i]'s ledger entry
+	index   map[TargetKey]int // target key -> position in targets
+}
+
+// newSnapshot builds a snapshot from the endpoints' states (it copies eps),
+// creates ledger entries for new targets and drops those of targets that
+// are no longer schedulable, with their reservations and prefix entries.
+func newSnapshot(eps []Endpoint, l *ledger, m *metrics, forget func(TargetKey)) *snapshot {
 	s := &snapshot{endpoints: append([]Endpoint(nil), eps...)}
 	var prefill, decode []*Endpoint
 	for i := range s.endpoints {
@@ -25,9 +34,36 @@ func newSnapshot(eps []Endpoint) *snapshot {
 			decode = append(decode, ep)
 		}
 	}
-	s.prefill = buildTargets(prefill)
-	s.decode = buildTargets(decode)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.prefill = newPool(buildTargets(prefill), l, m)
+	s.decode = newPool(buildTargets(decode), l, m)
+	l.retain(func(k TargetKey) bool {
+		_, inPrefill := s.prefill.index[k]
+		_, inDecode := s.decode.index[k]
+		if !inPrefill && !inDecode {
+			forget(k)
+			return false
+		}
+		return true
+	})
 	return s
+}
+
+// newPool binds targets to their ledger entries. Caller holds l.mu.
+func newPool(targets []Target, l *ledger, m *metrics) pool {
+	p := pool{targets: targets, states: make([]*targetState, len(targets)), index: make(map[TargetKey]int, len(targets))}
+	for i, t := range targets {
+		key := t.Key()
+		ts := l.state(key)
+		ts.role, ts.label = t.Endpoint.Role, t.String()
+		if m != nil && ts.picks == nil {
+			ts.picks = m.picksFor(ts.role, ts.label)
+		}
+		p.states[i] = ts
+		p.index[key] = i
+	}
+	return p
 }
 
 // buildTargets lists the targets of eps rank-major: rank 0 of every

@@ -36,12 +36,14 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	sched, err := scheduler.New(schedulerConfig(cfg), log.Named("scheduler"))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	scfg := schedulerConfig(cfg)
+	scfg.Registerer = reg
+	sched, err := scheduler.New(scfg, log.Named("scheduler"))
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	proc, err := extproc.NewServer(extproc.Options{
 		Picker:         sched,
 		PrefillCluster: envoy.ClusterPrefill,
@@ -151,6 +153,23 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 		DecodePolicy:      policySpec(cfg.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
+		Load: scheduler.LoadConfig{
+			Interval:       cfg.Load.Interval,
+			Timeout:        cfg.Load.Timeout,
+			Concurrency:    cfg.Load.Concurrency,
+			StaleAfter:     cfg.Load.StaleAfter,
+			CoverDelay:     cfg.Load.CoverDelay,
+			ReservationTTL: cfg.Load.ReservationTTL,
+		},
+		Prefix: scheduler.PrefixConfig{
+			BlockBytes:         cfg.Prefix.BlockBytes,
+			BlockTokens:        cfg.Prefix.BlockTokens,
+			MaxBlocksPerTarget: cfg.Prefix.MaxBlocksPerTarget,
+		},
+		Tokens: scheduler.TokenConfig{
+			CharsPerToken:    cfg.Tokens.CharsPerToken,
+			DefaultMaxTokens: cfg.Tokens.DefaultMaxTokens,
+		},
 	}
 }
 

@@ -1,0 +1,93 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the scheduler's Prometheus metrics.
+type metrics struct {
+	picks        *prometheus.CounterVec
+	pickSeconds  prometheus.Histogram
+	scrapeErrors *prometheus.CounterVec
+	failures     *prometheus.CounterVec
+	feedback     *prometheus.CounterVec
+	policies     map[Role]string
+}
+
+func newMetrics(reg prometheus.Registerer, l *ledger, policies map[Role]string) *metrics {
+	m := &metrics{
+		picks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_picks_total",
+			Help: "Targets chosen, by role, policy and target (endpoint/dp rank).",
+		}, []string{"role", "policy", "target"}),
+		pickSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "duet_pick_duration_seconds",
+			Help:    "Time to choose and reserve the targets of one request.",
+			Buckets: prometheus.ExponentialBuckets(0.000001, 4, 12),
+		}),
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_load_scrape_errors_total",
+			Help: "Failed load scrapes, by role and endpoint.",
+		}, []string{"role", "endpoint"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_target_failures_total",
+			Help: "Legs that failed according to completion feedback, by role and target.",
+		}, []string{"role", "target"}),
+		feedback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_feedback_total",
+			Help: "Completion feedback received, by leg and outcome.",
+		}, []string{"leg", "outcome"}),
+		policies: policies,
+	}
+	reg.MustRegister(m.picks, m.pickSeconds, m.scrapeErrors, m.failures, m.feedback, &ledgerCollector{l: l})
+	return m
+}
+
+// picksFor returns the pick counter of one target.
+func (m *metrics) picksFor(role Role, target string) prometheus.Counter {
+	return m.picks.WithLabelValues(string(role), m.policies[role], target)
+}
+
+var (
+	tokensDesc = prometheus.NewDesc("duet_target_tokens",
+		"Token load per target as duet sees it: kind=scraped (last fresh engine report) or reserved (duet's reservations not yet covered by a scrape).",
+		[]string{"role", "target", "kind"}, nil)
+	ageDesc = prometheus.NewDesc("duet_target_load_age_seconds",
+		"Age of the target's last successful load scrape (absent until one succeeds).",
+		[]string{"role", "target"}, nil)
+	reservationsDesc = prometheus.NewDesc("duet_reservations",
+		"Requests with reservations or a recently finished record in the ledger.", nil, nil)
+)
+
+// ledgerCollector reports the ledger's per-target numbers at scrape time.
+type ledgerCollector struct{ l *ledger }
+
+// Describe implements prometheus.Collector.
+func (c *ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tokensDesc
+	ch <- ageDesc
+	ch <- reservationsDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	l := c.l
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ts := range l.targets {
+		if ts.label == "" {
+			continue
+		}
+		ld := l.load(ts, now)
+		role := string(ts.role)
+		ch <- prometheus.MustNewConstMetric(tokensDesc, prometheus.GaugeValue, float64(ld.Tokens-ld.Reserved), role, ts.label, "scraped")
+		ch <- prometheus.MustNewConstMetric(tokensDesc, prometheus.GaugeValue, float64(ld.Reserved), role, ts.label, "reserved")
+		if !ts.scrapedAt.IsZero() {
+			ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, now.Sub(ts.scrapedAt).Seconds(), role, ts.label)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(reservationsDesc, prometheus.GaugeValue, float64(len(l.requests)))
+}

@@ -1,0 +1,140 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Pick chooses the targets for one request: a decode target with the decode
+// policy and, when a prefill pool is configured (and req is not
+// DecodeOnly), a prefill target with the prefill policy. If a needed role
+// has no ready endpoint, the error wraps ErrNoEndpoints and names the role.
+//
+// Choosing and reserving are atomic: under the ledger's lock each chosen
+// target is charged the request's estimated tokens (prompt tokens on the
+// prefill target; prompt plus expected output on the decode target) before
+// any other pick reads the loads. Pick fills req.PromptTokens and req.Blocks.
+func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, fmt.Errorf("scheduler: pick: %w", err)
+	}
+	start := time.Now()
+	if req == nil {
+		req = &Request{}
+	}
+	pd := s.pd && !req.DecodeOnly
+	snap := s.snap.Load()
+	// Check both roles before asking any policy, so that a failed pick
+	// leaves the policies' state untouched.
+	if len(snap.decode.targets) == 0 {
+		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
+	}
+	if pd && len(snap.prefill.targets) == 0 {
+		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
+	}
+	id := req.ID
+	if id == "" {
+		id = "anonymous-" + strconv.FormatUint(s.anonymous.Add(1), 10)
+	}
+	var prefillTokens, decodeTokens int64
+	if !req.DecodeOnly {
+		s.prepare(req)
+		prefillTokens = req.PromptTokens
+		decodeTokens = req.PromptTokens + int64(max(req.Items, 1))*int64(s.outputTokens(req))
+	}
+
+	var d Decision
+	var chosen [2]*targetState
+	s.ledger.mu.Lock()
+	now := time.Now()
+	if pd {
+		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, now, &s.prefillScratch)
+		if err != nil {
+			s.ledger.mu.Unlock()
+			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
+		}
+		t := snap.prefill.targets[i]
+		d.Prefill = &t
+		chosen[0] = snap.prefill.states[i]
+		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
+	}
+	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, now, &s.decodeScratch)
+	if err != nil {
+		if pd {
+			s.ledger.releaseLocked(id, RolePrefill)
+		}
+		s.ledger.mu.Unlock()
+		return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err)
+	}
+	d.Decode = snap.decode.targets[i]
+	chosen[1] = snap.decode.states[i]
+	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
+	s.ledger.mu.Unlock()
+
+	for _, ts := range chosen {
+		if ts == nil {
+			continue
+		}
+		if len(req.Blocks) > 0 {
+			s.index.Insert(ts.key, req.Blocks)
+		}
+		if ts.picks != nil {
+			ts.picks.Inc()
+		}
+	}
+	if s.metrics != nil {
+		s.metrics.pickSeconds.Observe(time.Since(start).Seconds())
+	}
+	return d, nil
+}
+
+// prepare estimates the prompt's tokens and hashes its prefix blocks.
+func (s *Scheduler) prepare(req *Request) {
+	items := int64(max(req.Items, 1))
+	if len(req.TokenIDs) > 0 {
+		req.PromptTokens = int64(len(req.TokenIDs)) * items
+		req.Blocks = s.hasher.Tokens(req.TokenIDs, req.Blocks[:0])
+		return
+	}
+	// Never zero: a request without text still occupies the engine.
+	req.PromptTokens = s.tokens.Estimate(req.Model, len(req.Prompt)) * items
+	req.Blocks = s.hasher.Text(req.Prompt, req.Blocks[:0])
+}
+
+// outputTokens is the decode reservation's expected output per item: the
+// requested maximum, capped by the configured default (clients often ask
+// for far more than they get; scrapes correct the estimate soon anyway).
+func (s *Scheduler) outputTokens(req *Request) int {
+	if req.MaxTokens > 0 {
+		return min(req.MaxTokens, s.defaultMaxTokens)
+	}
+	return s.defaultMaxTokens
+}
+
+// choose runs policy over p's targets with their current loads and prefix
+// matches. Caller holds s.ledger.mu (which also guards scratch).
+func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, now time.Time, scratch *[]Candidate) (int, error) {
+	cands := (*scratch)[:0]
+	for i, t := range p.targets {
+		cands = append(cands, Candidate{Target: t, Load: s.ledger.load(p.states[i], now)})
+	}
+	if len(req.Blocks) > 0 {
+		n := float64(len(req.Blocks))
+		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
+			if i, ok := p.index[key]; ok {
+				cands[i].Prefix = float64(matched) / n
+			}
+		})
+	}
+	*scratch = cands
+	i, err := policy.Pick(ctx, req, cands)
+	if err != nil {
+		return 0, err
+	}
+	if i < 0 || i >= len(cands) {
+		return 0, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+	}
+	return i, nil
+}

@@ -1,0 +1,122 @@
+package prefix
+
+import (
+	"encoding/binary"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Defaults used by [Hasher] for fields left at zero (or set negative).
+const (
+	// DefaultBlockBytes is the text block size: 64 bytes, about 16 tokens.
+	DefaultBlockBytes = 64
+	// DefaultBlockTokens is the token block size, SGLang's usual page.
+	DefaultBlockTokens = 16
+	// DefaultMaxBlocks caps the blocks hashed per prompt (256 KiB of text
+	// with the default block size).
+	DefaultMaxBlocks = 4096
+)
+
+// Chain seeds: the value that plays h[-1] for block 0. Text and token chains
+// start from different seeds so that a text prompt and a token prompt with
+// the same bytes never share hashes.
+const (
+	textSeed  uint64 = 0x7465787470726678 // "textprfx"
+	tokenSeed uint64 = 0x746f6b6e70726678 // "toknprfx"
+)
+
+// smallBlock is the largest text block hashed from a stack copy in one
+// call; larger blocks are streamed through a digest.
+const smallBlock = 256
+
+// tokenChunk is how many token ids are encoded at a time into the stack
+// buffer that feeds the digest.
+const tokenChunk = 32
+
+// Hasher cuts a prompt into fixed-size blocks and returns chained hashes:
+// h[i] = xxhash64(h[i-1] || block i), with h[i-1] as 8 little-endian bytes
+// and a fixed per-kind seed standing in for h[-1]. A trailing partial block
+// is ignored. Equal prefixes give equal leading hashes; a difference in
+// block i changes h[i:]. The result is deterministic across runs and
+// machines.
+//
+// The zero value is ready to use and takes the defaults. A Hasher is a plain
+// value and is safe for concurrent use.
+type Hasher struct {
+	BlockBytes  int // text block size in bytes (default 64, about 16 tokens)
+	BlockTokens int // token block size (default 16)
+	MaxBlocks   int // cap on blocks per prompt (default 4096); later blocks ignored
+}
+
+// Text hashes the full BlockBytes-sized blocks of prompt, at most MaxBlocks
+// of them. It appends the hashes to dst[:0] and returns the result, so a
+// caller can reuse one slice across prompts.
+func (h Hasher) Text(prompt []byte, dst []uint64) []uint64 {
+	size := orDefault(h.BlockBytes, DefaultBlockBytes)
+	n := min(len(prompt)/size, orDefault(h.MaxBlocks, DefaultMaxBlocks))
+	dst = slices.Grow(dst[:0], n)
+
+	sum := textSeed
+	if size <= smallBlock {
+		// One-shot hashing of a stack copy beats streaming for small blocks.
+		var buf [8 + smallBlock]byte
+		in := buf[:8+size]
+		for i := range n {
+			binary.LittleEndian.PutUint64(in, sum)
+			copy(in[8:], prompt[i*size:(i+1)*size])
+			sum = xxhash.Sum64(in)
+			dst = append(dst, sum)
+		}
+		return dst
+	}
+	var d xxhash.Digest
+	var prev [8]byte
+	for i := range n {
+		binary.LittleEndian.PutUint64(prev[:], sum)
+		d.Reset()
+		d.Write(prev[:])
+		d.Write(prompt[i*size : (i+1)*size])
+		sum = d.Sum64()
+		dst = append(dst, sum)
+	}
+	return dst
+}
+
+// Tokens hashes the full BlockTokens-sized blocks of the token ids, at most
+// MaxBlocks of them; each id is hashed as its 8 little-endian bytes. It
+// appends the hashes to dst[:0] and returns the result.
+func (h Hasher) Tokens(ids []int64, dst []uint64) []uint64 {
+	size := orDefault(h.BlockTokens, DefaultBlockTokens)
+	n := min(len(ids)/size, orDefault(h.MaxBlocks, DefaultMaxBlocks))
+	dst = slices.Grow(dst[:0], n)
+
+	var d xxhash.Digest
+	var buf [8 * tokenChunk]byte
+	sum := tokenSeed
+	for i := range n {
+		binary.LittleEndian.PutUint64(buf[:8], sum)
+		d.Reset()
+		d.Write(buf[:8])
+		block := ids[i*size : (i+1)*size]
+		for len(block) > 0 {
+			k := min(len(block), tokenChunk)
+			for j, id := range block[:k] {
+				binary.LittleEndian.PutUint64(buf[8*j:], uint64(id))
+			}
+			d.Write(buf[:8*k])
+			block = block[k:]
+		}
+		sum = d.Sum64()
+		dst = append(dst, sum)
+	}
+	return dst
+}
+
+// orDefault returns v, or def when v is not positive.
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,111 @@
+package prefix
+
+// matchScratch is the per-call working memory of Match, pooled per Index.
+type matchScratch[K comparable] struct {
+	results []result[K]
+	seen    []uint64 // bitset over target slots
+}
+
+type result[K comparable] struct {
+	key     K
+	matched int
+}
+
+// Match calls fn once for every target whose cache holds a leading run of
+// blocks, with the length of that run (number of leading blocks matched,
+// >= 1). Targets are reported longest match first. fn runs after the index
+// lock is released, so it may call any Index method.
+//
+// Match relies on what [Index.Insert] guarantees: what a target holds is
+// closed under prefixes, so the targets holding blocks[i+1] are a subset of
+// those holding blocks[i], and a target holding blocks[i] holds the whole
+// run blocks[:i+1]. The holder counts along the prompt therefore never
+// grow, and only the positions where they drop matter: Match finds the last
+// held block and then each drop by binary search, and lists holders only at
+// those positions. For a prompt of n blocks with d distinct match lengths
+// among c matching targets it does O(d·log n) map lookups and O(d·c) work
+// listing holders, instead of O(n·c) for a block-by-block intersection.
+func (x *Index[K]) Match(blocks []uint64, fn func(key K, matched int)) {
+	if len(blocks) == 0 {
+		return
+	}
+	s, _ := x.scratch.Get().(*matchScratch[K])
+	if s == nil {
+		s = new(matchScratch[K])
+	}
+
+	x.mu.RLock()
+	x.collect(blocks, s)
+	x.mu.RUnlock()
+
+	for _, r := range s.results {
+		fn(r.key, r.matched)
+	}
+	clear(s.results) // drop references held by keys
+	s.results = s.results[:0]
+	x.scratch.Put(s)
+}
+
+// collect fills s.results for blocks. The caller holds the read lock.
+func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
+	if x.nodes[blocks[0]] == nil {
+		return
+	}
+
+	// The last held block: presence is true on a prefix of blocks.
+	lo, hi := 0, len(blocks) // present(lo), !present(hi)
+	for hi-lo > 1 {
+		mid := int(uint(lo+hi) >> 1)
+		if x.nodes[blocks[mid]] != nil {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+
+	words := (len(x.targets) + 63) / 64
+	if cap(s.seen) < words {
+		s.seen = make([]uint64, words)
+	}
+	seen := s.seen[:words]
+	defer clear(seen)
+
+	for i := lo; i >= 0; {
+		nd := x.nodes[blocks[i]]
+		if nd == nil { // only if prefix closure was broken (misuse, collision)
+			i--
+			continue
+		}
+		c := len(nd.holders)
+
+		// Start of the run of blocks held by exactly these holders: the
+		// smallest j <= i with count(j) <= c (counts never grow with i).
+		lo, hi := -1, i // count(lo) > c, count(hi) <= c
+		for hi-lo > 1 {
+			mid := lo + (hi-lo)/2
+			if x.count(blocks[mid]) <= c {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+
+		for _, h := range nd.holders {
+			w, b := h.slot/64, uint64(1)<<(h.slot%64)
+			if seen[w]&b != 0 {
+				continue
+			}
+			seen[w] |= b
+			s.results = append(s.results, result[K]{key: x.keys[h.slot], matched: i + 1})
+		}
+		i = hi - 1
+	}
+}
+
+// count returns how many targets hold hash.
+func (x *Index[K]) count(hash uint64) int {
+	if nd := x.nodes[hash]; nd != nil {
+		return len(nd.holders)
+	}
+	return 0
+}

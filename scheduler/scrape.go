@@ -1,0 +1,89 @@
+package scheduler
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/scheduler/load"
+)
+
+// runScrapes scrapes every ready endpoint's load each LoadConfig.Interval
+// until ctx is done, and expires reservations whose feedback never came.
+func (s *Scheduler) runScrapes(ctx context.Context) {
+	ticker := time.NewTicker(s.loadCfg.Interval)
+	defer ticker.Stop()
+	for {
+		s.ScrapeLoads(ctx)
+		if n := s.ledger.expire(time.Now()); n > 0 {
+			s.log.Warn("reservations expired without feedback", zap.Int("count", n))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// ScrapeLoads scrapes every ready endpoint once, at most
+// LoadConfig.Concurrency at a time, and records the results in the ledger.
+// Failures are counted and logged; the targets' numbers then age until they
+// are stale and no longer trusted.
+func (s *Scheduler) ScrapeLoads(ctx context.Context) {
+	snap := s.snap.Load()
+	sem := make(chan struct{}, s.loadCfg.Concurrency)
+	var wg sync.WaitGroup
+	for i := range snap.endpoints {
+		ep := &snap.endpoints[i]
+		if !ep.Ready {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			s.scrapeEndpoint(ctx, ep)
+		})
+	}
+	wg.Wait()
+}
+
+func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
+	rep, err := s.scraper.Scrape(ctx, ep.URL)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Debug("load scrape failed", zap.String("url", ep.URL), zap.Error(err))
+			if s.metrics != nil {
+				s.metrics.scrapeErrors.WithLabelValues(string(ep.Role), ep.URL).Inc()
+			}
+		}
+		return
+	}
+	ranks := make([]rankLoad, 0, len(rep.Ranks))
+	for _, r := range rep.Ranks {
+		ranks = append(ranks, rankLoadOf(ep, r))
+	}
+	s.ledger.observe(ranks, rep.StartedAt, rep.FinishedAt)
+}
+
+// rankLoadOf keys one reported rank by the target it belongs to. A
+// single-rank decode engine's target has NoRank. Engines that report no
+// absolute token counts (vLLM) contribute their request counts only.
+func rankLoadOf(ep *Endpoint, r load.Rank) rankLoad {
+	rank := r.Rank
+	if ep.DPSize == 1 && ep.Role == RoleDecode {
+		rank = NoRank
+	}
+	rl := rankLoad{
+		key:      TargetKey{URL: ep.URL, Rank: rank},
+		capacity: r.MaxTotalTokens,
+		running:  r.Running,
+		waiting:  r.Waiting,
+	}
+	if r.HasTokens {
+		rl.tokens = max(r.TotalTokens, r.UsedTokens)
+	}
+	return rl
+}
