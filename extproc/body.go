@@ -7,6 +7,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
+
+	"github.com/duet-router/duet/extproc/jsondepth"
 )
 
 // Body field names SGLang reads for PD bootstrap and DP routing.
@@ -25,6 +27,11 @@ var routingFields = []string{
 	FieldBootstrapHost, FieldBootstrapPort, FieldBootstrapRoom,
 	FieldDisaggPrefillDPRank, FieldRoutedDPRank, FieldDeprecatedDPRank,
 }
+
+// maxBodyDepth bounds a request body's JSON nesting: far beyond what chat
+// messages, tool schemas or response formats need, far below what would
+// exhaust the stack.
+const maxBodyDepth = 256
 
 // errBadBody marks client errors in the request body (HTTP 400).
 var errBadBody = errors.New("invalid request body")
@@ -45,6 +52,10 @@ type Body struct {
 func ParseBody(route Route, raw []byte) (*Body, error) {
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("%w: the body is empty; %s requests need a JSON object", errBadBody, route)
+	}
+	// Bound nesting before gjson recurses into it (see package jsondepth).
+	if err := jsondepth.Check(raw, maxBodyDepth); err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadBody, err)
 	}
 	if !gjson.ValidBytes(raw) {
 		return nil, fmt.Errorf("%w: the body is not valid JSON", errBadBody)

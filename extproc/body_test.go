@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -38,6 +39,9 @@ func TestParseBodyBatch(t *testing.T) {
 		{"string", RouteChat, `"hi"`, 0, true},
 		{"empty", RouteChat, ``, 0, true},
 		{"trailing garbage", RouteChat, `{} x`, 0, true},
+		// Megabytes of brackets overflowed gjson's recursion and killed the
+		// process before the depth check.
+		{"deep nesting", RouteChat, `{"messages":` + strings.Repeat("[", 6<<20) + `}`, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,11 +10,17 @@ import (
 	"net/netip"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/extproc/jsondepth"
 	"go.uber.org/zap"
 )
 
 // maxServerInfoBytes bounds the /server_info response the scheduler reads.
 const maxServerInfoBytes = 8 << 20
+
+// maxServerInfoDepth bounds /server_info's JSON nesting (see package
+// jsondepth); SGLang's nests a few levels.
+const maxServerInfoDepth = 64
 
 // maxDPSize bounds the DP size accepted from configuration or discovery, so
 // that a corrupt value cannot make the scheduler build millions of targets.
@@ -146,6 +152,9 @@ func (s *Scheduler) getServerInfo(ctx context.Context, url string, prefill bool)
 // parseServerInfo extracts dp_size, disaggregation_mode and, for a prefill
 // engine, disaggregation_bootstrap_port from a server-info body.
 func parseServerInfo(body []byte, prefill bool) (serverInfo, error) {
+	if err := jsondepth.Check(body, maxServerInfoDepth); err != nil {
+		return serverInfo{}, err
+	}
 	if !gjson.ValidBytes(body) {
 		return serverInfo{}, errors.New("invalid JSON")
 	}

@@ -57,7 +57,7 @@ type targetState struct {
 	capacity  int64
 	running   int
 	waiting   int
-	scrapedAt time.Time // when the last successful scrape finished; zero: never
+	scrapedAt int64 // when the last successful scrape finished, Unix ns; 0: never
 	reserved  int64
 	holds     map[*hold]struct{}
 	removed   bool // dropped from the ledger; stale snapshots may still point here
@@ -112,8 +112,19 @@ func (l *ledger) state(key TargetKey) *targetState {
 
 // load returns what a policy sees of ts at now. Caller holds mu.
 func (l *ledger) load(ts *targetState, now time.Time) Load {
+	return l.loadSince(ts, l.freshSince(now))
+}
+
+// freshSince is the oldest scrape time (Unix ns) still fresh at now.
+func (l *ledger) freshSince(now time.Time) int64 {
+	return now.Add(-l.staleAfter).UnixNano()
+}
+
+// loadSince is load with the freshness cutoff computed once per pick.
+// Caller holds mu.
+func (l *ledger) loadSince(ts *targetState, freshSince int64) Load {
 	ld := Load{Tokens: ts.reserved, Reserved: ts.reserved}
-	if !ts.scrapedAt.IsZero() && now.Sub(ts.scrapedAt) <= l.staleAfter {
+	if ts.scrapedAt != 0 && ts.scrapedAt >= freshSince {
 		ld.Fresh = true
 		ld.Tokens += ts.scraped
 		ld.Capacity = ts.capacity
@@ -205,7 +216,7 @@ func (l *ledger) observe(ranks []rankLoad, started, finished time.Time) {
 			continue
 		}
 		ts.scraped, ts.capacity, ts.running, ts.waiting = r.tokens, r.capacity, r.running, r.waiting
-		ts.scrapedAt = finished
+		ts.scrapedAt = finished.UnixNano()
 		for h := range ts.holds {
 			if h.res.at.Add(l.coverDelay).Before(started) {
 				l.drop(h, finished)

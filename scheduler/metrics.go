@@ -85,8 +85,9 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		role := string(ts.role)
 		ch <- prometheus.MustNewConstMetric(tokensDesc, prometheus.GaugeValue, float64(ld.Tokens-ld.Reserved), role, ts.label, "scraped")
 		ch <- prometheus.MustNewConstMetric(tokensDesc, prometheus.GaugeValue, float64(ld.Reserved), role, ts.label, "reserved")
-		if !ts.scrapedAt.IsZero() {
-			ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, now.Sub(ts.scrapedAt).Seconds(), role, ts.label)
+		if ts.scrapedAt != 0 {
+			age := now.Sub(time.Unix(0, ts.scrapedAt))
+			ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, age.Seconds(), role, ts.label)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(reservationsDesc, prometheus.GaugeValue, float64(len(l.requests)))

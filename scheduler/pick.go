@@ -117,8 +117,9 @@ func (s *Scheduler) outputTokens(req *Request) int {
 // matches. Caller holds s.ledger.mu (which also guards scratch).
 func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, now time.Time, scratch *[]Candidate) (int, error) {
 	cands := (*scratch)[:0]
+	since := s.ledger.freshSince(now)
 	for i, t := range p.targets {
-		cands = append(cands, Candidate{Target: t, Load: s.ledger.load(p.states[i], now)})
+		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
 	}
 	if len(req.Blocks) > 0 {
 		n := float64(len(req.Blocks))

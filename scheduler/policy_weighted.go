@@ -17,9 +17,7 @@ var defaultWeights = map[string]float64{"tokens": 1, "prefix": 1}
 // scores (see ScorerNames; each score is normalized to [0, 1]) and picks
 // the highest total; ties go to the earliest candidate.
 type weighted struct {
-	// active are the scorers with a positive weight, in scorer order;
 	// weights[s] is scorer s's weight.
-	active  []scorer
 	weights [numScorers]float64
 }
 
@@ -53,11 +51,6 @@ func newWeighted(spec PolicySpec) (Policy, error) {
 	if !(sum > 0) || math.IsInf(sum, 0) {
 		return nil, fmt.Errorf("weights %s: must have a positive, finite sum", strings.Join(names, ", "))
 	}
-	for s := range numScorers {
-		if p.weights[s] > 0 {
-			p.active = append(p.active, s)
-		}
-	}
 	return p, nil
 }
 
@@ -69,13 +62,28 @@ func (p *weighted) Pick(_ context.Context, _ *Request, cands []Candidate) (int, 
 	if len(cands) == 0 {
 		return 0, noEndpoints(policyWeighted)
 	}
-	st := collectStats(cands)
+	// The scorers are called directly rather than through a loop over the
+	// active ones: this runs for every candidate of every request.
+	wT, wP, wQ, wK := p.weights[scorerTokens], p.weights[scorerPrefix], p.weights[scorerQueue], p.weights[scorerKV]
+	var st scoreStats
+	if wT > 0 || wQ > 0 {
+		st = collectStats(cands)
+	}
 	best, bestScore := 0, math.Inf(-1)
 	for i := range cands {
 		c := &cands[i]
 		total := 0.0
-		for _, s := range p.active {
-			total += p.weights[s] * s.score(c, &st)
+		if wT > 0 {
+			total += wT * scoreTokens(c, &st)
+		}
+		if wP > 0 {
+			total += wP * c.Prefix
+		}
+		if wQ > 0 {
+			total += wQ * scoreQueue(c, &st)
+		}
+		if wK > 0 {
+			total += wK * scoreKV(c)
 		}
 		if total > bestScore {
 			best, bestScore = i, total

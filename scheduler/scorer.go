@@ -53,24 +53,30 @@ func (s scorer) String() string { return scorerNames[s] }
 
 // scoreStats are the candidate aggregates the relative scorers need.
 type scoreStats struct {
-	minTokens, maxTokens int64
-	minQueue, maxQueue   int
+	// invTokens is 1/max(Tokens), or 0 when all candidates carry the same
+	// tokens (or none): then every tokens score is 1. invQueue likewise.
+	invTokens, invQueue float64
 }
 
 // collectStats computes the aggregates over cands (not empty).
 func collectStats(cands []Candidate) scoreStats {
-	q0 := cands[0].Load.Running + cands[0].Load.Waiting
-	st := scoreStats{
-		minTokens: cands[0].Load.Tokens, maxTokens: cands[0].Load.Tokens,
-		minQueue: q0, maxQueue: q0,
-	}
+	l0 := &cands[0].Load
+	minT, maxT := l0.Tokens, l0.Tokens
+	minQ, maxQ := l0.Running+l0.Waiting, l0.Running+l0.Waiting
 	for i := 1; i < len(cands); i++ {
 		l := &cands[i].Load
-		st.minTokens = min(st.minTokens, l.Tokens)
-		st.maxTokens = max(st.maxTokens, l.Tokens)
+		minT = min(minT, l.Tokens)
+		maxT = max(maxT, l.Tokens)
 		q := l.Running + l.Waiting
-		st.minQueue = min(st.minQueue, q)
-		st.maxQueue = max(st.maxQueue, q)
+		minQ = min(minQ, q)
+		maxQ = max(maxQ, q)
+	}
+	var st scoreStats
+	if maxT != minT && maxT > 0 {
+		st.invTokens = 1 / float64(maxT)
+	}
+	if maxQ != minQ && maxQ > 0 {
+		st.invQueue = 1 / float64(maxQ)
 	}
 	return st
 }
@@ -79,27 +85,45 @@ func collectStats(cands []Candidate) scoreStats {
 func (s scorer) score(c *Candidate, st *scoreStats) float64 {
 	switch s {
 	case scorerTokens:
-		if st.maxTokens == st.minTokens || st.maxTokens <= 0 {
-			return 1
-		}
-		return clamp01(1 - float64(c.Load.Tokens)/float64(st.maxTokens))
+		return scoreTokens(c, st)
 	case scorerPrefix:
 		return c.Prefix
 	case scorerQueue:
-		if st.maxQueue == st.minQueue || st.maxQueue <= 0 {
-			return 1
-		}
-		return clamp01(1 - float64(c.Load.Running+c.Load.Waiting)/float64(st.maxQueue))
+		return scoreQueue(c, st)
 	case scorerKV:
-		if c.Load.Capacity <= 0 {
-			return 1
-		}
-		return clamp01(1 - float64(c.Load.Tokens)/float64(c.Load.Capacity))
+		return scoreKV(c)
 	}
 	return 0
 }
 
+func scoreTokens(c *Candidate, st *scoreStats) float64 {
+	if st.invTokens == 0 {
+		return 1
+	}
+	return clamp01(1 - float64(c.Load.Tokens)*st.invTokens)
+}
+
+func scoreQueue(c *Candidate, st *scoreStats) float64 {
+	if st.invQueue == 0 {
+		return 1
+	}
+	return clamp01(1 - float64(c.Load.Running+c.Load.Waiting)*st.invQueue)
+}
+
+func scoreKV(c *Candidate) float64 {
+	if c.Load.Capacity <= 0 {
+		return 1
+	}
+	return clamp01(1 - float64(c.Load.Tokens)/float64(c.Load.Capacity))
+}
+
 // clamp01 clamps v to [0, 1].
 func clamp01(v float64) float64 {
-	return min(max(v, 0), 1)
+	switch {
+	case v < 0:
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
 }

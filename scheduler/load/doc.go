@@ -16,11 +16,12 @@
 // minutes in case the engine was upgraded.
 //
 // Values from the wire are never trusted: NaN and negative numbers become
-// zero, huge numbers are capped, usage ratios are clamped to 0..1 and
-// response bodies are read up to a size limit.
+// zero, huge numbers are capped, usage ratios are clamped to 0..1, JSON
+// nesting is bounded and response bodies are read up to a size limit.
 //
 // Files: rank.go (the result types and how entries for the same rank are
 // merged), loads.go (/v1/loads), metrics.go (/metrics), scraper.go (the
 // Scraper), fetch.go (one bounded HTTP GET), memo.go (which engines lack
-// /v1/loads) and errors.go (sentinel errors).
+// /v1/loads), depth.go (a guard against deeply nested JSON) and errors.go
+// (sentinel errors).
 package load

@@ -2,9 +2,14 @@ package load
 
 import (
 	"fmt"
+	"github.com/duet-router/duet/extproc/jsondepth"
 
 	"github.com/tidwall/gjson"
 )
+
+// maxJSONDepth bounds a /v1/loads document's nesting (the real one nests
+// three levels); see package jsondepth.
+const maxJSONDepth = 64
 
 // ParseLoads parses the JSON body of SGLang's GET /v1/loads and returns one
 // Rank per DP rank, sorted by rank.
@@ -15,8 +20,11 @@ import (
 // Entries that share a rank are added together: token and request counts
 // are summed, and the largest capacity and usage are kept. Entries whose
 // dp_rank is not a whole number in range are skipped. It is an error if the
-// body is not JSON or has no usable entry.
+// body is not JSON, nests deeper than 64 levels or has no usable entry.
 func ParseLoads(body []byte) ([]Rank, error) {
+	if err := jsondepth.Check(body, maxJSONDepth); err != nil {
+		return nil, fmt.Errorf("parse /v1/loads: %w", err)
+	}
 	if !gjson.ValidBytes(body) {
 		return nil, fmt.Errorf("parse /v1/loads: invalid JSON")
 	}

@@ -3,6 +3,7 @@ package load
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -115,6 +116,18 @@ func TestParseLoads(t *testing.T) {
 		{name: "loads not an array", body: `{"loads":{"dp_rank":0}}`, wantErr: ErrNoLoads},
 		{name: "top-level array", body: `[{"dp_rank":0}]`, wantErr: ErrNoLoads},
 		{name: "entry not an object", body: `{"loads":[1]}`, anyErr: true},
+		{name: "deeply nested array", body: strings.Repeat("[", maxBodyBytes), anyErr: true},
+		{name: "deeply nested entry", body: `{"loads":[` + strings.Repeat(`{"a":`, 1<<20), anyErr: true},
+		{
+			name: "nesting at the limit is parsed",
+			body: `{"loads":[{"dp_rank":0,"x":` + strings.Repeat("[", maxJSONDepth-3) + strings.Repeat("]", maxJSONDepth-3) + `}]}`,
+			want: []Rank{{Rank: 0}},
+		},
+		{
+			name: "many entries",
+			body: `{"loads":[` + strings.Repeat(`{"num_used_tokens":1,"dp_rank":7},`, 200000) + `{"dp_rank":7}]}`,
+			want: []Rank{{Rank: 7, UsedTokens: 200000, TotalTokens: 200000, HasTokens: true}},
+		},
 		{name: "invalid JSON", body: `{"loads":[`, anyErr: true},
 		{name: "empty body", body: ``, anyErr: true},
 	}

@@ -30,8 +30,9 @@ const (
 // call; larger blocks are streamed through a digest.
 const smallBlock = 256
 
-// tokenChunk is how many token ids are encoded at a time into the stack
-// buffer that feeds the digest.
+// tokenChunk is the largest token block hashed from a stack copy in one
+// call, and the number of ids encoded at a time when larger blocks are
+// streamed through a digest.
 const tokenChunk = 32
 
 // Hasher cuts a prompt into fixed-size blocks and returns chained hashes:
@@ -91,9 +92,22 @@ func (h Hasher) Tokens(ids []int64, dst []uint64) []uint64 {
 	n := min(len(ids)/size, orDefault(h.MaxBlocks, DefaultMaxBlocks))
 	dst = slices.Grow(dst[:0], n)
 
-	var d xxhash.Digest
-	var buf [8 * tokenChunk]byte
+	var buf [8 + 8*tokenChunk]byte
 	sum := tokenSeed
+	if size <= tokenChunk {
+		// One-shot hashing of a stack copy, as for small text blocks.
+		in := buf[:8+8*size]
+		for i := range n {
+			binary.LittleEndian.PutUint64(in, sum)
+			for j, id := range ids[i*size : (i+1)*size] {
+				binary.LittleEndian.PutUint64(in[8+8*j:], uint64(id))
+			}
+			sum = xxhash.Sum64(in)
+			dst = append(dst, sum)
+		}
+		return dst
+	}
+	var d xxhash.Digest
 	for i := range n {
 		binary.LittleEndian.PutUint64(buf[:8], sum)
 		d.Reset()

@@ -110,10 +110,12 @@ func TestHasherMatchesReference(t *testing.T) {
 	}{
 		{"text default", Hasher{}.Text(text, nil), refChain(textSeed, textBlocks(64))},
 		{"text 7 bytes", Hasher{BlockBytes: 7}.Text(text, nil), refChain(textSeed, textBlocks(7))},
-		{"text 300 bytes", Hasher{BlockBytes: 300}.Text(text, nil), refChain(textSeed, textBlocks(300))},
+		{"text 256 bytes (largest one-shot)", Hasher{BlockBytes: 256}.Text(text, nil), refChain(textSeed, textBlocks(256))},
+		{"text 300 bytes (streamed)", Hasher{BlockBytes: 300}.Text(text, nil), refChain(textSeed, textBlocks(300))},
 		{"tokens default", Hasher{}.Tokens(ids, nil), refChain(tokenSeed, tokenBlocks(16))},
 		{"tokens 1", Hasher{BlockTokens: 1}.Tokens(ids, nil), refChain(tokenSeed, tokenBlocks(1))},
-		{"tokens 100 (several chunks)", Hasher{BlockTokens: 100}.Tokens(ids, nil), refChain(tokenSeed, tokenBlocks(100))},
+		{"tokens 32 (largest one-shot)", Hasher{BlockTokens: 32}.Tokens(ids, nil), refChain(tokenSeed, tokenBlocks(32))},
+		{"tokens 100 (streamed in chunks)", Hasher{BlockTokens: 100}.Tokens(ids, nil), refChain(tokenSeed, tokenBlocks(100))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -53,9 +53,9 @@ func TestMatch(t *testing.T) {
 			want:    map[string]int{},
 		},
 		{
-			name:    "empty index",
-			query:   "abc",
-			want:    map[string]int{},
+			name:  "empty index",
+			query: "abc",
+			want:  map[string]int{},
 		},
 		{
 			name:    "one target, two branches",

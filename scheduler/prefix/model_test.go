@@ -137,3 +137,23 @@ func TestConcurrentUse(t *testing.T) {
 	wg.Wait()
 	checkInvariants(t, x)
 }
+
+// TestMisuseStaysSafe inserts slices that are not leading parts of a chain,
+// which breaks the prefix closure Match relies on: results may then be
+// approximate, but Match must not panic, must report each target once and
+// must keep matched within 1..len(blocks).
+func TestMisuseStaysSafe(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	x := NewIndex[string](6)
+	for range 2000 {
+		p := chain("abcdefghijklmnop"[:1+rng.IntN(16)])
+		from := rng.IntN(len(p))
+		key := fmt.Sprint("t", rng.IntN(8))
+		if rng.IntN(2) == 0 {
+			x.Insert(key, p[from:])
+		} else {
+			matches(t, x, p)
+		}
+	}
+	checkInvariants(t, x)
+}
