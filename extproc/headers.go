@@ -19,6 +19,11 @@ const (
 	// HeaderDPRank is the engine-facing DP rank header honoured by SGLang's
 	// OpenAI routes and vLLM. duet sets the decode rank on the main request.
 	HeaderDPRank = "x-data-parallel-rank"
+	// HeaderDecodeBodyRank carries the decode rank of a PD /generate request,
+	// where SGLang ignores HeaderDPRank: a Lua filter in the decode cluster's
+	// upstream chain writes it into that leg's body as routed_dp_rank (the
+	// mirrored prefill leg keeps the shared body).
+	HeaderDecodeBodyRank = "x-duet-decode-body-rank"
 	// HeaderRequestID is set when the client sent none.
 	HeaderRequestID = "x-request-id"
 )

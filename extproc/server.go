@@ -220,6 +220,11 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	} else {
 		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderDPRank)
 	}
+	if mirror && req.route == RouteGenerate && decision.Decode.Rank != scheduler.NoRank {
+		set(HeaderDecodeBodyRank, strconv.Itoa(decision.Decode.Rank))
+	} else {
+		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderDecodeBodyRank)
+	}
 
 	meta := map[string]any{
 		"request_id": req.requestID,

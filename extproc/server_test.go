@@ -156,6 +156,13 @@ func TestProcessPDChat(t *testing.T) {
 	if j.Get("routed_dp_rank").Exists() {
 		t.Errorf("shared PD body must not pin a rank: %s", body)
 	}
+	if _, set := h[HeaderDecodeBodyRank]; set || !removed(cr)[HeaderDecodeBodyRank] {
+		t.Errorf("chat must not carry %s", HeaderDecodeBodyRank)
+	}
+	gen := setHeaders(common(exchange(t, c, "POST", "/generate", nil, []byte(`{"text":"hi"}`))))
+	if gen[HeaderDecodeBodyRank] != "1" {
+		t.Errorf("PD /generate: %s = %q, want the decode rank 1", HeaderDecodeBodyRank, gen[HeaderDecodeBodyRank])
+	}
 	md := resp.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()
 	if md["request_id"].GetStringValue() != "abc" || md["prefill"].GetStringValue() == "" {
 		t.Errorf("dynamic metadata = %v", md)
