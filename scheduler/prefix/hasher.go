@@ -11,7 +11,7 @@ import (
 const (
 	// DefaultBlockBytes is the text block size: 64 bytes, about 16 tokens.
 	DefaultBlockBytes = 64
-	// DefaultBlockTokens is the token block size, SGLang's usual page.
+	// DefaultBlockTokens is the token block size, as SMG's --block-size.
 	DefaultBlockTokens = 16
 	// DefaultMaxBlocks caps the blocks hashed per prompt (256 KiB of text
 	// with the default block size).

@@ -25,7 +25,8 @@ const (
 // read lock, [Index.Insert] and [Index.Remove] the write lock.
 //
 // Every target keeps at most a fixed number of blocks, evicting its least
-// recently used ones beyond that, so memory is O(targets × bound).
+// recently used ones beyond that, so memory is O(targets × bound). Create
+// one with [NewIndex]; the zero value is not usable.
 type Index[K comparable] struct {
 	mu    sync.RWMutex
 	bound int

@@ -23,8 +23,12 @@ type result[K comparable] struct {
 // grow, and only the positions where they drop matter: Match finds the last
 // held block and then each drop by binary search, and lists holders only at
 // those positions. For a prompt of n blocks with d distinct match lengths
-// among c matching targets it does O(d·log n) map lookups and O(d·c) work
-// listing holders, instead of O(n·c) for a block-by-block intersection.
+// among c matching targets it does O(d·log n) map lookups and lists the
+// holders of d blocks, at most d·c entries, instead of O(n·c) work for a
+// block-by-block intersection. The common cases — a shared system prompt
+// plus a few targets holding the conversation — have small d; the worst
+// case (every target at a different depth) costs a few milliseconds at 8192
+// targets.
 func (x *Index[K]) Match(blocks []uint64, fn func(key K, matched int)) {
 	if len(blocks) == 0 {
 		return
