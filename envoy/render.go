@@ -22,6 +22,28 @@ const (
 	ClusterDuet    = "duet_extproc"
 )
 
+// Log names of the two gRPC access-log (ALS) streams Envoy opens to duet:
+// LogDownstream carries one entry per client request (HCM access_log),
+// LogUpstream one entry per upstream request, the prefill mirror included
+// (router upstream_log). Package extproc/accesslog reads them.
+const (
+	LogDownstream = "duet_downstream"
+	LogUpstream   = "duet_upstream"
+)
+
+// Keys in the extproc.MetadataNamespace dynamic metadata that the response
+// filters (json_to_metadata, sse_to_metadata) fill with the engine's token
+// usage, as numbers.
+const (
+	MetadataPromptTokens     = "prompt_tokens"
+	MetadataCompletionTokens = "completion_tokens"
+)
+
+// LoggedRequestHeaders are the request headers every ALS entry carries.
+var LoggedRequestHeaders = []string{
+	extproc.HeaderRequestID, extproc.HeaderDecodeEndpoint, extproc.HeaderPrefillEndpoint, extproc.HeaderDPRank,
+}
+
 // Address is a host (IP or DNS name) and port.
 type Address struct {
 	Host string
@@ -77,6 +99,16 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"quote":    strconv.Quote,
 	"duration": func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" },
 	"list":     func(a Address) []Address { return []Address{a} },
+	"join":     strings.Join,
+	"grpcLog": func(indent, name string, d templateData) grpcLog {
+		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterDuet, Headers: LoggedRequestHeaders}
+	},
+	"usageRules": func(indent string, sse bool, d templateData) usageRules {
+		if sse {
+			return usageRules{Indent: indent, Wrap: true, Namespace: d.MetadataNamespace, Rules: openAIUsage}
+		}
+		return usageRules{Indent: indent, Namespace: d.MetadataNamespace, Rules: jsonUsage}
+	},
 	"engine": func(name string, hosts []Address, header string, p Params) engineCluster {
 		return engineCluster{Name: name, Hosts: hosts, Header: header, MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
 	},
@@ -99,6 +131,43 @@ type engineCluster struct {
 	StreamIdleTimeout time.Duration
 }
 
+// grpcLog is what the template needs to render one gRPC access logger.
+type grpcLog struct {
+	Indent, Name, Cluster string
+	Headers               []string
+}
+
+// usageRule copies the number at Object.Field of a response into Key.
+type usageRule struct{ Object, Field, Key string }
+
+// openAIUsage finds the token usage of the OpenAI routes: the "usage" object
+// of a JSON response, or of the SSE event that include_usage adds.
+var openAIUsage = []usageRule{
+	{"usage", "prompt_tokens", MetadataPromptTokens},
+	{"usage", "completion_tokens", MetadataCompletionTokens},
+}
+
+// jsonUsage finds the token usage in JSON responses: OpenAI's "usage", or
+// the "meta_info" of a single (non-batch) /generate. SSE responses use
+// openAIUsage only: /generate stream events repeat the whole text so far, so
+// parsing them costs quadratic time, and sse_to_metadata skips events above
+// max_event_size, which would leave a stale, too-small count.
+var jsonUsage = []usageRule{
+	{"usage", "prompt_tokens", MetadataPromptTokens},
+	{"usage", "completion_tokens", MetadataCompletionTokens},
+	{"meta_info", "prompt_tokens", MetadataPromptTokens},
+	{"meta_info", "completion_tokens", MetadataCompletionTokens},
+}
+
+// usageRules is what the template needs to render token rules, either as
+// json_to_metadata rules or (Wrap) as JSON content-parser rules.
+type usageRules struct {
+	Indent    string
+	Wrap      bool
+	Namespace string
+	Rules     []usageRule
+}
+
 // templateData is what the template sees.
 type templateData struct {
 	Params
@@ -106,6 +175,7 @@ type templateData struct {
 	HeaderDecodeEndpoint, HeaderPrefillEndpoint   string
 	HeaderMirror, HeaderPrefillRank, HeaderDPRank string
 	HeaderPrefix, MetadataNamespace               string
+	LogDownstream, LogUpstream                    string
 }
 
 // Render writes the Envoy bootstrap YAML for p to w.
@@ -133,6 +203,8 @@ func Render(w io.Writer, p Params) error {
 		HeaderDPRank:          extproc.HeaderDPRank,
 		HeaderPrefix:          extproc.HeaderPrefix,
 		MetadataNamespace:     extproc.MetadataNamespace,
+		LogDownstream:         LogDownstream,
+		LogUpstream:           LogUpstream,
 	}
 	if err := tmpl.Execute(w, data); err != nil {
 		return fmt.Errorf("render envoy bootstrap: %w", err)

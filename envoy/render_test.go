@@ -2,12 +2,15 @@ package envoy
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
 )
@@ -35,9 +38,12 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"pd", func(*Params) {},
 			[]string{"cluster_header: x-duet-mirror", "name: duet_prefill", "header: x-duet-prefill-endpoint",
 				"header: x-duet-decode-endpoint", "type: STATIC", "per_connection_buffer_limit_bytes: 33554432",
-				"request_body_mode: BUFFERED", "failure_mode_allow: false", `prefix: "x-duet-"`},
+				"request_body_mode: BUFFERED", "failure_mode_allow: false", `prefix: "x-duet-"`,
+				"log_name: duet_downstream", "log_name: duet_upstream", "buffer_size_bytes: 0",
+				"envoy.filters.http.json_to_metadata", "envoy.filters.http.sse_to_metadata"},
 			nil},
-		{"aggregated", func(p *Params) { p.Prefill = nil }, []string{"name: duet_decode"},
+		{"aggregated", func(p *Params) { p.Prefill = nil },
+			[]string{"name: duet_decode", "log_name: duet_downstream", "log_name: duet_upstream"},
 			[]string{"request_mirror_policies", "duet_prefill"}},
 		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} }, []string{"type: STRICT_DNS"}, nil},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
@@ -110,6 +116,115 @@ func TestParseAddress(t *testing.T) {
 		got, err := ParseAddress(tt.in)
 		if (err == nil) != tt.ok || (tt.ok && got != tt.want) {
 			t.Errorf("ParseAddress(%q) = %v, %v", tt.in, got, err)
+		}
+	}
+}
+
+// node walks a decoded YAML document: string keys index maps, ints index
+// lists. It fails the test when the path does not exist.
+func node(t *testing.T, doc any, path ...any) any {
+	t.Helper()
+	cur := doc
+	for i, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := cur.(map[string]any)
+			if !ok {
+				t.Fatalf("%v: not a map at %v", path, path[:i])
+			}
+			if cur, ok = m[k]; !ok {
+				t.Fatalf("%v: no key %q", path, k)
+			}
+		case int:
+			l, ok := cur.([]any)
+			if !ok || k >= len(l) {
+				t.Fatalf("%v: no item %d", path, k)
+			}
+			cur = l[k]
+		}
+	}
+	return cur
+}
+
+// The completion-feedback pieces sit where they must: a gRPC access log on
+// the connection manager and on the router (the router's covers the
+// mirror), both to duet's cluster, unbatched, logging the correlation
+// headers; the usage filters between ext_proc and the router.
+func TestRenderFeedback(t *testing.T) {
+	var buf bytes.Buffer
+	if err := Render(&buf, params()); err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	hcm := node(t, doc, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	filters := node(t, hcm, "http_filters").([]any)
+	var names []string
+	for i := range filters {
+		names = append(names, node(t, filters[i], "name").(string))
+	}
+	wantFilters := "[envoy.filters.http.ext_proc envoy.filters.http.json_to_metadata envoy.filters.http.sse_to_metadata envoy.filters.http.router]"
+	if got := fmt.Sprint(names); got != wantFilters {
+		t.Errorf("http_filters %s, want %s", got, wantFilters)
+	}
+	router := node(t, filters[len(filters)-1], "typed_config")
+	for _, tt := range []struct {
+		logName string
+		loggers any
+	}{
+		{LogDownstream, node(t, hcm, "access_log")},
+		{LogUpstream, node(t, router, "upstream_log")},
+	} {
+		loggers := tt.loggers.([]any)
+		if len(loggers) != 2 || node(t, loggers[0], "name") != "envoy.access_loggers.stdout" {
+			t.Errorf("%s: want the stdout logger kept, then the gRPC one: %v", tt.logName, loggers)
+			continue
+		}
+		grpcLog := node(t, loggers[1], "typed_config")
+		common := node(t, grpcLog, "common_config")
+		for _, c := range []struct {
+			path []any
+			want any
+		}{
+			{[]any{"log_name"}, tt.logName},
+			{[]any{"transport_api_version"}, "V3"},
+			{[]any{"grpc_service", "envoy_grpc", "cluster_name"}, ClusterDuet},
+			{[]any{"buffer_size_bytes"}, 0},
+		} {
+			if got := node(t, common, c.path...); got != c.want {
+				t.Errorf("%s: %v = %v, want %v", tt.logName, c.path, got, c.want)
+			}
+		}
+		if got := fmt.Sprint(node(t, grpcLog, "additional_request_headers_to_log")); got != fmt.Sprint(LoggedRequestHeaders) {
+			t.Errorf("%s: logged headers %s, want %v", tt.logName, got, LoggedRequestHeaders)
+		}
+	}
+	// JSON: OpenAI usage and /generate meta_info; SSE: OpenAI usage only.
+	for _, tt := range []struct {
+		rules []any
+		want  string
+	}{
+		{node(t, filters[1], "typed_config", "response_rules", "rules").([]any),
+			"usage.prompt_tokens usage.completion_tokens meta_info.prompt_tokens meta_info.completion_tokens"},
+		{node(t, filters[2], "typed_config", "response_rules", "content_parser", "typed_config", "rules").([]any),
+			"usage.prompt_tokens usage.completion_tokens"},
+	} {
+		var got []string
+		for _, r := range tt.rules {
+			if rule, ok := r.(map[string]any)["rule"]; ok {
+				r = rule
+			}
+			key := node(t, r, "selectors", 0, "key").(string) + "." + node(t, r, "selectors", 1, "key").(string)
+			if dst := node(t, r, "on_present"); node(t, dst, "metadata_namespace") != "duet" || node(t, dst, "type") != "NUMBER" ||
+				node(t, dst, "key") != node(t, r, "selectors", 1, "key") {
+				t.Errorf("rule %s writes %v", key, dst)
+			}
+			got = append(got, key)
+		}
+		if strings.Join(got, " ") != tt.want {
+			t.Errorf("usage rules %v, want %s", got, tt.want)
 		}
 	}
 }

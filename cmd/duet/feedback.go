@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// feedbackFunc adapts a function to accesslog.Sink. It is where completions
+// meet what the scheduler exposes, so the scheduler never imports package
+// accesslog: schedulerFeedback(sched.Complete) is the scheduler's sink.
+type feedbackFunc func(ctx context.Context, c accesslog.Completion)
+
+// Complete implements accesslog.Sink.
+func (f feedbackFunc) Complete(ctx context.Context, c accesslog.Completion) { f(ctx, c) }
+
+// discardFeedback drops completions. It is the sink until serve wires
+// schedulerFeedback(sched.Complete) in; the accesslog Server still counts
+// every entry in duet_feedback_entries_total and keeps the latest for
+// /debug/completions.
+var discardFeedback = feedbackFunc(func(context.Context, accesslog.Completion) {})
+
+// schedulerFeedback delivers completions to the scheduler's Complete.
+func schedulerFeedback(complete func(scheduler.Feedback)) feedbackFunc {
+	return func(_ context.Context, c accesslog.Completion) { complete(toFeedback(c)) }
+}
+
+// toFeedback converts a completion into the scheduler's terms. The whole
+// request's entry names the decode target duet chose; the leg entries carry
+// no duet metadata, so legTarget rebuilds theirs.
+func toFeedback(c accesslog.Completion) scheduler.Feedback {
+	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, PromptTokens: c.PromptTokens}
+	switch c.Leg {
+	case accesslog.LegDecode:
+		f.Role, f.Target = scheduler.RoleDecode, legTarget(c)
+	case accesslog.LegPrefill:
+		f.Role, f.Target = scheduler.RolePrefill, legTarget(c)
+	default:
+		f.Target = c.DecodeTarget
+	}
+	return f
+}
+
+// legTarget names a leg's target in scheduler.Target.String form, from the
+// host Envoy reached and the rank header the leg carried; "" when Envoy
+// reached no host.
+func legTarget(c accesslog.Completion) string {
+	if c.Upstream == "" {
+		return ""
+	}
+	if c.DPRank == accesslog.NoRank {
+		return c.Upstream + "/dp-"
+	}
+	return c.Upstream + "/dp" + strconv.Itoa(c.DPRank)
+}
+
+// registerFeedback serves Envoy's gRPC access-log streams on gs, delivering
+// completions to sink. The streams never end on their own, so they are
+// closed when ctx ends; otherwise the graceful stop of gs would wait for
+// them until its deadline.
+func registerFeedback(ctx context.Context, gs *grpc.Server, sink accesslog.Sink, log *zap.Logger, reg prometheus.Registerer) *accesslog.Server {
+	srv := accesslog.NewServer(sink, log, reg)
+	accesslogv3.RegisterAccessLogServiceServer(gs, srv)
+	context.AfterFunc(ctx, srv.Close)
+	return srv
+}
+
+// withFeedbackDebug adds GET /debug/completions to the admin handler: the
+// latest completions as JSON, oldest first, or only those of one request
+// with ?request_id=ID.
+func withFeedbackDebug(next http.Handler, srv *accesslog.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/completions", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		_ = json.NewEncoder(w).Encode(srv.Recent(r.URL.Query().Get("request_id")))
+	})
+	mux.Handle("/", next)
+	return mux
+}

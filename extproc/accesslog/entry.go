@@ -1,0 +1,102 @@
+package accesslog
+
+import (
+	"net"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/extproc"
+)
+
+// Keys of duet's dynamic metadata (extproc.MetadataNamespace) that a
+// completion reads besides the token counts: the targets extproc.Server
+// chose, written as "decode" and "prefill".
+const (
+	metadataDecode  = "decode"
+	metadataPrefill = "prefill"
+)
+
+// legOf returns the leg an entry of the named log describes, or false when
+// the entry is not one duet asked for (another log, or an upstream entry of
+// a cluster that is not an engine pool).
+func legOf(logName, cluster string) (Leg, bool) {
+	switch logName {
+	case envoy.LogDownstream:
+		return LegRequest, true
+	case envoy.LogUpstream:
+		switch cluster {
+		case envoy.ClusterDecode:
+			return LegDecode, true
+		case envoy.ClusterPrefill:
+			return LegPrefill, true
+		}
+	}
+	return "", false
+}
+
+// completion converts one HTTP entry of the named log. ok is false when the
+// entry is not one duet asked for; the returned Leg is then empty.
+func completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Completion, ok bool) {
+	common := e.GetCommonProperties()
+	c.Cluster = common.GetUpstreamCluster()
+	if c.Leg, ok = legOf(logName, c.Cluster); !ok {
+		return Completion{}, false
+	}
+	headers := e.GetRequest().GetRequestHeaders()
+	c.RequestID = headers[extproc.HeaderRequestID]
+	if c.RequestID == "" {
+		c.RequestID = e.GetRequest().GetRequestId()
+	}
+	c.DPRank = NoRank
+	if r, err := strconv.Atoi(headers[extproc.HeaderDPRank]); err == nil && r >= 0 {
+		c.DPRank = r
+	}
+	c.Upstream = hostPort(common.GetUpstreamRemoteAddress())
+	c.Status = int(e.GetResponse().GetResponseCode().GetValue())
+	var flagsFailed bool
+	c.ResponseFlags, flagsFailed = flagString(common.GetResponseFlags())
+	c.Failed = legFailed(c.Status, flagsFailed)
+	c.Duration = common.GetDuration().AsDuration()
+	if common.GetDuration() == nil {
+		// Older Envoys leave duration unset: fall back to the last byte sent.
+		c.Duration = common.GetTimeToLastDownstreamTxByte().AsDuration()
+	}
+	if md := common.GetMetadata().GetFilterMetadata()[extproc.MetadataNamespace]; md != nil {
+		f := md.GetFields()
+		c.PromptTokens = number(f[envoy.MetadataPromptTokens])
+		c.CompletionTokens = number(f[envoy.MetadataCompletionTokens])
+		c.DecodeTarget = f[metadataDecode].GetStringValue()
+		c.PrefillTarget = f[metadataPrefill].GetStringValue()
+	}
+	return c, true
+}
+
+// hostPort renders a socket address as "ip:port", or "" when there is none.
+func hostPort(a *corev3.Address) string {
+	sa := a.GetSocketAddress()
+	if sa.GetAddress() == "" {
+		return ""
+	}
+	return net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10))
+}
+
+// number reads a metadata value written as a number (json_to_metadata's
+// NUMBER type gives a float64) or, leniently, as a decimal string. Anything
+// else, negative values included, reads as 0.
+func number(v *structpb.Value) int64 {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_NumberValue:
+		if k.NumberValue > 0 && k.NumberValue < 1<<63 {
+			return int64(k.NumberValue)
+		}
+	case *structpb.Value_StringValue:
+		if n, err := strconv.ParseInt(k.StringValue, 10, 64); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,96 @@
+package accesslog
+
+import (
+	"testing"
+	"time"
+
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+)
+
+func TestCompletion(t *testing.T) {
+	duetMD := map[string]any{
+		"request_id": "r1", "route": "chat", "decode": "127.0.0.2:30001/dp1", "prefill": "127.0.0.1:30001/dp0",
+		"prompt_tokens": float64(9), "completion_tokens": float64(8),
+	}
+	tests := []struct {
+		name    string
+		logName string
+		entry   *accesslogdatav3.HTTPAccessLogEntry
+		want    Completion
+		ok      bool
+	}{
+		{"decode leg", "duet_upstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r1", "1")),
+			Completion{RequestID: "r1", Leg: LegDecode, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: 1, Duration: 25 * time.Millisecond}, true},
+		{"prefill leg (the mirror's header copy, no metadata)", "duet_upstream",
+			entry("duet_prefill", "127.0.0.1", 200, hdr("r1", "0")),
+			Completion{RequestID: "r1", Leg: LegPrefill, Cluster: "duet_prefill", Upstream: "127.0.0.1:30001",
+				Status: 200, DPRank: 0, Duration: 25 * time.Millisecond}, true},
+		{"downstream entry with metadata and usage", "duet_downstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r1", "1"), withMetadata(duetMD)),
+			Completion{RequestID: "r1", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: 1, PromptTokens: 9, CompletionTokens: 8, Duration: 25 * time.Millisecond,
+				DecodeTarget: "127.0.0.2:30001/dp1", PrefillTarget: "127.0.0.1:30001/dp0"}, true},
+		{"usage as strings, negative and fractional values", "duet_downstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r1", ""),
+				withMetadata(map[string]any{"prompt_tokens": "12", "completion_tokens": float64(-3)})),
+			Completion{RequestID: "r1", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: NoRank, PromptTokens: 12, Duration: 25 * time.Millisecond}, true},
+		{"usage of another type is ignored", "duet_downstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r1", ""),
+				withMetadata(map[string]any{"prompt_tokens": true, "completion_tokens": "x", "decode": float64(1)})),
+			Completion{RequestID: "r1", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: NoRank, Duration: 25 * time.Millisecond}, true},
+		{"prefill connection failure: no response, UF", "duet_upstream",
+			entry("duet_prefill", "127.0.0.1", 0, hdr("r2", "3"),
+				withFlags(&accesslogdatav3.ResponseFlags{UpstreamConnectionFailure: true})),
+			Completion{RequestID: "r2", Leg: LegPrefill, Cluster: "duet_prefill", Upstream: "127.0.0.1:30001",
+				DPRank: 3, Failed: true, ResponseFlags: "UF", Duration: 25 * time.Millisecond}, true},
+		{"engine 500", "duet_upstream",
+			entry("duet_decode", "127.0.0.2", 500, hdr("r3", "0")),
+			Completion{RequestID: "r3", Leg: LegDecode, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 500, DPRank: 0, Failed: true, Duration: 25 * time.Millisecond}, true},
+		{"client error is not a failure", "duet_downstream",
+			entry("duet_decode", "", 400, hdr("r4", "")),
+			Completion{RequestID: "r4", Leg: LegRequest, Cluster: "duet_decode", Status: 400, DPRank: NoRank,
+				Duration: 25 * time.Millisecond}, true},
+		{"client went away mid-stream: 200 but DC", "duet_downstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r5", "1"),
+				withFlags(&accesslogdatav3.ResponseFlags{DownstreamConnectionTermination: true})),
+			Completion{RequestID: "r5", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: 1, Failed: true, ResponseFlags: "DC", Duration: 25 * time.Millisecond}, true},
+		{"rate limited is not an engine failure", "duet_downstream",
+			entry("duet_decode", "", 429, hdr("r6", ""),
+				withFlags(&accesslogdatav3.ResponseFlags{RateLimited: true})),
+			Completion{RequestID: "r6", Leg: LegRequest, Cluster: "duet_decode", Status: 429, DPRank: NoRank,
+				ResponseFlags: "RL", Duration: 25 * time.Millisecond}, true},
+		{"no logged headers: Envoy's request id, no rank", "duet_upstream",
+			entry("duet_decode", "127.0.0.2", 200, nil, withRequestID("envoy-id")),
+			Completion{RequestID: "envoy-id", Leg: LegDecode, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: NoRank, Duration: 25 * time.Millisecond}, true},
+		{"the logged header wins over Envoy's request id", "duet_upstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r7", "x"), withRequestID("envoy-id")),
+			Completion{RequestID: "r7", Leg: LegDecode, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: NoRank, Duration: 25 * time.Millisecond}, true},
+		{"no duration: last downstream byte", "duet_downstream",
+			entry("duet_decode", "127.0.0.2", 200, hdr("r8", ""), withoutDuration),
+			Completion{RequestID: "r8", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
+				Status: 200, DPRank: NoRank, Duration: 7 * time.Millisecond}, true},
+		{"upstream entry of another cluster", "duet_upstream",
+			entry("duet_extproc", "127.0.0.9", 200, hdr("r9", "")), Completion{}, false},
+		{"another log", "somebody_else", entry("duet_decode", "127.0.0.2", 200, hdr("r9", "")), Completion{}, false},
+		{"no log name (identifier never sent)", "", entry("duet_decode", "127.0.0.2", 200, hdr("r9", "")), Completion{}, false},
+		{"empty entry", "duet_upstream", &accesslogdatav3.HTTPAccessLogEntry{}, Completion{}, false},
+		{"empty downstream entry", "duet_downstream", &accesslogdatav3.HTTPAccessLogEntry{},
+			Completion{Leg: LegRequest, DPRank: NoRank, Failed: true}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := completion(tt.logName, tt.entry)
+			if ok != tt.ok || got != tt.want {
+				t.Errorf("completion() = %+v, %v\nwant          %+v, %v", got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
