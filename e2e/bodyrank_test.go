@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy"
 )
 
 // luaConfig: the main cluster's upstream Lua filter writes routed_dp_rank
@@ -58,22 +59,6 @@ static_resources:
     load_assignment: {cluster_name: mirror, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[4]d}}}}]}]}
 `
 
-const bodyRankLua = `function envoy_on_request(h)
-  local rank = h:headers():get("x-duet-decode-body-rank")
-  if rank == nil or string.match(rank, "^%d+$") == nil then return end
-  local body = h:body()
-  if body == nil then return end
-  local s = body:getBytes(0, body:length())
-  local i = string.find(s, "{", 1, true)
-  if i == nil then return end
-  local rest = string.sub(s, i + 1)
-  local sep = ","
-  if string.match(rest, "^%s*}") then sep = "" end
-  local out = string.sub(s, 1, i) .. '"routed_dp_rank":' .. rank .. sep .. rest
-  body:setBytes(out)
-  h:headers():replace("content-length", tostring(#out))
-end`
-
 // Claim: a Lua filter in one cluster's upstream filter chain can give that
 // leg its own body field while the mirror keeps the original body.
 func TestUpstreamLuaGivesOneLegItsOwnBody(t *testing.T) {
@@ -94,7 +79,7 @@ func TestUpstreamLuaGivesOneLegItsOwnBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lua := "                " + strings.ReplaceAll(bodyRankLua, "\n", "\n                ")
+	lua := "                " + strings.ReplaceAll(strings.TrimRight(envoy.BodyRankLua(), "\n"), "\n", "\n                ")
 	cfg := filepath.Join(dir, "envoy.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(luaConfig, ports[0], ports[1], portOf(t, main), portOf(t, mirror), lua)), 0o644); err != nil {
 		t.Fatal(err)

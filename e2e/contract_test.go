@@ -139,6 +139,15 @@ func TestGenerateBatch(t *testing.T) {
 	if pre.Source() != "room" {
 		t.Errorf("/generate prefill rank source = %q, want room (header is ignored there)", pre.Source())
 	}
+	// The decode leg's rank reaches SGLang in its own body (the decode
+	// cluster's Lua filter); the prefill leg's body stays shared.
+	want := dec.Headers["x-duet-decode-body-rank"]
+	if want == "" || dec.Source() != "body" || dec.DPRank == nil || strconv.Itoa(*dec.DPRank) != want {
+		t.Errorf("/generate decode leg: rank %v from %q, want %s from the body", dec.DPRank, dec.Source(), want)
+	}
+	if bytes.Contains(pre.Body, []byte("routed_dp_rank")) {
+		t.Errorf("the prefill leg's body carries the decode rank: %s", pre.Body)
+	}
 }
 
 // Streaming responses reach the client as SSE events, token by token.

@@ -95,6 +95,16 @@ type Params struct {
 //go:embed bootstrap.yaml.tmpl
 var bootstrapTemplate string
 
+//go:embed bodyrank.lua
+var bodyRankLua string
+
+// BodyRankLua returns the Lua source of the decode cluster's upstream filter
+// that writes the decode rank of a PD /generate request into that leg's
+// body (see docs/scheduling.md).
+func BodyRankLua() string {
+	return strings.ReplaceAll(bodyRankLua, "HEADER", extproc.HeaderDecodeBodyRank)
+}
+
 var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"quote":    strconv.Quote,
 	"duration": func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" },
@@ -110,7 +120,15 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		return usageRules{Indent: indent, Namespace: d.MetadataNamespace, Rules: jsonUsage}
 	},
 	"engine": func(name string, hosts []Address, header string, p Params) engineCluster {
-		return engineCluster{Name: name, Hosts: hosts, Header: header, MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
+		c := engineCluster{Name: name, Hosts: hosts, Header: header, MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
+		if name == ClusterDecode && len(p.Prefill) > 0 {
+			c.BodyRankLua = BodyRankLua()
+		}
+		return c
+	},
+	"indent": func(n int, text string) string {
+		pad := strings.Repeat(" ", n)
+		return pad + strings.ReplaceAll(strings.TrimRight(text, "\n"), "\n", "\n"+pad)
 	},
 	"clusterType": func(addrs []Address) string {
 		for _, a := range addrs {
@@ -129,6 +147,8 @@ type engineCluster struct {
 	Header            string
 	MaxBodyBytes      int
 	StreamIdleTimeout time.Duration
+	// BodyRankLua, when set, is the upstream Lua filter of the PD decode cluster.
+	BodyRankLua string
 }
 
 // grpcLog is what the template needs to render one gRPC access logger.

@@ -70,7 +70,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	feedback := registerFeedback(ctx, gs, discardFeedback, log.Named("feedback"), reg)
+	feedback := registerFeedback(ctx, gs, schedulerFeedback(sched.Complete), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}
