@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/duet-router/duet/e2e/harness"
 )
 
@@ -126,5 +129,69 @@ func TestConversationSticksUntilImbalance(t *testing.T) {
 	waitForLoad(t, homeSim, rank)
 	if got := turn(6); got == home {
 		t.Errorf("turn 6 stayed on %s although its load exceeds the imbalance bound", home)
+	}
+}
+
+// duetMetricSum sums the samples of one metric family on duet's /metrics
+// whose labels include match.
+func duetMetricSum(t *testing.T, s *harness.Stack, name string, match map[string]string) float64 {
+	t.Helper()
+	resp, err := httpClient.Get(s.DuetAdminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	sum := 0.0
+	for _, m := range mfs[name].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for k, v := range match {
+			ok = ok && labels[k] == v
+		}
+		if ok {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// With scraping off, only completion feedback can end reservations: after
+// the requests finish, Envoy's access-log entries release every token.
+func TestFeedbackReleasesReservations(t *testing.T) {
+	s := startStack(t, harness.Options{
+		Prefill:       []harness.SimSpec{{DPSize: 2}},
+		Decode:        []harness.SimSpec{{DPSize: 2}},
+		PrefillPolicy: "least_tokens",
+		DecodePolicy:  "least_tokens",
+		LoadInterval:  -time.Second,
+	})
+	for i := range 4 {
+		resp, body := send(t, s, "POST", "/v1/chat/completions", map[string]string{"x-request-id": requestID(t, i)}, chatBody(i%2 == 0, ""))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		reserved := duetMetricSum(t, s, "duet_target_tokens", map[string]string{"kind": "reserved"})
+		released := duetMetricSum(t, s, "duet_feedback_total", map[string]string{"outcome": "released"})
+		if reserved == 0 && released >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: %v tokens still reserved, %v releases", reserved, released)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := duetMetricSum(t, s, "duet_load_scrape_errors_total", nil); n != 0 {
+		t.Errorf("scraping was disabled but %v scrapes failed", n)
 	}
 }
