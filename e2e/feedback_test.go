@@ -12,9 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/extproc/accesslog"
 )
@@ -197,28 +194,14 @@ func TestFeedbackReportsEveryLeg(t *testing.T) {
 // and "streams".
 func feedbackMetrics(t *testing.T, s *harness.Stack) map[string]float64 {
 	t.Helper()
-	resp, err := httpClient.Get(s.DuetAdminURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
+	mfs := duetMetrics(t, s)
 	out := map[string]float64{}
 	if mf := mfs["duet_feedback_streams"]; mf != nil {
 		out["streams"] = mf.GetMetric()[0].GetGauge().GetValue()
 	}
-	if mf := mfs["duet_feedback_entries_total"]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			out["entries/"+labels["leg"]+"/"+labels["outcome"]] = m.GetCounter().GetValue()
-		}
+	for _, m := range mfs["duet_feedback_entries_total"].GetMetric() {
+		labels := labelsOf(m)
+		out["entries/"+labels["leg"]+"/"+labels["outcome"]] = m.GetCounter().GetValue()
 	}
 	return out
 }

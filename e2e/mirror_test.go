@@ -11,9 +11,9 @@ import (
 	"github.com/duet-router/duet/e2e/harness"
 )
 
-// bareMirrorConfig is a minimal Envoy bootstrap (no ext_proc, no stripping)
-// that mirrors to the cluster named by the client's x-mirror header.
-const bareMirrorConfig = `
+// bareConfig is a minimal Envoy bootstrap without duet: a route to cluster
+// main, mirrored by %[5]s; %[6]s adds options to the main cluster.
+const bareConfig = `
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
 static_resources:
   listeners:
@@ -35,40 +35,41 @@ static_resources:
               - match: {prefix: "/"}
                 route:
                   cluster: main
-                  request_mirror_policies:
-                  - cluster_header: x-mirror
+                  request_mirror_policies: [%[5]s]
   clusters:
   - name: main
     load_assignment: {cluster_name: main, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[3]d}}}}]}]}
+%[6]s
   - name: mirror
     load_assignment: {cluster_name: mirror, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[4]d}}}}]}]}
 `
 
-// Claim: a mirror whose cluster_header names a cluster Envoy does not have
-// is dropped silently: the main request succeeds and nothing reports it. In
-// PD that would leave decode waiting for KV, which is why duet only ever
-// names the prefill cluster that envoy-config rendered.
-func TestMirrorToUnknownClusterIsDroppedSilently(t *testing.T) {
+// startBare starts two aggregated engines, "main" and "mirror" (dp as
+// given), and a bare Envoy from bareConfig with the mirror policy and the
+// main cluster's extra options; everything stops when the test ends.
+func startBare(t *testing.T, dp int, mirrorPolicy, mainOptions string) (s *harness.Stack, main, mirror *harness.Sim) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
-	main, err := harness.StartSim(ctx, dir, "main", "null", harness.SimSpec{})
-	if err != nil {
-		t.Fatal(err)
+	var err error
+	for _, sim := range []struct {
+		name string
+		dst  **harness.Sim
+	}{{"main", &main}, {"mirror", &mirror}} {
+		if *sim.dst, err = harness.StartSim(ctx, dir, sim.name, "null", harness.SimSpec{DPSize: dp}); err != nil {
+			t.Fatal(err)
+		}
+		p := *sim.dst
+		t.Cleanup(func() { p.Stop(5 * time.Second) })
 	}
-	defer main.Stop(5 * time.Second)
-	mirror, err := harness.StartSim(ctx, dir, "mirror", "null", harness.SimSpec{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mirror.Stop(5 * time.Second)
 	ports, err := harness.FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	mainPort, mirrorPort := portOf(t, main), portOf(t, mirror)
 	cfg := filepath.Join(dir, "envoy.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(bareMirrorConfig, ports[0], ports[1], mainPort, mirrorPort)), 0o644); err != nil {
+	body := fmt.Sprintf(bareConfig, ports[0], ports[1], portOf(t, main), portOf(t, mirror), mirrorPolicy, mainOptions)
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	adminURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
@@ -76,8 +77,16 @@ func TestMirrorToUnknownClusterIsDroppedSilently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer envoy.Stop(5 * time.Second)
-	s := &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}
+	t.Cleanup(func() { envoy.Stop(5 * time.Second) })
+	return &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}, main, mirror
+}
+
+// Claim: a mirror whose cluster_header names a cluster Envoy does not have
+// is dropped silently: the main request succeeds and nothing reports it. In
+// PD that would leave decode waiting for KV, which is why duet only ever
+// names the prefill cluster that envoy-config rendered.
+func TestMirrorToUnknownClusterIsDroppedSilently(t *testing.T) {
+	s, main, mirror := startBare(t, 1, "{cluster_header: x-mirror}", "")
 
 	body := []byte(`{"model":"sim-model","prompt":"hi","max_tokens":2}`)
 	for i, target := range []string{"mirror", "no-such-cluster"} {

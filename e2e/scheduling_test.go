@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -132,9 +133,8 @@ func TestConversationSticksUntilImbalance(t *testing.T) {
 	}
 }
 
-// duetMetricSum sums the samples of one metric family on duet's /metrics
-// whose labels include match.
-func duetMetricSum(t *testing.T, s *harness.Stack, name string, match map[string]string) float64 {
+// duetMetrics scrapes and parses duet's /metrics.
+func duetMetrics(t *testing.T, s *harness.Stack) map[string]*dto.MetricFamily {
 	t.Helper()
 	resp, err := httpClient.Get(s.DuetAdminURL + "/metrics")
 	if err != nil {
@@ -146,12 +146,25 @@ func duetMetricSum(t *testing.T, s *harness.Stack, name string, match map[string
 	if err != nil {
 		t.Fatalf("parse /metrics: %v", err)
 	}
+	return mfs
+}
+
+// labelsOf returns a sample's labels as a map.
+func labelsOf(m *dto.Metric) map[string]string {
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	return labels
+}
+
+// duetMetricSum sums the samples of one metric family on duet's /metrics
+// whose labels include match.
+func duetMetricSum(t *testing.T, s *harness.Stack, name string, match map[string]string) float64 {
+	t.Helper()
 	sum := 0.0
-	for _, m := range mfs[name].GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
+	for _, m := range duetMetrics(t, s)[name].GetMetric() {
+		labels := labelsOf(m)
 		ok := true
 		for k, v := range match {
 			ok = ok && labels[k] == v
