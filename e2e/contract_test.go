@@ -212,3 +212,41 @@ func TestAggregatedNoMirror(t *testing.T) {
 		t.Errorf("aggregated stack sent %d prefill requests", n)
 	}
 }
+
+// engine_ranks: duet picks engines only; the prefill rank follows the
+// random room (SGLang's follow_bootstrap_room) and decode round-robins.
+// Requests still succeed: this is the baseline the benchmark compares with.
+func TestEngineRanksBaseline(t *testing.T) {
+	s := startStack(t, harness.Options{
+		Prefill:     []harness.SimSpec{{DPSize: 4}},
+		Decode:      []harness.SimSpec{{DPSize: 2}},
+		EngineRanks: true,
+	})
+	prefillRanks := map[int]bool{}
+	for i, path := range []string{"/v1/chat/completions", "/generate", "/v1/chat/completions", "/generate", "/v1/completions", "/v1/completions", "/v1/chat/completions", "/generate"} {
+		id := requestID(t, i)
+		body := chatBody(false, "")
+		switch path {
+		case "/generate":
+			body = []byte(`{"text":"hello","sampling_params":{"max_new_tokens":4}}`)
+		case "/v1/completions":
+			body = []byte(`{"model":"sim-model","prompt":"hello","max_tokens":4}`)
+		}
+		resp, out := send(t, s, "POST", path, map[string]string{"x-request-id": id}, body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", path, resp.StatusCode, out)
+		}
+		_, dec := only(t, legs(t, s.Decode, id, 1))
+		_, pre := only(t, legs(t, s.Prefill, id, 1))
+		if pre.Source() != "room" || dec.Source() != "round_robin" {
+			t.Errorf("%s: prefill rank from %q, decode rank from %q; want room and round_robin", path, pre.Source(), dec.Source())
+		}
+		if bytes.Contains(dec.Body, []byte("disagg_prefill_dp_rank")) {
+			t.Errorf("%s: duet pinned the prefill rank: %s", path, dec.Body)
+		}
+		prefillRanks[*pre.DPRank] = true
+	}
+	if len(prefillRanks) < 2 {
+		t.Errorf("random rooms used only prefill ranks %v", prefillRanks)
+	}
+}

@@ -120,7 +120,9 @@ type Placement struct {
 	BootstrapHost string
 	BootstrapPort int
 	// PrefillRank and PrefillDPSize shape the minted rooms and set
-	// disagg_prefill_dp_rank (PD only).
+	// disagg_prefill_dp_rank (PD only). A negative PrefillRank leaves the
+	// rank to the engines: rooms are random and decode derives the prefill
+	// rank from room % dp, as SGLang does behind a rank-unaware router.
 	PrefillRank   int
 	PrefillDPSize int
 	// RoutedRank, when not negative, is written as routed_dp_rank. Only for a
@@ -161,8 +163,10 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 				return nil, nil, fmt.Errorf("set %s: %w", s.field, err)
 			}
 		}
-		if out, err = sjson.SetBytes(out, FieldDisaggPrefillDPRank, pl.PrefillRank); err != nil {
-			return nil, nil, fmt.Errorf("set %s: %w", FieldDisaggPrefillDPRank, err)
+		if pl.PrefillRank >= 0 {
+			if out, err = sjson.SetBytes(out, FieldDisaggPrefillDPRank, pl.PrefillRank); err != nil {
+				return nil, nil, fmt.Errorf("set %s: %w", FieldDisaggPrefillDPRank, err)
+			}
 		}
 	}
 	if pl.RoutedRank >= 0 {

@@ -9,12 +9,16 @@ import (
 // room % prefillDPSize == prefillRank. SGLang prefill servers under the
 // default follow_bootstrap_room balancing dispatch by room % dp_size (and
 // reject a conflicting explicit rank), and decode servers fall back to the
-// same rule, so the room itself carries the prefill rank to both legs.
+// same rule, so the room itself carries the prefill rank to both legs. A
+// negative prefillRank returns a uniformly random room.
 func MintRoom(prefillRank, prefillDPSize int) uint64 {
 	if prefillDPSize < 1 {
 		prefillDPSize = 1
 	}
-	if prefillRank < 0 || prefillRank >= prefillDPSize {
+	if prefillRank < 0 {
+		return rand.Uint64N(math.MaxInt64 + 1) // any rank: the engine's room % dp decides
+	}
+	if prefillRank >= prefillDPSize {
 		prefillRank = 0
 	}
 	dp := uint64(prefillDPSize)

@@ -210,8 +210,12 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	mirror := decision.Prefill != nil
 	if mirror {
 		set(HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
-		set(HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
 		set(HeaderMirror, s.opts.PrefillCluster)
+		if decision.Prefill.Rank != scheduler.NoRank {
+			set(HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
+		} else {
+			mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderPrefillRank)
+		}
 	} else {
 		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderPrefillEndpoint, HeaderPrefillRank, HeaderMirror)
 	}

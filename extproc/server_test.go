@@ -169,6 +169,37 @@ func TestProcessPDChat(t *testing.T) {
 	}
 }
 
+// With engine-chosen ranks the shared body carries a random room and no
+// disagg_prefill_dp_rank, and neither leg is pinned by a header.
+func TestProcessEngineRanks(t *testing.T) {
+	pick := scheduler.Decision{
+		Prefill: &scheduler.Target{Endpoint: prefillEP, Rank: scheduler.NoRank},
+		Decode:  scheduler.Target{Endpoint: decodeEP, Rank: scheduler.NoRank},
+	}
+	c := client(t, &fakePicker{decision: pick}, 1<<20)
+	rooms := map[uint64]bool{}
+	for range 20 {
+		cr := common(exchange(t, c, "POST", "/generate", nil, []byte(`{"text":"hi"}`)))
+		h, rm := setHeaders(cr), removed(cr)
+		body := gjson.ParseBytes(cr.GetBodyMutation().GetBody())
+		if body.Get("disagg_prefill_dp_rank").Exists() || !body.Get("bootstrap_room").Exists() {
+			t.Fatalf("body = %s", cr.GetBodyMutation().GetBody())
+		}
+		for _, k := range []string{HeaderPrefillRank, HeaderDPRank, HeaderDecodeBodyRank} {
+			if _, set := h[k]; set || !rm[k] {
+				t.Errorf("%s must be removed", k)
+			}
+		}
+		if h[HeaderMirror] == "" {
+			t.Error("PD request not mirrored")
+		}
+		rooms[body.Get("bootstrap_room").Uint()%4] = true
+	}
+	if len(rooms) < 3 {
+		t.Errorf("rooms cover only %d of 4 prefill ranks over 20 requests", len(rooms))
+	}
+}
+
 func TestProcessPassThroughAndAggregated(t *testing.T) {
 	tests := []struct {
 		name       string

@@ -213,3 +213,24 @@ func TestPickMetrics(t *testing.T) {
 		t.Errorf("picks of the first target = %v, want 2", got)
 	}
 }
+
+// With EngineRanks, duet chooses engines only: one NoRank target each.
+func TestPickEngineRanks(t *testing.T) {
+	s := newTestScheduler(t, Config{
+		Prefill:     enginePool(t, 2, 4, "prefill"),
+		Decode:      enginePool(t, 2, 4, "decode"),
+		EngineRanks: true,
+	}, nil)
+	mustDiscover(t, s)
+	snap := s.snap.Load()
+	if len(snap.prefill.targets) != 2 || len(snap.decode.targets) != 2 {
+		t.Fatalf("targets: %d prefill, %d decode; want one per engine", len(snap.prefill.targets), len(snap.decode.targets))
+	}
+	d, err := s.Pick(testContext(t), &Request{ID: "r", Prompt: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefill.Rank != NoRank || d.Decode.Rank != NoRank {
+		t.Errorf("ranks pinned: prefill %d decode %d", d.Prefill.Rank, d.Decode.Rank)
+	}
+}

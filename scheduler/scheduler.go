@@ -58,6 +58,11 @@ type Config struct {
 	Tokens TokenConfig
 	// Registerer receives the scheduler's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// EngineRanks makes duet choose engines only, never ranks: prefill
+	// ranks then follow the (random) bootstrap room, decode engines pick
+	// their own. This is SGLang's behaviour behind a rank-unaware router,
+	// the baseline that rank-aware scheduling is measured against.
+	EngineRanks bool
 }
 
 // LoadConfig configures load scraping and the reservation ledger.
@@ -127,6 +132,7 @@ type Scheduler struct {
 
 	snap atomic.Pointer[snapshot]
 
+	engineRanks      bool
 	ledger           *ledger
 	tokens           *TokenEstimator
 	hasher           prefix.Hasher
@@ -179,6 +185,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		return nil, fmt.Errorf("scheduler: decode policy: %w", err)
 	}
 
+	s.engineRanks = cfg.EngineRanks
 	s.loadCfg = cfg.Load
 	if s.loadCfg.Interval == 0 {
 		s.loadCfg.Interval = time.Second
@@ -261,7 +268,7 @@ func newMember(role Role, spec EndpointSpec) (*member, error) {
 // publish makes the members' current states the snapshot picks use. The
 // caller holds discoverMu or is New.
 func (s *Scheduler) publish() {
-	s.snap.Store(newSnapshot(s.states(), s.ledger, s.metrics, s.index.Remove))
+	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.index.Remove))
 }
 
 // states returns the members' current states. The caller holds discoverMu

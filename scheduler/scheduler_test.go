@@ -156,7 +156,7 @@ func TestTargets(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			snap := newSnapshot(tt.endpoints, newLedger(0, 0, 0), nil, func(TargetKey) {})
+			snap := newSnapshot(tt.endpoints, false, newLedger(0, 0, 0), nil, func(TargetKey) {})
 			if got := targetStrings(snap.prefill.targets); strings.Join(got, ",") != strings.Join(tt.wantPrefill, ",") {
 				t.Errorf("prefill targets = %q, want %q", got, tt.wantPrefill)
 			}

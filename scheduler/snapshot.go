@@ -20,7 +20,7 @@ type pool struct {
 // newSnapshot builds a snapshot from the endpoints' states (it copies eps),
 // creates ledger entries for new targets and drops those of targets that
 // are no longer schedulable, with their reservations and prefix entries.
-func newSnapshot(eps []Endpoint, l *ledger, m *metrics, forget func(TargetKey)) *snapshot {
+func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, forget func(TargetKey)) *snapshot {
 	s := &snapshot{endpoints: append([]Endpoint(nil), eps...)}
 	var prefill, decode []*Endpoint
 	for i := range s.endpoints {
@@ -36,8 +36,8 @@ func newSnapshot(eps []Endpoint, l *ledger, m *metrics, forget func(TargetKey)) 
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s.prefill = newPool(buildTargets(prefill), l, m)
-	s.decode = newPool(buildTargets(decode), l, m)
+	s.prefill = newPool(buildTargets(prefill, engineRanks), l, m)
+	s.decode = newPool(buildTargets(decode, engineRanks), l, m)
 	l.retain(func(k TargetKey) bool {
 		_, inPrefill := s.prefill.index[k]
 		_, inDecode := s.decode.index[k]
@@ -74,7 +74,17 @@ func newPool(targets []Target, l *ledger, m *metrics) pool {
 // An engine with a single rank has one target. Its rank is NoRank for a
 // decode engine, which then keeps its own dispatch, and 0 for a prefill
 // engine, whose rank is always known (bootstrap_room % 1 == 0).
-func buildTargets(eps []*Endpoint) []Target {
+//
+// With engineRanks every engine has one target with NoRank: duet chooses
+// engines only and leaves ranks to the engines' own dispatch.
+func buildTargets(eps []*Endpoint, engineRanks bool) []Target {
+	if engineRanks {
+		targets := make([]Target, len(eps))
+		for i, ep := range eps {
+			targets[i] = Target{Endpoint: ep, Rank: NoRank}
+		}
+		return targets
+	}
 	n, maxDP := 0, 0
 	for _, ep := range eps {
 		n += ep.DPSize

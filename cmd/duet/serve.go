@@ -153,6 +153,7 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 		DecodePolicy:      policySpec(cfg.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
+		EngineRanks:       cfg.EngineRanks,
 		Load: scheduler.LoadConfig{
 			Interval:       cfg.Load.Interval,
 			Timeout:        cfg.Load.Timeout,

@@ -41,6 +41,8 @@ type Options struct {
 	PrefillPolicy, DecodePolicy string
 	// LoadInterval is duet's load.interval (default 200ms).
 	LoadInterval time.Duration
+	// EngineRanks sets duet's engine_ranks: engines, not duet, choose DP ranks.
+	EngineRanks bool
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
 }
@@ -238,6 +240,9 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
 	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
 	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
+	if opts.EngineRanks {
+		b.WriteString("engine_ranks: true\n")
+	}
 	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", hostPort(envoyPort), hostPort(envoyAdminPort))
 	if len(s.Prefill) > 0 {
 		b.WriteString("prefill:\n")

@@ -32,6 +32,10 @@ type Config struct {
 	Decode []Endpoint `yaml:"decode"`
 	// Policy names the scheduling policy of each role.
 	Policy Policy `yaml:"policy"`
+	// EngineRanks makes duet choose engines only and leave DP ranks to the
+	// engines (SGLang's own dispatch): the baseline for measuring duet's
+	// rank-aware scheduling.
+	EngineRanks bool `yaml:"engine_ranks"`
 	// Discovery tunes how engines are asked for their DP size and bootstrap port.
 	Discovery Discovery `yaml:"discovery"`
 	// Load tunes load scraping and reservations.
