@@ -45,12 +45,22 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		decodeTokens = req.PromptTokens + int64(max(req.Items, 1))*int64(s.outputTokens(req))
 	}
 
+	// Match the prefix once for both roles, outside the pick lock (the index
+	// has its own); a concurrent insert at worst shows up in the next pick.
+	var matches []prefixMatch
+	if len(req.Blocks) > 0 {
+		n := float64(len(req.Blocks))
+		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
+			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n})
+		})
+	}
+
 	var d Decision
 	var chosen [2]*targetState
 	s.ledger.mu.Lock()
 	now := time.Now()
 	if pd {
-		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, now, &s.prefillScratch)
+		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, matches, now, &s.prefillScratch)
 		if err != nil {
 			s.ledger.mu.Unlock()
 			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
@@ -60,7 +70,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		chosen[0] = snap.prefill.states[i]
 		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
 	}
-	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, now, &s.decodeScratch)
+	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, matches, now, &s.decodeScratch)
 	if err != nil {
 		if pd {
 			s.ledger.releaseLocked(id, RolePrefill)
@@ -113,21 +123,25 @@ func (s *Scheduler) outputTokens(req *Request) int {
 	return s.defaultMaxTokens
 }
 
+// prefixMatch is one target's share of the request's prompt blocks that the
+// prefix index believes it caches.
+type prefixMatch struct {
+	key      TargetKey
+	fraction float64
+}
+
 // choose runs policy over p's targets with their current loads and prefix
 // matches. Caller holds s.ledger.mu (which also guards scratch).
-func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, now time.Time, scratch *[]Candidate) (int, error) {
+func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, matches []prefixMatch, now time.Time, scratch *[]Candidate) (int, error) {
 	cands := (*scratch)[:0]
 	since := s.ledger.freshSince(now)
 	for i, t := range p.targets {
 		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
 	}
-	if len(req.Blocks) > 0 {
-		n := float64(len(req.Blocks))
-		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
-			if i, ok := p.index[key]; ok {
-				cands[i].Prefix = float64(matched) / n
-			}
-		})
+	for _, m := range matches {
+		if i, ok := p.index[m.key]; ok {
+			cands[i].Prefix = m.fraction
+		}
 	}
 	*scratch = cands
 	i, err := policy.Pick(ctx, req, cands)
