@@ -1,6 +1,11 @@
 // Command duet-sim runs a simulated SGLang server (prefill, decode or
-// aggregated) for duet's end-to-end tests. See package
-// github.com/duet-router/duet/e2e/sim.
+// aggregated) for duet's end-to-end tests and benchmarks. Without --profile
+// it uses the simple latency model (--prefill-ms-per-1k-tokens,
+// --decode-ms-per-token); --profile dense-8b-h100 or dsv3-dp8-h100-node
+// switches to the calibrated engine model, --time-scale F runs model time F
+// times faster than wall time, --flavor vllm imitates vLLM and the
+// --fault-* flags inject faults. See package
+// github.com/duet-router/duet/e2e/sim and its MODEL.md.
 package main
 
 import (
@@ -10,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,22 +45,48 @@ type options struct {
 func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("duet-sim", flag.ContinueOnError)
 	var (
-		o         options
-		mode      string
-		prefillMS float64
-		decodeMS  float64
+		o           options
+		mode        string
+		flavor      string
+		prefillMS   float64
+		decodeMS    float64
+		dpAttention bool
+		spikeMS     float64
+		scrapeMS    float64
 	)
 	fs.StringVar(&mode, "mode", string(sim.ModeNull), "disaggregation mode: prefill, decode or null (aggregated)")
 	fs.StringVar(&o.cfg.Listen, "listen", sim.DefaultListen, "main HTTP API address")
-	fs.IntVar(&o.cfg.DPSize, "dp-size", 1, "number of DP ranks")
+	fs.IntVar(&o.cfg.DPSize, "dp-size", 1, "number of DP ranks; with --profile, the profile's value unless given")
 	fs.IntVar(&o.cfg.BootstrapPort, "bootstrap-port", sim.DefaultBootstrapPort,
 		"prefill: bootstrap server port (same IP as --listen); decode: port used when a request's bootstrap_port is null")
 	fs.StringVar(&o.cfg.Model, "model", sim.DefaultModel, "served_model_name")
 	fs.DurationVar(&o.cfg.KVTimeout, "kv-timeout", sim.DefaultKVTimeout,
 		"decode: how long to wait for the prefill's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")
-	fs.Float64Var(&prefillMS, "prefill-ms-per-1k-tokens", 10, "simulated prefill time per 1000 prompt tokens, in ms")
-	fs.Float64Var(&decodeMS, "decode-ms-per-token", 2, "simulated time per generated token, in ms")
-	fs.IntVar(&o.cfg.MaxTotalTokens, "max-total-tokens", sim.DefaultMaxTotalTokens, "KV capacity per rank (max_total_num_tokens)")
+	fs.Float64Var(&prefillMS, "prefill-ms-per-1k-tokens", 10, "simulated prefill time per 1000 prompt tokens, in ms (simple model; ignored with --profile)")
+	fs.Float64Var(&decodeMS, "decode-ms-per-token", 2, "simulated time per generated token, in ms (simple model; ignored with --profile)")
+	fs.IntVar(&o.cfg.MaxTotalTokens, "max-total-tokens", sim.DefaultMaxTotalTokens,
+		"KV capacity per rank (max_total_num_tokens); with --profile, the profile's value unless given")
+	fs.IntVar(&o.cfg.MaxRunningRequests, "max-running-requests", sim.DefaultMaxRunningRequests,
+		"request slots per rank (max_running_requests); with --profile, the profile's value unless given")
+	fs.StringVar(&o.cfg.Profile, "profile", "",
+		"calibrated engine model: "+strings.Join(sim.ProfileNames(), ", ")+
+			" (default: the simple model of --prefill-ms-per-1k-tokens and --decode-ms-per-token)")
+	fs.BoolVar(&dpAttention, "dp-attention", false,
+		"ranks step in lockstep, a step lasting as long as the slowest rank's (engine model; default: the profile's, true for dsv3-dp8-h100-node)")
+	fs.Float64Var(&o.cfg.KVTransferGBps, "kv-transfer-gbps", 0,
+		"PD KV transfer bandwidth in GB/s (10^9 bytes/s; engine model; default: the profile's)")
+	fs.Float64Var(&o.cfg.TimeScale, "time-scale", 1,
+		"model time runs this many times faster than wall time: every modelled duration is divided by it "+
+			"(client-visible latencies × F = model time; network, Envoy and duet are not scaled, keep F <= 20)")
+	fs.Uint64Var(&o.cfg.Seed, "seed", 0, "seed of every random choice (fault injection)")
+	fs.StringVar(&flavor, "flavor", string(sim.FlavorSGLang),
+		"engine imitated: sglang, or vllm (aggregated only: X-data-parallel-rank, vllm: metrics, no /v1/loads)")
+	fs.Float64Var(&o.cfg.Faults.SpikeProb, "fault-spike-prob", 0, "probability that a request is delayed by --fault-spike-ms")
+	fs.Float64Var(&spikeMS, "fault-spike-ms", 0, "latency spike in ms (model time)")
+	fs.Float64Var(&o.cfg.Faults.ErrorRate, "fault-error-rate", 0, "probability that a request fails with HTTP 500")
+	fs.IntVar(&o.cfg.Faults.DieAfter, "fault-die-after", 0,
+		"crash (close the listeners, cut requests in flight, exit 1) on the inference request after the first N; 0 never")
+	fs.Float64Var(&scrapeMS, "fault-slow-scrape-ms", 0, "delay of every /v1/loads and /metrics answer in ms (model time)")
 	fs.BoolVar(&o.cfg.LegacyServerInfo, "legacy-server-info", false, "serve only /get_server_info (404 on /server_info), like old SGLang")
 	fs.IntVar(&o.cfg.MaxRecords, "max-records", sim.DefaultMaxRecords, "request records kept for GET /sim/requests (oldest dropped first)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -68,9 +100,29 @@ func parseFlags(args []string) (options, error) {
 	if err != nil {
 		return o, err
 	}
-	if prefillMS < 0 || decodeMS < 0 {
+	if o.cfg.Flavor, err = sim.ParseFlavor(flavor); err != nil {
+		return o, err
+	}
+	if prefillMS < 0 || decodeMS < 0 || spikeMS < 0 || scrapeMS < 0 {
 		return o, errors.New("latency flags must not be negative")
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.cfg.Profile != "" {
+		// Zero takes the profile's value.
+		for name, v := range map[string]*int{
+			"dp-size": &o.cfg.DPSize, "max-total-tokens": &o.cfg.MaxTotalTokens, "max-running-requests": &o.cfg.MaxRunningRequests,
+		} {
+			if !set[name] {
+				*v = 0
+			}
+		}
+	}
+	if set["dp-attention"] {
+		o.cfg.DPAttention = &dpAttention
+	}
+	o.cfg.Faults.Spike = time.Duration(spikeMS * float64(time.Millisecond))
+	o.cfg.Faults.SlowScrape = time.Duration(scrapeMS * float64(time.Millisecond))
 	o.cfg.Mode = m
 	o.cfg.PrefillPer1KTokens = time.Duration(prefillMS * float64(time.Millisecond))
 	o.cfg.DecodePerToken = time.Duration(decodeMS * float64(time.Millisecond))

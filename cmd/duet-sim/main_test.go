@@ -34,6 +34,52 @@ func TestParseFlags(t *testing.T) {
 					t.Fatalf("parsed %+v %q", c, o.logLevel)
 				}
 			}},
+		{name: "engine model flags", args: []string{"--profile", "dsv3-dp8-h100-node", "--time-scale", "10", "--seed", "42",
+			"--kv-transfer-gbps", "25", "--fault-spike-prob", "0.1", "--fault-spike-ms", "250", "--fault-error-rate", "0.01",
+			"--fault-die-after", "100", "--fault-slow-scrape-ms", "30", "--max-running-requests", "64"},
+			check: func(t *testing.T, o options) {
+				c := o.cfg
+				f := c.Faults
+				if c.Profile != "dsv3-dp8-h100-node" || c.TimeScale != 10 || c.Seed != 42 || c.KVTransferGBps != 25 ||
+					f.SpikeProb != 0.1 || f.Spike != 250*time.Millisecond || f.ErrorRate != 0.01 || f.DieAfter != 100 ||
+					f.SlowScrape != 30*time.Millisecond || c.MaxRunningRequests != 64 || c.Flavor != sim.FlavorSGLang {
+					t.Fatalf("parsed %+v", c)
+				}
+				// Not given: the profile decides (0 in Config).
+				if c.DPSize != 0 || c.MaxTotalTokens != 0 || c.DPAttention != nil {
+					t.Fatalf("profile defaults overridden: dp %d max tokens %d dp-attention %v", c.DPSize, c.MaxTotalTokens, c.DPAttention)
+				}
+				s, err := sim.New(c, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if e := s.Config(); e.DPSize != 8 || e.MaxTotalTokens != 150000 || !*e.DPAttention {
+					t.Fatalf("effective %+v", e)
+				}
+			}},
+		{name: "explicit values win over the profile", args: []string{"--profile", "dense-8b-h100", "--dp-size", "4",
+			"--max-total-tokens", "1000", "--dp-attention"},
+			check: func(t *testing.T, o options) {
+				c := o.cfg
+				if c.DPSize != 4 || c.MaxTotalTokens != 1000 || c.DPAttention == nil || !*c.DPAttention || c.MaxRunningRequests != 0 {
+					t.Fatalf("parsed %+v", c)
+				}
+			}},
+		{name: "dp-attention off", args: []string{"--profile", "dsv3-dp8-h100-node", "--dp-attention=false"},
+			check: func(t *testing.T, o options) {
+				if o.cfg.DPAttention == nil || *o.cfg.DPAttention {
+					t.Fatalf("dp-attention %v", o.cfg.DPAttention)
+				}
+			}},
+		{name: "vllm", args: []string{"--flavor", "vllm"},
+			check: func(t *testing.T, o options) {
+				if o.cfg.Flavor != sim.FlavorVLLM {
+					t.Fatalf("flavor %q", o.cfg.Flavor)
+				}
+			}},
+		{name: "bad flavor", args: []string{"--flavor", "tgi"}, wantErr: "invalid flavor"},
+		{name: "negative spike", args: []string{"--fault-spike-ms", "-1"}, wantErr: "must not be negative"},
 		{name: "bad mode", args: []string{"--mode", "both"}, wantErr: "invalid mode"},
 		{name: "negative latency", args: []string{"--decode-ms-per-token", "-1"}, wantErr: "must not be negative"},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},

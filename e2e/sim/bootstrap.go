@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // prefillInfo is the body of the bootstrap server's GET /route without
@@ -47,14 +48,29 @@ func (s *Server) bootstrapHandler() http.Handler {
 	return mux
 }
 
-// handleKVStatus serves GET /sim/kv?room=R.
+// maxKVLongPoll bounds GET /sim/kv's wait_ms.
+const maxKVLongPoll = 2 * time.Second
+
+// handleKVStatus serves GET /sim/kv?room=R[&wait_ms=N]. With wait_ms, a
+// room that is not done or failed yet is waited for up to N ms.
 func (s *Server) handleKVStatus(w http.ResponseWriter, r *http.Request) {
-	room, err := strconv.ParseInt(strings.TrimSpace(r.URL.Query().Get("room")), 10, 64)
+	q := r.URL.Query()
+	room, err := strconv.ParseInt(strings.TrimSpace(q.Get("room")), 10, 64)
 	if err != nil {
 		writeDetail(w, http.StatusBadRequest, "room must be an integer")
 		return
 	}
-	st := s.rooms.status(room)
+	var st RoomStatus
+	if v := q.Get("wait_ms"); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil || ms < 0 {
+			writeDetail(w, http.StatusBadRequest, "wait_ms must be a non-negative integer")
+			return
+		}
+		st = s.rooms.wait(r.Context(), room, min(time.Duration(ms)*time.Millisecond, maxKVLongPoll))
+	} else {
+		st = s.rooms.status(room)
+	}
 	code := http.StatusOK
 	if st.State == RoomUnknown {
 		code = http.StatusNotFound

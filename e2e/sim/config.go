@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"time"
 )
@@ -40,6 +41,51 @@ func (m Mode) engineType() string {
 
 // Version is the SGLang version the simulator reports.
 const Version = "0.5.19"
+
+// VLLMVersion is the vLLM version the simulator reports with FlavorVLLM.
+const VLLMVersion = "0.18.0"
+
+// Flavor is the engine the simulator imitates.
+type Flavor string
+
+// Flavors.
+const (
+	// FlavorSGLang serves SGLang's API (the default).
+	FlavorSGLang Flavor = "sglang"
+	// FlavorVLLM serves vLLM's API: aggregated only, DP rank from the
+	// X-data-parallel-rank header, vllm: metrics, no /v1/loads.
+	FlavorVLLM Flavor = "vllm"
+)
+
+// ParseFlavor parses a --flavor value.
+func ParseFlavor(s string) (Flavor, error) {
+	switch Flavor(s) {
+	case FlavorSGLang, FlavorVLLM:
+		return Flavor(s), nil
+	}
+	return "", fmt.Errorf("invalid flavor %q: want sglang or vllm", s)
+}
+
+// Faults configures fault injection. Probabilities are per inference
+// request, drawn from a source seeded by Config.Seed and the request's
+// arrival number, so the same seed and arrival order inject the same
+// faults. Durations are model time (divided by the time scale).
+type Faults struct {
+	// SpikeProb is the probability that a request is delayed by Spike
+	// before it is served (a latency spike).
+	SpikeProb float64
+	// Spike is the extra latency of a spiked request.
+	Spike time.Duration
+	// ErrorRate is the probability that a request fails with HTTP 500
+	// (SGLang's internal error) right after it is parsed.
+	ErrorRate float64
+	// DieAfter > 0 makes the server crash on the inference request after
+	// the first DieAfter ones: its listeners close, requests in flight
+	// are cut, and Errors delivers ErrDied (duet-sim exits non-zero).
+	DieAfter int
+	// SlowScrape delays every /v1/loads and /metrics answer.
+	SlowScrape time.Duration
+}
 
 // Default values. Config.withDefaults applies them to zero fields, except
 // DefaultBootstrapPort, DefaultPrefillPer1K and DefaultDecodePerToken, which
@@ -99,6 +145,28 @@ type Config struct {
 	// MaxRecords bounds the request-record store (records hold the request
 	// bodies); the oldest records are dropped first. Default 10000.
 	MaxRecords int
+
+	// Profile selects the calibrated engine model (see Profile and
+	// MODEL.md); "" keeps the simple model driven by PrefillPer1KTokens
+	// and DecodePerToken. With a profile, zero DPSize, MaxTotalTokens and
+	// MaxRunningRequests take the profile's values.
+	Profile string
+	// DPAttention makes the ranks step in lockstep (engine model); nil
+	// takes the profile's default. Also reported as enable_dp_attention.
+	DPAttention *bool
+	// KVTransferGBps overrides the profile's PD KV transfer bandwidth in
+	// GB/s (10^9 bytes per second); 0 keeps the profile's.
+	KVTransferGBps float64
+	// TimeScale makes model time run TimeScale times faster than wall
+	// time: every modelled duration (both models, KVTimeout, fault
+	// durations) is divided by it before sleeping. 0 means 1.
+	TimeScale float64
+	// Seed seeds every random choice (fault injection).
+	Seed uint64
+	// Flavor is sglang (default) or vllm.
+	Flavor Flavor
+	// Faults configures fault injection.
+	Faults Faults
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -106,11 +174,37 @@ func (c Config) withDefaults() Config {
 	if c.Mode == "" {
 		c.Mode = ModeNull
 	}
+	if c.Flavor == "" {
+		c.Flavor = FlavorSGLang
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	if p, err := LookupProfile(c.Profile); err == nil {
+		if c.DPSize == 0 {
+			c.DPSize = p.DPSize
+		}
+		if c.MaxTotalTokens == 0 {
+			c.MaxTotalTokens = p.MaxTotalTokens
+		}
+		if c.MaxRunningRequests == 0 {
+			c.MaxRunningRequests = p.MaxRunningRequests
+		}
+		if c.DPAttention == nil {
+			v := p.DPAttention
+			c.DPAttention = &v
+		}
+	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
 	if c.DPSize == 0 {
 		c.DPSize = 1
+	}
+	if c.DPAttention == nil {
+		// The simple model reports DP attention whenever dp_size > 1.
+		v := c.DPSize > 1
+		c.DPAttention = &v
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -159,6 +253,34 @@ func (c Config) validate() error {
 	}
 	if c.MaxRecords < 1 {
 		errs = append(errs, fmt.Errorf("max records must be >= 1, got %d", c.MaxRecords))
+	}
+	if c.Profile != "" {
+		if _, err := LookupProfile(c.Profile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.MaxRunningRequests < 1 {
+		errs = append(errs, fmt.Errorf("max running requests must be >= 1, got %d", c.MaxRunningRequests))
+	}
+	if _, err := ParseFlavor(string(c.Flavor)); err != nil {
+		errs = append(errs, err)
+	} else if c.Flavor == FlavorVLLM && c.Mode != ModeNull {
+		errs = append(errs, fmt.Errorf("flavor vllm serves aggregated (mode null) only, got mode %s", c.Mode))
+	}
+	if !(c.TimeScale > 0) || math.IsInf(c.TimeScale, 0) {
+		errs = append(errs, fmt.Errorf("time-scale must be > 0, got %v", c.TimeScale))
+	}
+	if c.KVTransferGBps < 0 {
+		errs = append(errs, fmt.Errorf("kv-transfer-gbps must not be negative, got %v", c.KVTransferGBps))
+	}
+	f := c.Faults
+	for name, p := range map[string]float64{"fault spike probability": f.SpikeProb, "fault error rate": f.ErrorRate} {
+		if !(p >= 0 && p <= 1) {
+			errs = append(errs, fmt.Errorf("%s must be in [0, 1], got %v", name, p))
+		}
+	}
+	if f.Spike < 0 || f.SlowScrape < 0 || f.DieAfter < 0 {
+		errs = append(errs, errors.New("fault durations and counts must not be negative"))
 	}
 	return errors.Join(errs...)
 }

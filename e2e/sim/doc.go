@@ -19,6 +19,25 @@
 //   - the follow_bootstrap_room conflict check on prefill;
 //   - live per-rank load in /v1/loads and /metrics.
 //
+// Two latency models are available. By default every request simply sleeps
+// PrefillPer1KTokens per 1000 prompt tokens and DecodePerToken per token,
+// independently of the others (quick and deterministic; the end-to-end
+// tests use it). With Config.Profile (--profile) a calibrated engine model
+// runs instead: per DP rank a continuous-batching scheduler with an FCFS
+// waiting queue, a KV token budget that gates admission, chunked prefill,
+// a prefix cache with LRU eviction, prefill and decode step times from
+// published SGLang figures, lockstep steps across ranks under DP attention,
+// and a PD KV transfer time. Overload then shows as queueing (TTFT) and
+// slow steps (TPOT), and the loads and metrics report the model's numbers.
+// MODEL.md documents the formulas, parameters, sources and simplifications.
+//
+// Config.TimeScale makes model time run faster than wall time (client
+// latencies × TimeScale = model time; network, Envoy and duet overheads are
+// not scaled). Config.Flavor vllm serves vLLM's API instead (aggregated,
+// X-data-parallel-rank, vllm: metrics). Config.Faults injects latency
+// spikes, HTTP 500s, a crash after N requests and slow scrapes, drawn from
+// Config.Seed.
+//
 // Every inference request is recorded and can be inspected over
 // GET /sim/requests, so tests can assert what the router actually sent.
 //

@@ -45,6 +45,8 @@ func startTest(t *testing.T, cfg Config) *testServer {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	// Registered first, so it runs last: stops the engine model.
+	t.Cleanup(func() { _ = s.Close() })
 	ts := &testServer{sim: s, api: httptest.NewServer(s.Handler())}
 	t.Cleanup(ts.api.Close)
 	if h := s.BootstrapHandler(); h != nil {

@@ -41,6 +41,21 @@ func (s *Server) inferHandler(route routeKind) http.HandlerFunc {
 
 // serveInfer runs one inference request end to end and records it.
 func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.Request, route routeKind) {
+	faults := s.faults.next()
+	if faults.die {
+		s.faults.die()
+		abortConnection()
+	}
+	// A crash cuts the requests in flight: their work stops and their
+	// connections are dropped without a response.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.deadCtx, cancel)()
+	defer func() {
+		if s.faults.dead.Load() {
+			abortConnection()
+		}
+	}()
 	rec := &Record{
 		Path:           r.URL.Path,
 		Mode:           s.cfg.Mode,
@@ -63,16 +78,20 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		s.reject(w, rec, route, badRequestf("read request body: %v", err))
 		return
 	}
-	req, aerr := parseInferRequest(route, body, s.cfg.Model)
+	req, aerr := parseInferRequest(route, body, s.cfg.Model, s.parseOptions())
 	if aerr != nil {
 		s.reject(w, rec, route, aerr)
+		return
+	}
+	if faults.fail {
+		s.reject(w, rec, route, internalErrorf("Internal server error (simulated fault: --fault-error-rate)"))
 		return
 	}
 	rec.Stream = req.stream
 	rec.BootstrapRooms = req.boot.rooms
 	rec.BootstrapHost, rec.BootstrapPort = req.boot.hosts[0], req.boot.ports[0]
 
-	pin, aerr := explicitRank(route, r.Header, req.bodyRank, s.cfg.DPSize)
+	pin, aerr := s.explicitRank(route, r.Header, req.bodyRank)
 	if aerr != nil {
 		s.reject(w, rec, route, aerr)
 		return
@@ -103,6 +122,12 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		if rec.PrefillDPRank != nil {
 			w.Header().Set(headerPrefillRank, strconv.Itoa(*rec.PrefillDPRank))
 			w.Header().Set(headerPrefillRanks, joinInts(rec.PrefillDPRanks))
+		}
+	}
+	if faults.spike {
+		if err := s.spikeDelay(ctx); err != nil {
+			s.markGone(rec)
+			return
 		}
 	}
 	if req.stream {
@@ -190,20 +215,20 @@ func (s *Server) runBlocking(ctx context.Context, w http.ResponseWriter, req *in
 		}
 	}
 	rec.Status = http.StatusOK
-	writeJSON(w, http.StatusOK, newRenderer(req).full(results))
+	writeJSON(w, http.StatusOK, s.newRenderer(req).full(results))
 }
 
 // runStreaming serves a streaming request. The 200 is sent first; a later
 // failure becomes SGLang's in-stream error frame and stops the other items.
 func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, deferred *apiError, rec *Record) {
-	sse := startSSE(w)
+	sse := startSSE(w, s.streamErrorBody)
 	rec.Status = http.StatusOK
 	if deferred != nil {
 		sse.fail(deferred)
 		rec.Error = deferred.msg
 		return
 	}
-	rend := newRenderer(req)
+	rend := s.newRenderer(req)
 	em := &streamEmitter{sse: sse, rend: rend, started: make([]bool, len(plans))}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -254,7 +279,7 @@ func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemP
 func (s *Server) reject(w http.ResponseWriter, rec *Record, route routeKind, err *apiError) {
 	rec.Status = err.status
 	rec.Error = err.msg
-	writeRawJSON(w, err.status, errorBody(route, err))
+	writeRawJSON(w, err.status, s.errorBody(route, err))
 }
 
 // markGone records that the client went away.

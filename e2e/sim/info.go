@@ -19,7 +19,7 @@ func (s *Server) loadBalanceMethod() string {
 // subset of SGLang's ServerArgs plus scheduler info and per-rank state.
 func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	states := make([]map[string]any, 0, s.cfg.DPSize)
-	for _, l := range s.load.snapshot() {
+	for _, l := range s.snapshot() {
 		states = append(states, map[string]any{
 			"dp_rank":              l.dpRank,
 			"last_gen_throughput":  l.genThroughput,
@@ -28,7 +28,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 			"max_total_num_tokens": s.cfg.MaxTotalTokens,
 		})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	info := map[string]any{
 		"model_path":                      s.cfg.Model,
 		"tokenizer_path":                  s.cfg.Model,
 		"served_model_name":               s.cfg.Model,
@@ -37,7 +37,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		"dp_size":                         s.cfg.DPSize,
 		"tp_size":                         1,
 		"pp_size":                         1,
-		"enable_dp_attention":             s.cfg.DPSize > 1,
+		"enable_dp_attention":             *s.cfg.DPAttention,
 		"disaggregation_mode":             string(s.cfg.Mode),
 		"disaggregation_bootstrap_port":   s.cfg.BootstrapPort,
 		"disaggregation_transfer_backend": "mooncake",
@@ -49,7 +49,19 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		"enable_metrics":                  true,
 		"internal_states":                 states,
 		"version":                         Version,
-	})
+	}
+	if s.prof != nil {
+		info["chunked_prefill_size"] = s.prof.ChunkedPrefillSize
+		info["enable_cache_report"] = true
+		info["sim_profile"] = s.prof.Name
+		// Mean balance ratio of the steps so far (mean rank step time /
+		// slowest rank step time; 1 when balanced), TRT-LLM's figure.
+		info["sim_dp_balance_ratio"] = s.eng.balanceRatio()
+	}
+	if s.cfg.TimeScale != 1 {
+		info["sim_time_scale"] = s.cfg.TimeScale
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 // handleModels serves GET /v1/models.
@@ -60,11 +72,19 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 			"id":            s.cfg.Model,
 			"object":        "model",
 			"created":       s.started.Unix(),
-			"owned_by":      "sglang",
+			"owned_by":      s.ownedBy(),
 			"root":          s.cfg.Model,
 			"max_model_len": DefaultMaxModelLen,
 		}},
 	})
+}
+
+// ownedBy is /v1/models' owned_by.
+func (s *Server) ownedBy() string {
+	if s.cfg.Flavor == FlavorVLLM {
+		return "vllm"
+	}
+	return "sglang"
 }
 
 // listenAddr is the bound API address after Start, else the configured one.

@@ -20,6 +20,8 @@ const (
 	prefillInfoAttempts  = 3
 	prefillInfoBackoff   = 50 * time.Millisecond
 	bootstrapHTTPTimeout = 2 * time.Second
+	// kvLongPoll is how long one GET /sim/kv may wait for the room.
+	kvLongPoll = 500 * time.Millisecond
 )
 
 // kvClient is a decode server's view of prefill bootstrap servers: it
@@ -98,9 +100,13 @@ func (c *kvClient) fetchRoute(ctx context.Context, addr string) (prefillInfo, er
 	return info, nil
 }
 
-// roomStatus asks the prefill's bootstrap server for the KV state of room.
-func (c *kvClient) roomStatus(ctx context.Context, addr string, room int64) (RoomStatus, error) {
+// roomStatus asks the prefill's bootstrap server for the KV state of room,
+// waiting up to wait (rounded down to ms) for it to be done or failed.
+func (c *kvClient) roomStatus(ctx context.Context, addr string, room int64, wait time.Duration) (RoomStatus, error) {
 	u := "http://" + addr + "/sim/kv?room=" + url.QueryEscape(strconv.FormatInt(room, 10))
+	if ms := wait.Milliseconds(); ms > 0 {
+		u += "&wait_ms=" + strconv.FormatInt(ms, 10)
+	}
 	code, body, err := c.get(ctx, u)
 	if err != nil {
 		return RoomStatus{}, err
@@ -139,14 +145,19 @@ type kvWait struct {
 	room        int64
 	prefillRank *int // nil: accept the KV from any rank
 	decodeRank  int
-	timeout     time.Duration
+	timeout     time.Duration // wall time
+	// toModel converts wall time to model time for the timeout message;
+	// nil means identity.
+	toModel func(time.Duration) time.Duration
 }
 
 // waitKV polls until the room's KV is done on the expected prefill rank.
 // A room done on another rank, or never seen, never satisfies the wait:
 // the KV does not arrive and the wait times out like SGLang's
 // KVPoll.WaitingForInput. A room that failed on the expected rank fails
-// the transfer.
+// the transfer. Each poll is a long poll (the prefill answers as soon as
+// the room is done), so the KV is seen when it arrives, not at the next
+// tick.
 func (c *kvClient) waitKV(ctx context.Context, w kvWait) error {
 	start := time.Now()
 	deadline := time.NewTimer(w.timeout)
@@ -154,7 +165,8 @@ func (c *kvClient) waitKV(ctx context.Context, w kvWait) error {
 	tick := time.NewTicker(c.pollEvery)
 	defer tick.Stop()
 	for {
-		st, err := c.roomStatus(ctx, w.addr, w.room)
+		wait := min(kvLongPoll, w.timeout-time.Since(start))
+		st, err := c.roomStatus(ctx, w.addr, w.room, wait)
 		if err == nil && st.DPRank != nil && (w.prefillRank == nil || *st.DPRank == *w.prefillRank) {
 			switch st.State {
 			case RoomDone:
@@ -166,15 +178,34 @@ func (c *kvClient) waitKV(ctx context.Context, w kvWait) error {
 		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if err == nil && wait > 0 && (st.State == RoomPending || st.State == RoomUnknown) {
+			// The poll itself waited; poll again at once.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-deadline.C:
+				return c.timeoutErr(w, start)
+			default:
+				continue
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return internalErrorf("Request %d timed out after %.1fs in KVPoll.WaitingForInput",
-				w.room, time.Since(start).Seconds())
+			return c.timeoutErr(w, start)
 		case <-tick.C:
 		}
 	}
+}
+
+// timeoutErr is SGLang's KV wait timeout, with the elapsed model time.
+func (c *kvClient) timeoutErr(w kvWait, start time.Time) error {
+	elapsed := time.Since(start)
+	if w.toModel != nil {
+		elapsed = w.toModel(elapsed)
+	}
+	return internalErrorf("Request %d timed out after %.1fs in KVPoll.WaitingForInput", w.room, elapsed.Seconds())
 }
 
 // sleepCtx sleeps for d or until ctx is done.

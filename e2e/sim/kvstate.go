@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -46,11 +47,13 @@ type roomStore struct {
 	rooms  map[int64]roomEntry
 	writes int
 	now    func() time.Time
+	// changed is closed (and replaced) on every write, waking long polls.
+	changed chan struct{}
 }
 
 // newRoomStore returns an empty store.
 func newRoomStore() *roomStore {
-	return &roomStore{rooms: make(map[int64]roomEntry), now: time.Now}
+	return &roomStore{rooms: make(map[int64]roomEntry), now: time.Now, changed: make(chan struct{})}
 }
 
 // set records the state of room on rank.
@@ -59,6 +62,8 @@ func (s *roomStore) set(room int64, rank int, state, errMsg string) {
 	defer s.mu.Unlock()
 	now := s.now()
 	s.rooms[room] = roomEntry{state: state, dpRank: rank, err: errMsg, updated: now}
+	close(s.changed)
+	s.changed = make(chan struct{})
 	s.writes++
 	if s.writes%roomPruneEvery == 0 {
 		for k, e := range s.rooms {
@@ -73,6 +78,35 @@ func (s *roomStore) set(room int64, rank int, state, errMsg string) {
 func (s *roomStore) status(room int64) RoomStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.statusLocked(room)
+}
+
+// wait returns the state of room once it is done or failed, or when d
+// passed or ctx is done (a long poll: decode learns of the KV at once
+// instead of at its next poll).
+func (s *roomStore) wait(ctx context.Context, room int64, d time.Duration) RoomStatus {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		st := s.statusLocked(room)
+		changed := s.changed
+		s.mu.Unlock()
+		if st.State == RoomDone || st.State == RoomFailed {
+			return st
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return s.status(room)
+		case <-ctx.Done():
+			return st
+		}
+	}
+}
+
+// statusLocked is status with s.mu held.
+func (s *roomStore) statusLocked(room int64) RoomStatus {
 	e, ok := s.rooms[room]
 	if !ok {
 		return RoomStatus{Room: room, State: RoomUnknown}

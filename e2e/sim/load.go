@@ -21,10 +21,12 @@ const (
 
 // rankLoad is the live load of one DP rank.
 type rankLoad struct {
-	running    int
-	transfer   int
-	usedTokens int
-	buckets    [throughputWindow + 1]tokenBucket
+	running     int
+	transfer    int
+	usedTokens  int
+	buckets     [throughputWindow + 1]tokenBucket
+	promptTotal int64
+	genTotal    int64
 }
 
 // tokenBucket counts tokens generated during one wall-clock second.
@@ -33,13 +35,31 @@ type tokenBucket struct {
 	n   int
 }
 
-// rankSnapshot is a point-in-time copy of one rank's load.
+// rankSnapshot is a point-in-time copy of one rank's load, from the
+// simple model's loadTracker or from the engine model.
 type rankSnapshot struct {
-	dpRank        int
-	running       int
-	transfer      int
-	usedTokens    int
-	genThroughput float64
+	dpRank  int
+	running int
+	// waiting is the waiting queue (decode: the prealloc queue); always 0
+	// in the simple model.
+	waiting int
+	// transfer is, on decode, the requests waiting for their KV; on a
+	// prefill (engine model only), the requests sending their KV.
+	transfer   int
+	usedTokens int
+	// totalTokens is usedTokens plus the prompts of waiting requests.
+	totalTokens   int
+	genThroughput float64 // tokens per (model) second
+	cacheHitRate  float64
+	// Cumulative counters: prompt tokens looked up in the prefix cache and
+	// found there, prompt tokens received, tokens generated.
+	prefixQueries int64
+	prefixHits    int64
+	promptTotal   int64
+	genTotal      int64
+	// Last KV transfer of a prefill (engine model only).
+	xferMS   float64
+	xferGBps float64
 }
 
 // loadTracker keeps the per-rank load of the requests in flight.
@@ -70,6 +90,7 @@ func (t *loadTracker) admit(rank, promptTokens int, p phase) *loadHandle {
 	defer t.mu.Unlock()
 	r := &t.ranks[rank]
 	r.usedTokens += promptTokens
+	r.promptTotal += int64(promptTokens)
 	if p == phaseRunning {
 		r.running++
 	} else {
@@ -100,6 +121,7 @@ func (h *loadHandle) addToken() {
 	}
 	r := &h.t.ranks[h.rank]
 	r.usedTokens++
+	r.genTotal++
 	h.tokens++
 	sec := h.t.now().Unix()
 	b := &r.buckets[sec%int64(len(r.buckets))]
@@ -146,7 +168,11 @@ func (t *loadTracker) snapshot() []rankSnapshot {
 			running:       r.running,
 			transfer:      r.transfer,
 			usedTokens:    r.usedTokens,
+			totalTokens:   r.usedTokens,
 			genThroughput: float64(n) / throughputWindow,
+			prefixQueries: r.promptTotal,
+			promptTotal:   r.promptTotal,
+			genTotal:      r.genTotal,
 		}
 	}
 	return out

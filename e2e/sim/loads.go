@@ -51,16 +51,16 @@ func (s *Server) rankLoadJSON(l rankSnapshot, include map[string]bool) map[strin
 	m := map[string]any{
 		"dp_rank":              l.dpRank,
 		"num_running_reqs":     l.running,
-		"num_waiting_reqs":     0,
+		"num_waiting_reqs":     l.waiting,
 		"num_used_tokens":      l.usedTokens,
-		"num_total_tokens":     l.usedTokens,
+		"num_total_tokens":     l.totalTokens,
 		"max_total_num_tokens": s.cfg.MaxTotalTokens,
 		"token_usage":          usage,
 		"gen_throughput":       l.genThroughput,
-		"cache_hit_rate":       0.0,
+		"cache_hit_rate":       l.cacheHitRate,
 		"utilization":          usage,
 		"max_running_requests": s.cfg.MaxRunningRequests,
-		"num_total_reqs":       l.running + l.transfer,
+		"num_total_reqs":       l.running + l.waiting + l.transfer,
 	}
 	if include["memory"] {
 		m["memory"] = map[string]any{
@@ -68,19 +68,27 @@ func (s *Server) rankLoadJSON(l rankSnapshot, include map[string]bool) map[strin
 		}
 	}
 	if include["disagg"] {
-		m["disaggregation"] = map[string]any{
+		d := map[string]any{
 			"mode":                        string(s.cfg.Mode),
 			"prefill_prealloc_queue_reqs": 0,
 			"prefill_inflight_queue_reqs": 0,
 			"decode_prealloc_queue_reqs":  0,
-			"decode_transfer_queue_reqs":  l.transfer,
+			"decode_transfer_queue_reqs":  0,
 			"decode_retracted_queue_reqs": 0,
-			"kv_transfer_speed_gb_s":      0.0,
-			"kv_transfer_latency_ms":      0.0,
+			"kv_transfer_speed_gb_s":      l.xferGBps,
+			"kv_transfer_latency_ms":      l.xferMS,
 		}
+		switch s.cfg.Mode {
+		case ModePrefill:
+			d["prefill_inflight_queue_reqs"] = l.transfer
+		case ModeDecode:
+			d["decode_prealloc_queue_reqs"] = l.waiting
+			d["decode_transfer_queue_reqs"] = l.transfer
+		}
+		m["disaggregation"] = d
 	}
 	if include["queues"] {
-		m["queues"] = map[string]any{"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+		m["queues"] = map[string]any{"waiting": l.waiting, "grammar": 0, "paused": 0, "retracted": 0}
 	}
 	return m
 }
@@ -103,7 +111,7 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var snaps []rankSnapshot
-	for _, l := range s.load.snapshot() {
+	for _, l := range s.snapshot() {
 		if filter < 0 || l.dpRank == filter {
 			snaps = append(snaps, l)
 		}
@@ -127,11 +135,12 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 
 // aggregate computes the /v1/loads aggregate over snaps.
 func (s *Server) aggregate(snaps []rankSnapshot) map[string]any {
-	var running, total int
+	var running, waiting, total int
 	var usage, tput float64
 	for _, l := range snaps {
 		running += l.running
-		total += l.running + l.transfer
+		waiting += l.waiting
+		total += l.running + l.waiting + l.transfer
 		usage += float64(l.usedTokens) / float64(s.cfg.MaxTotalTokens)
 		tput += l.genThroughput
 	}
@@ -143,7 +152,7 @@ func (s *Server) aggregate(snaps []rankSnapshot) map[string]any {
 	}
 	return map[string]any{
 		"total_running_reqs": running,
-		"total_waiting_reqs": 0,
+		"total_waiting_reqs": waiting,
 		"total_reqs":         total,
 		"avg_token_usage":    avg(usage),
 		"avg_throughput":     avg(tput),

@@ -45,16 +45,21 @@ func newRankCollector(s *Server) *rankCollector {
 		g("sglang:num_running_reqs", "The number of running requests.",
 			func(_ *Server, l rankSnapshot) float64 { return float64(l.running) }),
 		g("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
-			func(*Server, rankSnapshot) float64 { return 0 }),
+			func(_ *Server, l rankSnapshot) float64 { return float64(l.waiting) }),
 		g("sglang:num_used_tokens", "The number of used tokens.",
 			func(_ *Server, l rankSnapshot) float64 { return float64(l.usedTokens) }),
 		g("sglang:token_usage", "The token usage.", usage),
 		g("sglang:cache_hit_rate", "The cache hit rate.",
-			func(*Server, rankSnapshot) float64 { return 0 }),
+			func(_ *Server, l rankSnapshot) float64 { return l.cacheHitRate }),
 		g("sglang:gen_throughput", "The generation throughput (token/s).",
 			func(_ *Server, l rankSnapshot) float64 { return l.genThroughput }),
 		g("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.",
-			func(_ *Server, l rankSnapshot) float64 { return float64(l.transfer) }),
+			func(s *Server, l rankSnapshot) float64 {
+				if s.cfg.Mode != ModeDecode {
+					return 0
+				}
+				return float64(l.transfer)
+			}),
 	}}
 }
 
@@ -68,7 +73,7 @@ func (c *rankCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
 	engine := c.s.cfg.Mode.engineType()
-	for _, l := range c.s.load.snapshot() {
+	for _, l := range c.s.snapshot() {
 		labels := []string{engine, c.s.cfg.Model, "0", "0"}
 		if c.s.cfg.DPSize > 1 {
 			labels = append([]string{strconv.Itoa(l.dpRank)}, labels...)

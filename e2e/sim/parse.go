@@ -32,6 +32,23 @@ type inferRequest struct {
 type itemInput struct {
 	promptTokens int
 	maxTokens    int
+	// blocks are the prompt's prefix-cache block hashes (engine model
+	// only; nil otherwise).
+	blocks []uint64
+}
+
+// promptInfo is one prompt's token count and prefix-cache blocks.
+type promptInfo struct {
+	tokens int
+	blocks []uint64
+}
+
+// parseOptions tune parseInferRequest for the server's configuration.
+type parseOptions struct {
+	// blockTokens > 0 computes prefix-cache block hashes of that size.
+	blockTokens int
+	// vllm ignores SGLang's rank and bootstrap fields, like vLLM.
+	vllm bool
 }
 
 // bootstrapFields holds the PD bootstrap fields, one entry per item; a nil
@@ -44,7 +61,7 @@ type bootstrapFields struct {
 
 // parseInferRequest validates body for route and extracts what the
 // simulator needs. Errors are 400s with SGLang-like messages.
-func parseInferRequest(route routeKind, body []byte, servedModel string) (*inferRequest, *apiError) {
+func parseInferRequest(route routeKind, body []byte, servedModel string, opts parseOptions) (*inferRequest, *apiError) {
 	if !gjson.ValidBytes(body) {
 		return nil, badRequestf("Invalid JSON body")
 	}
@@ -62,18 +79,25 @@ func parseInferRequest(route routeKind, body []byte, servedModel string) (*infer
 	var err *apiError
 	switch route {
 	case routeChat:
-		err = parseChat(root, req)
+		err = parseChat(root, req, opts.blockTokens)
 	case routeCompletions:
-		err = parseCompletions(root, req)
+		err = parseCompletions(root, req, opts.blockTokens)
 	case routeGenerate:
-		err = parseGenerate(root, req)
+		err = parseGenerate(root, req, opts.blockTokens)
 	case routeResponses:
-		err = parseResponses(root, req)
+		err = parseResponses(root, req, opts.blockTokens)
 	default:
 		err = badRequestf("unknown route")
 	}
 	if err != nil {
 		return nil, err
+	}
+	if opts.vllm {
+		// vLLM reads the rank from X-data-parallel-rank only and knows
+		// nothing of SGLang's bootstrap fields.
+		n := len(req.items)
+		req.boot = bootstrapFields{rooms: make([]*int64, n), hosts: make([]*string, n), ports: make([]*int, n)}
+		return req, nil
 	}
 	if req.bodyRank, err = optInt(root.Get("routed_dp_rank"), "routed_dp_rank"); err != nil {
 		return nil, err
@@ -93,7 +117,7 @@ func parseInferRequest(route routeKind, body []byte, servedModel string) (*infer
 }
 
 // parseChat reads /v1/chat/completions: messages, n, max tokens.
-func parseChat(root gjson.Result, req *inferRequest) *apiError {
+func parseChat(root gjson.Result, req *inferRequest, blockTokens int) *apiError {
 	msgs := root.Get("messages")
 	if !msgs.IsArray() || len(msgs.Array()) == 0 {
 		return badRequestf("messages: Field required and must be a non-empty list")
@@ -117,7 +141,7 @@ func parseChat(root gjson.Result, req *inferRequest) *apiError {
 		}
 		n = *nn
 	}
-	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens}
+	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens, blocks: messageBlocks(msgs, blockTokens, true)}
 	for i := 0; i < n; i++ {
 		req.items = append(req.items, item)
 	}
@@ -126,25 +150,25 @@ func parseChat(root gjson.Result, req *inferRequest) *apiError {
 
 // parseCompletions reads /v1/completions: prompt (string, list of strings,
 // token list or list of token lists) and max_tokens.
-func parseCompletions(root gjson.Result, req *inferRequest) *apiError {
+func parseCompletions(root gjson.Result, req *inferRequest, blockTokens int) *apiError {
 	maxTokens, err := maxTokensOf(root, "max_tokens")
 	if err != nil {
 		return err
 	}
-	prompts, batch, err := promptsOf(root.Get("prompt"), "prompt", "prompt: Field required")
+	prompts, batch, err := promptsOf(root.Get("prompt"), "prompt", "prompt: Field required", blockTokens)
 	if err != nil {
 		return err
 	}
 	req.batch = batch
 	for _, p := range prompts {
-		req.items = append(req.items, itemInput{promptTokens: p, maxTokens: maxTokens})
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks})
 	}
 	return nil
 }
 
 // parseGenerate reads native /generate: text or input_ids (single or
 // batch) and sampling_params.max_new_tokens (an object, or one per item).
-func parseGenerate(root gjson.Result, req *inferRequest) *apiError {
+func parseGenerate(root gjson.Result, req *inferRequest, blockTokens int) *apiError {
 	text, ids := root.Get("text"), root.Get("input_ids")
 	hasText := text.Exists() && text.Type != gjson.Null
 	hasIDs := ids.Exists() && ids.Type != gjson.Null
@@ -154,16 +178,16 @@ func parseGenerate(root gjson.Result, req *inferRequest) *apiError {
 	if !hasText && !hasIDs {
 		return badRequestf("Either text, input_ids or input_embeds should be provided.")
 	}
-	var prompts []int
+	var prompts []promptInfo
 	var batch bool
 	var err *apiError
 	if hasText {
-		prompts, batch, err = promptsOf(text, "text", "")
+		prompts, batch, err = promptsOf(text, "text", "", blockTokens)
 	} else {
 		if !ids.IsArray() {
 			return badRequestf("input_ids must be a list of integers or a list of lists")
 		}
-		prompts, batch, err = promptsOf(ids, "input_ids", "")
+		prompts, batch, err = promptsOf(ids, "input_ids", "", blockTokens)
 	}
 	if err != nil {
 		return err
@@ -182,14 +206,14 @@ func parseGenerate(root gjson.Result, req *inferRequest) *apiError {
 		if err != nil {
 			return err
 		}
-		req.items = append(req.items, itemInput{promptTokens: p, maxTokens: maxTokens})
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks})
 	}
 	return nil
 }
 
 // parseResponses reads /v1/responses: input (string or list of items) and
 // max_output_tokens.
-func parseResponses(root gjson.Result, req *inferRequest) *apiError {
+func parseResponses(root gjson.Result, req *inferRequest, blockTokens int) *apiError {
 	in := root.Get("input")
 	if !in.Exists() || in.Type == gjson.Null {
 		return badRequestf("input: Field required")
@@ -201,13 +225,14 @@ func parseResponses(root gjson.Result, req *inferRequest) *apiError {
 	if err != nil {
 		return err
 	}
-	req.items = []itemInput{{promptTokens: textTokens(contentText(in)), maxTokens: maxTokens}}
+	req.items = []itemInput{{promptTokens: textTokens(contentText(in)), maxTokens: maxTokens, blocks: messageBlocks(in, blockTokens, false)}}
 	return nil
 }
 
-// promptsOf returns the prompt token counts of a string, list of strings,
-// token list or list of token lists, and whether the input is a batch.
-func promptsOf(v gjson.Result, field, missing string) ([]int, bool, *apiError) {
+// promptsOf returns the prompt token counts (and prefix blocks when
+// blockTokens > 0) of a string, list of strings, token list or list of
+// token lists, and whether the input is a batch.
+func promptsOf(v gjson.Result, field, missing string, blockTokens int) ([]promptInfo, bool, *apiError) {
 	if !v.Exists() || v.Type == gjson.Null {
 		if missing == "" {
 			missing = field + ": Field required"
@@ -215,7 +240,7 @@ func promptsOf(v gjson.Result, field, missing string) ([]int, bool, *apiError) {
 		return nil, false, badRequestf("%s", missing)
 	}
 	if v.Type == gjson.String {
-		return []int{textTokens(v.String())}, false, nil
+		return []promptInfo{{tokens: textTokens(v.String()), blocks: textBlocks(v.String(), blockTokens)}}, false, nil
 	}
 	if !v.IsArray() {
 		return nil, false, badRequestf("%s must be a string or a list", field)
@@ -231,28 +256,29 @@ func promptsOf(v gjson.Result, field, missing string) ([]int, bool, *apiError) {
 				return nil, false, badRequestf("%s: mixed token ids and other values", field)
 			}
 		}
-		return []int{len(elems)}, false, nil
+		return []promptInfo{{tokens: len(elems), blocks: idBlocks(elems, blockTokens)}}, false, nil
 	case elems[0].Type == gjson.String:
-		out := make([]int, len(elems))
+		out := make([]promptInfo, len(elems))
 		for i, e := range elems {
 			if e.Type != gjson.String {
 				return nil, false, badRequestf("%s: a batch must be all strings", field)
 			}
-			out[i] = textTokens(e.String())
+			out[i] = promptInfo{tokens: textTokens(e.String()), blocks: textBlocks(e.String(), blockTokens)}
 		}
 		return out, true, nil
 	case elems[0].IsArray():
-		out := make([]int, len(elems))
+		out := make([]promptInfo, len(elems))
 		for i, e := range elems {
 			if !e.IsArray() {
 				return nil, false, badRequestf("%s: a batch of token ids must be all lists", field)
 			}
-			for _, id := range e.Array() {
+			ids := e.Array()
+			for _, id := range ids {
 				if id.Type != gjson.Number {
 					return nil, false, badRequestf("%s: token ids must be integers", field)
 				}
 			}
-			out[i] = len(e.Array())
+			out[i] = promptInfo{tokens: len(ids), blocks: idBlocks(ids, blockTokens)}
 		}
 		return out, true, nil
 	}

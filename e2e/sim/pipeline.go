@@ -37,6 +37,9 @@ type emitter interface {
 // runItem serves one item according to the server mode.
 func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, em emitter) (itemResult, error) {
 	res := itemResult{index: p.index, rid: newID(""), promptTokens: p.in.promptTokens}
+	if s.eng != nil {
+		return s.runItemModel(ctx, req, p, res, em)
+	}
 	switch s.cfg.Mode {
 	case ModePrefill:
 		return s.runPrefill(ctx, req, p, res, em)
@@ -45,7 +48,7 @@ func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, em
 	default:
 		h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
 		defer h.release()
-		if err := sleepCtx(ctx, s.prefillTime(p.in.promptTokens)); err != nil {
+		if err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens)); err != nil {
 			return res, err
 		}
 		return s.generate(ctx, h, res, p.in.maxTokens, true, em)
@@ -64,7 +67,7 @@ func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan,
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
 	defer h.release()
 	s.rooms.set(room, p.rank, RoomPending, "")
-	if err := sleepCtx(ctx, s.prefillTime(p.in.promptTokens)); err != nil {
+	if err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens)); err != nil {
 		s.rooms.set(room, p.rank, RoomFailed, fmt.Sprintf("prefill aborted: %v", err))
 		return res, err
 	}
@@ -93,13 +96,7 @@ func (s *Server) runDecode(ctx context.Context, p *itemPlan, res itemResult, em 
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseTransfer)
 	defer h.release()
 	if !p.fakeKV {
-		err := s.kv.waitKV(ctx, kvWait{
-			addr:        p.bootAddr,
-			room:        *p.room,
-			prefillRank: p.prefillRank,
-			decodeRank:  p.rank,
-			timeout:     s.cfg.KVTimeout,
-		})
+		err := s.kv.waitKV(ctx, s.kvWait(p))
 		if err != nil {
 			return res, err
 		}
@@ -108,19 +105,33 @@ func (s *Server) runDecode(ctx context.Context, p *itemPlan, res itemResult, em 
 	return s.generate(ctx, h, res, p.in.maxTokens, true, em)
 }
 
-// generate produces n deterministic tokens, sleeping DecodePerToken before
-// each one when pace is set.
+// kvWait describes the KV wait of decode item p.
+func (s *Server) kvWait(p *itemPlan) kvWait {
+	return kvWait{
+		addr:        p.bootAddr,
+		room:        *p.room,
+		prefillRank: p.prefillRank,
+		decodeRank:  p.rank,
+		timeout:     s.clk.Wall(s.cfg.KVTimeout),
+		toModel:     s.clk.Model,
+	}
+}
+
+// generate produces n deterministic tokens, sleeping DecodePerToken (model
+// time) before each one when pace is set. h may be nil.
 func (s *Server) generate(ctx context.Context, h *loadHandle, res itemResult, n int, pace bool, em emitter) (itemResult, error) {
 	var text strings.Builder
 	for i := 0; i < n; i++ {
 		if pace {
-			if err := sleepCtx(ctx, s.cfg.DecodePerToken); err != nil {
+			if err := sleepModel(ctx, s.clk, s.cfg.DecodePerToken); err != nil {
 				return res, err
 			}
 		} else if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		h.addToken()
+		if h != nil {
+			h.addToken()
+		}
 		delta := tokenText(i)
 		text.WriteString(delta)
 		res.text = text.String()

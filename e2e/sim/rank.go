@@ -18,6 +18,8 @@ const (
 	sourceBody       rankSource = "body"
 	sourceRoom       rankSource = "room"
 	sourceRoundRobin rankSource = "round_robin"
+	// sourceLeastLoaded is vLLM's internal DP load balancing.
+	sourceLeastLoaded rankSource = "least_loaded"
 )
 
 // pinnedRank is a rank the client asked for.
@@ -75,6 +77,9 @@ func (s *Server) chooseRank(pin *pinnedRank, room *int64) (int, rankSource) {
 	}
 	if s.cfg.Mode == ModePrefill && room != nil {
 		return pyMod(*room, s.cfg.DPSize), sourceRoom
+	}
+	if s.cfg.Flavor == FlavorVLLM {
+		return s.leastLoadedRank(), sourceLeastLoaded
 	}
 	n := s.rr.Add(1) - 1
 	return int(n % uint64(s.cfg.DPSize)), sourceRoundRobin

@@ -26,8 +26,9 @@ type Record struct {
 	DPRank *int `json:"dp_rank"`
 	// DPRanks is the rank of every batch item.
 	DPRanks []int `json:"dp_ranks"`
-	// RankSource says where the rank came from: header, body, room or
-	// round_robin; nil if no rank was picked.
+	// RankSource says where the rank came from: header, body, room,
+	// round_robin, or least_loaded (vLLM flavour); nil if no rank was
+	// picked.
 	RankSource *string `json:"rank_source"`
 	// BootstrapRooms lists the bootstrap rooms, one per item (nil items
 	// for missing rooms).

@@ -14,6 +14,9 @@ type itemResult struct {
 	promptTokens     int
 	completionTokens int
 	text             string
+	// cachedTokens are the prompt tokens found in the prefix cache
+	// (engine model only).
+	cachedTokens int
 }
 
 // frame is one SSE event: an optional event name and a JSON payload.
@@ -30,6 +33,16 @@ type renderer struct {
 	model        string
 	batch        bool
 	includeUsage bool
+	// cacheReport adds usage.prompt_tokens_details.cached_tokens, as
+	// SGLang's --enable-cache-report does (engine model only).
+	cacheReport bool
+}
+
+// newRenderer returns a renderer for req on s.
+func (s *Server) newRenderer(req *inferRequest) *renderer {
+	r := newRenderer(req)
+	r.cacheReport = s.eng != nil
+	return r
 }
 
 // newRenderer returns a renderer for req.
@@ -62,22 +75,27 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// usage returns prompt and completion token totals. Chat samples (n > 1)
-// share one prompt, so it is counted once.
-func (r *renderer) usage(results []itemResult) (prompt, completion int) {
+// usageCached returns prompt, completion and cached prompt token totals.
+// Chat samples (n > 1) share one prompt, so it is counted once.
+func (r *renderer) usageCached(results []itemResult) (prompt, completion, cached int) {
 	for i, res := range results {
 		if r.route != routeChat || i == 0 {
 			prompt += res.promptTokens
+			cached += res.cachedTokens
 		}
 		completion += res.completionTokens
 	}
-	return prompt, completion
+	return prompt, completion, cached
 }
 
 // openAIUsage is the OpenAI usage object.
 func (r *renderer) openAIUsage(results []itemResult) map[string]any {
-	p, c := r.usage(results)
-	return map[string]any{"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+	p, c, cached := r.usageCached(results)
+	u := map[string]any{"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+	if r.cacheReport {
+		u["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
+	}
+	return u
 }
 
 // full renders the non-streaming body.

@@ -10,7 +10,7 @@ func generateMeta(res itemResult, finished bool) map[string]any {
 		"id":                res.rid,
 		"prompt_tokens":     res.promptTokens,
 		"completion_tokens": res.completionTokens,
-		"cached_tokens":     0,
+		"cached_tokens":     res.cachedTokens,
 		"finish_reason":     finish,
 	}
 }

@@ -16,8 +16,12 @@ func (r *renderer) responseObject(status string, results []itemResult) map[strin
 		"status": status, "output": output,
 	}
 	if len(results) > 0 {
-		p, c := r.usage(results)
-		o["usage"] = map[string]any{"input_tokens": p, "output_tokens": c, "total_tokens": p + c}
+		p, c, cached := r.usageCached(results)
+		u := map[string]any{"input_tokens": p, "output_tokens": c, "total_tokens": p + c}
+		if r.cacheReport {
+			u["input_tokens_details"] = map[string]any{"cached_tokens": cached}
+		}
+		o["usage"] = u
 	}
 	return o
 }

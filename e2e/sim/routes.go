@@ -7,6 +7,9 @@ import (
 
 // apiHandler builds the main HTTP API.
 func (s *Server) apiHandler() (http.Handler, error) {
+	if s.cfg.Flavor == FlavorVLLM {
+		return s.vllmHandler()
+	}
 	metrics, err := s.metricsHandler()
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
@@ -20,8 +23,8 @@ func (s *Server) apiHandler() (http.Handler, error) {
 	}
 	mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
-	mux.HandleFunc("GET /v1/loads", s.handleLoads)
-	mux.Handle("GET /metrics", metrics)
+	mux.Handle("GET /v1/loads", s.slowScrape(http.HandlerFunc(s.handleLoads)))
+	mux.Handle("GET /metrics", s.slowScrape(metrics))
 
 	for _, route := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))

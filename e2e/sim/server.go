@@ -25,6 +25,14 @@ type Server struct {
 	records *recordStore
 	rr      atomic.Uint64 // round-robin counter
 	started time.Time
+	clk     clock
+	faults  *faultState
+	// deadCtx is cancelled by a simulated crash.
+	deadCtx context.Context
+	kill    context.CancelFunc
+	// prof and eng are set with a profile (the engine model).
+	prof *Profile
+	eng  *engineLoop
 
 	handler   http.Handler
 	bootstrap http.Handler
@@ -59,11 +67,32 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		kv:      newKVClient(cfg.KVPollInterval),
 		records: newRecordStore(cfg.MaxRecords),
 		started: time.Now(),
+		clk:     newScaledClock(cfg.TimeScale),
 	}
+	s.deadCtx, s.kill = context.WithCancel(context.Background())
+	s.faults = newFaultState(cfg.Faults, cfg.Seed, s.crash)
 	s.serverName.Store(cfg.Listen)
 	handler, err := s.apiHandler()
 	if err != nil {
 		return nil, fmt.Errorf("sim handler: %w", err)
+	}
+	if cfg.Profile != "" {
+		prof, _ := LookupProfile(cfg.Profile)
+		gbps := prof.KVTransferGBps
+		if cfg.KVTransferGBps > 0 {
+			gbps = cfg.KVTransferGBps
+		}
+		s.prof = &prof
+		s.eng = newEngineLoop(engineParams{
+			prof:       prof,
+			mode:       cfg.Mode,
+			dpSize:     cfg.DPSize,
+			lockstep:   *cfg.DPAttention,
+			capacity:   cfg.MaxTotalTokens,
+			maxRunning: cfg.MaxRunningRequests,
+			chunk:      prof.ChunkedPrefillSize,
+			gbps:       gbps,
+		}, s.clk)
 	}
 	s.handler = handler
 	if cfg.Mode == ModePrefill {
@@ -138,7 +167,11 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("duet-sim serving",
 		zap.Stringer("addr", s.apiAddr),
 		zap.Int("dp_size", s.cfg.DPSize),
-		zap.Int("bootstrap_port", s.cfg.BootstrapPort))
+		zap.Int("bootstrap_port", s.cfg.BootstrapPort),
+		zap.String("flavor", string(s.cfg.Flavor)),
+		zap.String("profile", s.cfg.Profile),
+		zap.Bool("dp_attention", *s.cfg.DPAttention),
+		zap.Float64("time_scale", s.cfg.TimeScale))
 	return nil
 }
 
@@ -208,6 +241,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			_ = srv.Close()
 		}
 	}
+	if s.eng != nil {
+		s.eng.stop()
+	}
 	return errors.Join(errs...)
 }
 
@@ -220,6 +256,21 @@ func (s *Server) Close() error {
 		return nil
 	}
 	return err
+}
+
+// snapshot returns the live per-rank load of whichever model runs.
+// Throughput is per model second.
+func (s *Server) snapshot() []rankSnapshot {
+	if s.eng != nil {
+		return s.eng.snapshot()
+	}
+	snaps := s.load.snapshot()
+	if s.cfg.TimeScale != 1 {
+		for i := range snaps {
+			snaps[i].genThroughput /= s.cfg.TimeScale
+		}
+	}
+	return snaps
 }
 
 // zapRecord returns log fields for a finished request.

@@ -16,15 +16,18 @@ type sseWriter struct {
 	rc     *http.ResponseController
 	closed bool
 	err    error
+	// errBody renders the in-stream error frame's payload.
+	errBody func(*apiError) []byte
 }
 
-// startSSE sends the 200 and event-stream headers.
-func startSSE(w http.ResponseWriter) *sseWriter {
+// startSSE sends the 200 and event-stream headers; errBody renders a
+// later in-stream error.
+func startSSE(w http.ResponseWriter, errBody func(*apiError) []byte) *sseWriter {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	s := &sseWriter{w: w, rc: http.NewResponseController(w), errBody: errBody}
 	s.mu.Lock()
 	s.flushLocked()
 	s.mu.Unlock()
@@ -52,7 +55,7 @@ func (s *sseWriter) fail(err *apiError) {
 	if s.closed {
 		return
 	}
-	s.writeLocked(frame{data: streamErrorBody(err)})
+	s.writeLocked(frame{data: s.errBody(err)})
 	s.writeLocked(frame{data: []byte("[DONE]")})
 	s.flushLocked()
 	s.closed = true

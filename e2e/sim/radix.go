@@ -1,0 +1,103 @@
+package sim
+
+import "container/list"
+
+// cacheBlock is one cached prefix block of a rank's KV pool.
+type cacheBlock struct {
+	hash uint64
+	// refs counts the requests holding the block (it cannot be evicted
+	// while refs > 0).
+	refs int
+	// lru is the block's element in prefixCache.free while refs == 0.
+	lru *list.Element
+}
+
+// prefixCache is a rank's radix (prefix) cache at block granularity. A
+// prompt is a chain of block hashes; a lookup matches the longest cached
+// chain from the first block. Blocks held by requests are pinned; free
+// blocks stay cached and are evicted least recently used first, the
+// deepest block of a chain before its ancestors (a request always pins
+// whole chains, and frees them leaf first), so a cached block's ancestors
+// are always cached too, like SGLang's radix tree evicting leaves.
+type prefixCache struct {
+	blockTokens int
+	blocks      map[uint64]*cacheBlock
+	// free lists the unpinned blocks, least recently used at the front.
+	free *list.List
+}
+
+// newPrefixCache returns an empty cache of blockTokens-token blocks.
+func newPrefixCache(blockTokens int) *prefixCache {
+	return &prefixCache{blockTokens: blockTokens, blocks: make(map[uint64]*cacheBlock), free: list.New()}
+}
+
+// tokens is the KV held by cached blocks, pinned or not.
+func (c *prefixCache) tokens() int { return len(c.blocks) * c.blockTokens }
+
+// evictable is the KV held by unpinned blocks.
+func (c *prefixCache) evictable() int { return c.free.Len() * c.blockTokens }
+
+// match returns the cached blocks of the longest cached prefix of hashes
+// (at most limit blocks) without pinning them, and how many of them are
+// currently free (pinning those takes KV from the evictable pool).
+func (c *prefixCache) match(hashes []uint64, limit int) (matched []*cacheBlock, free int) {
+	for i, h := range hashes {
+		if i >= limit {
+			break
+		}
+		b, ok := c.blocks[h]
+		if !ok {
+			break
+		}
+		matched = append(matched, b)
+		if b.refs == 0 {
+			free++
+		}
+	}
+	return matched, free
+}
+
+// pin takes a reference on b.
+func (c *prefixCache) pin(b *cacheBlock) {
+	if b.refs == 0 && b.lru != nil {
+		c.free.Remove(b.lru)
+		b.lru = nil
+	}
+	b.refs++
+}
+
+// insert returns the block for hash, pinned: the cached one if present,
+// else a new one (the caller accounts its KV).
+func (c *prefixCache) insert(hash uint64) (b *cacheBlock, created bool) {
+	if b, ok := c.blocks[hash]; ok {
+		c.pin(b)
+		return b, false
+	}
+	b = &cacheBlock{hash: hash, refs: 1}
+	c.blocks[hash] = b
+	return b, true
+}
+
+// release drops one reference on each block of a chain, leaf first, so
+// that the deepest free block is evicted first.
+func (c *prefixCache) release(chain []*cacheBlock) {
+	for i := len(chain) - 1; i >= 0; i-- {
+		b := chain[i]
+		b.refs--
+		if b.refs == 0 {
+			b.lru = c.free.PushBack(b)
+		}
+	}
+}
+
+// evictOne drops the least recently used free block; false if none.
+func (c *prefixCache) evictOne() bool {
+	e := c.free.Front()
+	if e == nil {
+		return false
+	}
+	b := c.free.Remove(e).(*cacheBlock)
+	b.lru = nil
+	delete(c.blocks, b.hash)
+	return true
+}
