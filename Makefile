@@ -10,7 +10,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean
+.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality
 
 all: build
 
@@ -41,6 +41,12 @@ e2e: build envoy
 # then streaming and non-streaming traffic. HOLD=1 keeps the stack up.
 demo: build envoy
 	$(GO) run ./e2e/demo $(if $(HOLD),-hold)
+
+# Routing-quality benchmark (docs/benchmarks/README.md): every policy against
+# the engine default on simulated engines; regenerates docs/benchmarks/quality.md,
+# quality.json and the PNG plots. BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
+bench-quality: build envoy
+	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

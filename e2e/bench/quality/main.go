@@ -1,0 +1,322 @@
+// Command quality is duet's routing-quality benchmark (`make
+// bench-quality`). It drives open-loop Poisson load through a real Envoy +
+// duet into simulated SGLang engines (2 prefill × dp 4 and 2 decode × dp 4
+// by default), compares the engine default with duet's policies on the
+// same arrivals, and writes docs/benchmarks/quality.md, quality.json and
+// PNG plots. See docs/benchmarks/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/duet-router/duet/e2e/bench"
+)
+
+// options are the command-line flags.
+type options struct {
+	out, profile, workloads, policies, simArgs, logDir string
+	rates                                              map[string]*string
+	scale, chunkBudget                                 float64
+	window, drain, loadInterval, sampleInterval        time.Duration
+	seed                                               uint64
+	prefill, decode, dp                                int
+	quick, keepLogs                                    bool
+	// set holds the flags given on the command line.
+	set map[string]bool
+}
+
+// Default rates (sessions per model second), from light to overload of
+// the engine default, for the calibrated profile and for the simple model.
+var (
+	profileRates = map[string]string{
+		bench.WorkloadVariable:  "4,8,10,12",
+		bench.WorkloadMultiTurn: "2,4,8,12",
+		bench.WorkloadBursty:    "4,8,12,16",
+	}
+	simpleRates = map[string]string{
+		bench.WorkloadVariable:  "4,8,16,32",
+		bench.WorkloadMultiTurn: "1,2,4,8",
+		bench.WorkloadBursty:    "2,4,8,16",
+	}
+)
+
+// defaultProfile is the calibrated engine model used when the simulator
+// has one: DP attention with lockstep ranks, where rank balance matters.
+const defaultProfile = "dsv3-dp8-h100-node"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench-quality:", err)
+		os.Exit(1)
+	}
+}
+
+// parseFlags reads the command line.
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("quality", flag.ContinueOnError)
+	fs.StringVar(&o.out, "out", "docs/benchmarks", "output directory (quality.md, quality.json, PNG plots; with -quick a temporary directory)")
+	fs.StringVar(&o.profile, "profile", "auto", `duet-sim --profile ("auto": `+defaultProfile+` when the simulator has profiles; "none": the simple model)`)
+	fs.Float64Var(&o.scale, "time-scale", 0, "duet-sim --time-scale F (0: 20 with a profile, else 1)")
+	fs.Float64Var(&o.chunkBudget, "chunk-budget", 6000,
+		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
+	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads, ","), "workloads to run")
+	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted)")
+	o.rates = map[string]*string{}
+	for _, w := range bench.Workloads {
+		o.rates[w] = fs.String("rates-"+w, "", "session arrival rates per model second for "+w+" (default depends on the model)")
+	}
+	fs.DurationVar(&o.window, "window", 0, "arrival window per case, model time (default 40s; 10s without a time scale; 4s with -quick)")
+	fs.DurationVar(&o.drain, "drain", 0, "how long requests may run after the arrival window before they are cancelled, model time (default 60s with a time scale, else the window)")
+	fs.DurationVar(&o.loadInterval, "load-interval", 500*time.Millisecond, "duet's load.interval, model time")
+	fs.DurationVar(&o.sampleInterval, "sample-interval", 500*time.Millisecond, "load sampling period, model time")
+	fs.Uint64Var(&o.seed, "seed", 1, "workload and simulator seed")
+	fs.IntVar(&o.prefill, "prefill", 2, "prefill engines")
+	fs.IntVar(&o.decode, "decode", 2, "decode engines")
+	fs.IntVar(&o.dp, "dp", 4, "DP ranks per engine")
+	fs.StringVar(&o.simArgs, "sim-args", "", "extra duet-sim flags, space-separated")
+	fs.StringVar(&o.logDir, "log-dir", "", "directory for per-case logs (default a temporary directory)")
+	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the logs of successful cases")
+	fs.BoolVar(&o.quick, "quick", false, "a tiny smoke configuration: 1 prefill and 1 decode engine × dp 2, one load, two policies, short outputs")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	return o, nil
+}
+
+// run executes the benchmark.
+func run(ctx context.Context, args []string) error {
+	o, err := parseFlags(args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	begin := time.Now()
+	plan, err := buildPlan(o)
+	if err != nil {
+		return err
+	}
+	fmt.Println("bench-quality:", strings.Join(plan.Setup, "; "))
+	rep, runErr := bench.RunPlan(ctx, plan)
+	wall := time.Since(begin)
+	if plan.OutDir != "" && ctx.Err() == nil {
+		fmt.Printf("bench-quality: wrote %s/%s (%d cases) in %s wall time\n", plan.OutDir, bench.ReportFile, len(rep.Summaries), wall.Round(time.Second))
+	}
+	return runErr
+}
+
+// buildPlan turns options into a plan, probing the simulator's features.
+func buildPlan(o options) (bench.Plan, error) {
+	simPath, err := bench.SimPath()
+	if err != nil {
+		return bench.Plan{}, err
+	}
+	feat, err := bench.DetectSim(simPath)
+	if err != nil {
+		return bench.Plan{}, err
+	}
+	profile := o.profile
+	switch profile {
+	case "auto":
+		profile = ""
+		if feat.Profile {
+			profile = defaultProfile
+		}
+	case "none":
+		profile = ""
+	default:
+		if !feat.Profile {
+			return bench.Plan{}, fmt.Errorf("duet-sim has no --profile flag; use -profile none")
+		}
+	}
+	scale := o.scale
+	if scale == 0 {
+		scale = 1
+		if profile != "" && feat.TimeScale {
+			scale = 20
+		}
+	}
+	if scale != 1 && !feat.TimeScale {
+		return bench.Plan{}, fmt.Errorf("duet-sim has no --time-scale flag; use -time-scale 1")
+	}
+
+	plan := bench.Plan{
+		ChunkBudget: o.chunkBudget,
+		Seed:        o.seed,
+		OutDir:      o.out,
+		Window:      o.window,
+		Rates:       map[string][]float64{},
+		Config: bench.Config{
+			Scale:          scale,
+			PrefillEngines: o.prefill, DecodeEngines: o.decode, DPSize: o.dp,
+			LoadInterval:   o.loadInterval,
+			Drain:          o.drain,
+			SampleInterval: o.sampleInterval,
+			Dir:            o.logDir,
+			KeepLogs:       o.keepLogs,
+			Log:            os.Stdout,
+		},
+	}
+	var simArgs []string
+	if profile != "" {
+		simArgs = append(simArgs, "--profile", profile)
+	}
+	if feat.TimeScale {
+		simArgs = append(simArgs, "--time-scale", strconv.FormatFloat(scale, 'g', -1, 64))
+	}
+	if feat.Seed {
+		simArgs = append(simArgs, "--seed", strconv.FormatUint(o.seed, 10))
+	}
+	if feat.StreamInterval && scale > 1 {
+		// One chunk per F tokens keeps the wall-clock chunk rate at the
+		// model's token rate.
+		plan.StreamInterval = int(math.Round(scale))
+		simArgs = append(simArgs, "--stream-interval", strconv.Itoa(plan.StreamInterval))
+	}
+	if feat.MaxRecords {
+		simArgs = append(simArgs, "--max-records", "100") // records hold whole bodies
+	}
+	simArgs = append(simArgs, strings.Fields(o.simArgs)...)
+	plan.Config.SimArgs = simArgs
+
+	defaults := profileRates
+	if profile == "" {
+		defaults = simpleRates
+	}
+	plan.Workloads = splitList(o.workloads)
+	if plan.Policies, err = bench.SelectPolicies(splitList(o.policies)); err != nil {
+		return plan, err
+	}
+	if o.quick {
+		applyQuick(&plan, o)
+		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2"}
+	}
+	if plan.Window == 0 {
+		// 40 s of arrivals is 2 s of wall time at F = 20; the simple model
+		// runs in real time and has no contention, so a short window shows
+		// all it can.
+		plan.Window = 40 * time.Second
+		if scale == 1 {
+			plan.Window = 10 * time.Second
+		}
+	}
+	if plan.Config.Drain == 0 && scale > 1 {
+		// Long enough for a 1,500-token answer at overload's step times.
+		plan.Config.Drain = 60 * time.Second
+	}
+	for _, w := range plan.Workloads {
+		spec := *o.rates[w]
+		if spec == "" {
+			spec = defaults[w]
+		}
+		rates, err := parseRates(spec)
+		if err != nil {
+			return plan, fmt.Errorf("-rates-%s: %w", w, err)
+		}
+		plan.Rates[w] = rates
+	}
+
+	model := "simple model (no contention: --prefill-ms-per-1k-tokens 10, --decode-ms-per-token 2; latency does not depend on load)"
+	if profile != "" {
+		model = "profile `" + profile + "`"
+	}
+	c := plan.Config
+	plan.Setup = []string{
+		fmt.Sprintf("simulator: %s; time scale F = %g (model time runs %g× faster than wall time)", model, scale, scale),
+		fmt.Sprintf("cluster: %d prefill × dp %d, %d decode × dp %d (duet-sim), real Envoy + duet", c.PrefillEngines, c.DPSize, c.DecodeEngines, c.DPSize),
+		fmt.Sprintf("arrival window %s per case (first 10%% excluded), then up to %s of drain; duet load.interval %s, load sampled every %s (model time)",
+			plan.Window, drainOf(plan), o.loadInterval, o.sampleInterval),
+		fmt.Sprintf("seed %d: every policy replays the same arrivals and prompts", o.seed),
+		streamLine(plan),
+		fmt.Sprintf("duet-sim flags: `%s`", strings.Join(simArgs, " ")),
+	}
+	return plan, nil
+}
+
+// drainOf is the drain a plan uses.
+func drainOf(plan bench.Plan) time.Duration {
+	if plan.Config.Drain > 0 {
+		return plan.Config.Drain
+	}
+	return plan.Window
+}
+
+// streamLine describes which requests stream.
+func streamLine(plan bench.Plan) string {
+	chunk := "one chunk per token"
+	if plan.StreamInterval > 1 {
+		chunk = fmt.Sprintf("one chunk per %d tokens (--stream-interval)", plan.StreamInterval)
+	}
+	if plan.ChunkBudget <= 0 {
+		return "every request streams, " + chunk
+	}
+	return fmt.Sprintf("streaming: %s; each case streams the share of its sessions (drawn by seed, the same for every policy) "+
+		"that keeps the expected stream below %.0f chunks per wall second, the others are sent without streaming; "+
+		"TTFT and TPOT come from the streamed requests (their count is the TTFT n column), everything else from all", chunk, plan.ChunkBudget)
+}
+
+// applyQuick shrinks the plan to a smoke test that runs in well under a
+// minute.
+func applyQuick(plan *bench.Plan, o options) {
+	plan.Config.PrefillEngines, plan.Config.DecodeEngines, plan.Config.DPSize = 1, 1, 2
+	if !o.set["window"] {
+		plan.Window = 4 * time.Second
+	}
+	if !o.set["out"] {
+		plan.OutDir = filepath.Join(os.TempDir(), "duet-bench-quick")
+	}
+	if !o.set["policies"] {
+		plan.Policies, _ = bench.SelectPolicies([]string{bench.PolicyEngineDefault, "least_tokens"})
+	}
+	if !o.set["workloads"] {
+		plan.Workloads = []string{bench.WorkloadVariable}
+	}
+	plan.Params = bench.QuickParams()
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+// parseRates parses a comma-separated list of positive rates.
+func parseRates(s string) ([]float64, error) {
+	var out []float64
+	for _, part := range splitList(s) {
+		v, err := strconv.ParseFloat(part, 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("invalid rate %q", part)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no rates")
+	}
+	return out, nil
+}

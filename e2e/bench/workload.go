@@ -1,0 +1,393 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// Workload names.
+const (
+	// WorkloadVariable is independent prompts of variable length.
+	WorkloadVariable = "variable"
+	// WorkloadMultiTurn is multi-turn conversations sharing system prompts.
+	WorkloadMultiTurn = "multiturn"
+	// WorkloadBursty alternates high and low arrival rates over a mix of
+	// the two.
+	WorkloadBursty = "bursty"
+)
+
+// Workloads lists the workload names in report order.
+var Workloads = []string{WorkloadVariable, WorkloadMultiTurn, WorkloadBursty}
+
+// charsPerToken is the text size of one token: every generated word is three
+// letters and a space, which both duet's default estimate and the
+// simulator's ceil(chars/4) count as one token.
+const charsPerToken = 4
+
+// Turn is one request of a session.
+type Turn struct {
+	// User is the new user message of this turn.
+	User string
+	// Assistant is the reply the session appends to its history after this
+	// turn. It is planned (OutputTokens long), not taken from the response,
+	// so that every policy replays identical prompts.
+	Assistant string
+	// PromptTokens is the planned size of the whole prompt (system prompt,
+	// history and User).
+	PromptTokens int
+	// OutputTokens is the request's max_tokens.
+	OutputTokens int
+	// Think is the model-time pause between this turn's response and the
+	// next turn.
+	Think time.Duration
+}
+
+// Session is a sequence of turns: the next turn is sent after the previous
+// response plus its think time. An independent request is a session of one
+// turn without a system prompt.
+type Session struct {
+	// ID numbers the sessions of a workload in arrival order.
+	ID int
+	// Start is the session's model-time arrival offset from the run start.
+	Start time.Duration
+	// System is the shared system prompt ("" for none).
+	System string
+	// Turns are sent in order.
+	Turns []Turn
+	// Stream makes the session's requests streaming: only they show time to
+	// first token and time per output token (see Params.StreamFraction).
+	Stream bool
+}
+
+// Workload is a deterministic schedule of sessions.
+type Workload struct {
+	// Name is one of the Workload* constants.
+	Name string
+	// Rate is the offered session arrival rate (per model second).
+	Rate float64
+	// Window is the model-time arrival window: no request is sent after it.
+	Window time.Duration
+	// Sessions are sorted by Start.
+	Sessions []Session
+	// StreamFraction is the share of sessions drawn to stream.
+	StreamFraction float64
+}
+
+// Requests returns the number of planned requests (turns).
+func (w Workload) Requests() int {
+	n := 0
+	for _, s := range w.Sessions {
+		n += len(s.Turns)
+	}
+	return n
+}
+
+// IntRange is an inclusive range sampled uniformly.
+type IntRange struct{ Min, Max int }
+
+// sample draws uniformly from [Min, Max].
+func (r IntRange) sample(rng *rand.Rand) int {
+	if r.Max <= r.Min {
+		return r.Min
+	}
+	return r.Min + rng.IntN(r.Max-r.Min+1)
+}
+
+// mean returns the range's mean.
+func (r IntRange) mean() float64 { return float64(r.Min+max(r.Max, r.Min)) / 2 }
+
+// VariableParams shape the variable-length workload.
+type VariableParams struct {
+	// Prompt and Output are token ranges (default 1500-4000 and 200-1500).
+	Prompt, Output IntRange
+}
+
+// MultiTurnParams shape the multi-turn workload.
+type MultiTurnParams struct {
+	// Systems is the number of distinct system prompts (default 8).
+	Systems int
+	// System is the system prompts' token range (default 900-1100).
+	System IntRange
+	// Turns is the number of turns per conversation (default 3-6).
+	Turns IntRange
+	// Question and Answer are token ranges of each turn (default 50-250
+	// and 100-400).
+	Question, Answer IntRange
+	// Think is the mean model-time think time between turns, exponential
+	// (default 2s).
+	Think time.Duration
+}
+
+// BurstyParams shape the bursty mix.
+type BurstyParams struct {
+	// Period is one high phase plus one low phase (default 20s model time).
+	Period time.Duration
+	// HighFraction is the high phase's share of a period (default 0.25).
+	HighFraction float64
+	// HighFactor multiplies the mean rate during the high phase (default
+	// 3); the low phase's rate makes the mean equal to the offered rate.
+	HighFactor float64
+	// SingleFraction is the share of arrivals that are independent
+	// variable-length requests; the rest start conversations (default 0.5).
+	SingleFraction float64
+	Variable       VariableParams
+	MultiTurn      MultiTurnParams
+}
+
+// withDefaults fills zero fields.
+func (p VariableParams) withDefaults() VariableParams {
+	if p.Prompt == (IntRange{}) {
+		p.Prompt = IntRange{1500, 4000}
+	}
+	if p.Output == (IntRange{}) {
+		p.Output = IntRange{200, 1500}
+	}
+	return p
+}
+
+// withDefaults fills zero fields.
+func (p MultiTurnParams) withDefaults() MultiTurnParams {
+	if p.Systems == 0 {
+		p.Systems = 8
+	}
+	if p.System == (IntRange{}) {
+		p.System = IntRange{900, 1100}
+	}
+	if p.Turns == (IntRange{}) {
+		p.Turns = IntRange{3, 6}
+	}
+	if p.Question == (IntRange{}) {
+		p.Question = IntRange{50, 250}
+	}
+	if p.Answer == (IntRange{}) {
+		p.Answer = IntRange{100, 400}
+	}
+	if p.Think == 0 {
+		p.Think = 2 * time.Second
+	}
+	return p
+}
+
+// withDefaults fills zero fields.
+func (p BurstyParams) withDefaults() BurstyParams {
+	if p.Period == 0 {
+		p.Period = 20 * time.Second
+	}
+	if p.HighFraction == 0 {
+		p.HighFraction = 0.25
+	}
+	if p.HighFactor == 0 {
+		p.HighFactor = 3
+	}
+	if p.SingleFraction == 0 {
+		p.SingleFraction = 0.5
+	}
+	p.Variable = p.Variable.withDefaults()
+	p.MultiTurn = p.MultiTurn.withDefaults()
+	return p
+}
+
+// Params holds the parameters of every workload; zero values take the
+// defaults documented on each field.
+type Params struct {
+	Variable  VariableParams
+	MultiTurn MultiTurnParams
+	Bursty    BurstyParams
+	// StreamFraction is the share of sessions that stream, drawn per
+	// session independently of everything else, so that it changes no
+	// arrival and no prompt (0 means 1: every session streams).
+	StreamFraction float64
+}
+
+// Generate builds the named workload: sessions arriving at rate per model
+// second during window, from seed. Equal arguments give equal workloads.
+func Generate(name string, rate float64, window time.Duration, seed uint64, p Params) (Workload, error) {
+	if rate <= 0 || window <= 0 {
+		return Workload{}, fmt.Errorf("workload %s: rate and window must be positive", name)
+	}
+	// The workload name is part of the seed, so that workloads built from
+	// one seed do not share text.
+	rng := rand.New(rand.NewPCG(seed, stringSeed(name)))
+	w := Workload{Name: name, Rate: rate, Window: window}
+	switch name {
+	case WorkloadVariable:
+		vp := p.Variable.withDefaults()
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, variableSession(rng, i, at, vp))
+		}
+	case WorkloadMultiTurn:
+		mp := p.MultiTurn.withDefaults()
+		systems := systemPrompts(rng, mp)
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, conversation(rng, i, at, systems, mp))
+		}
+	case WorkloadBursty:
+		bp := p.Bursty.withDefaults()
+		systems := systemPrompts(rng, bp.MultiTurn)
+		high, low := BurstRates(rate, bp.HighFactor, bp.HighFraction)
+		arrivals := ModulatedArrivals(rng, high, low, bp.Period, bp.HighFraction, window)
+		for i, at := range arrivals {
+			if rng.Float64() < bp.SingleFraction {
+				w.Sessions = append(w.Sessions, variableSession(rng, i, at, bp.Variable))
+			} else {
+				w.Sessions = append(w.Sessions, conversation(rng, i, at, systems, bp.MultiTurn))
+			}
+		}
+	default:
+		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(Workloads, ", "))
+	}
+	frac := p.StreamFraction
+	if frac <= 0 || frac > 1 {
+		frac = 1
+	}
+	w.StreamFraction = frac
+	streams := rand.New(rand.NewPCG(seed, stringSeed(name+"/stream")))
+	for i := range w.Sessions {
+		w.Sessions[i].Stream = streams.Float64() < frac
+	}
+	return w, nil
+}
+
+// stringSeed hashes s (FNV-1a) into a seed.
+func stringSeed(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// variableSession is one independent request.
+func variableSession(rng *rand.Rand, id int, at time.Duration, p VariableParams) Session {
+	prompt := p.Prompt.sample(rng)
+	out := p.Output.sample(rng)
+	return Session{ID: id, Start: at, Turns: []Turn{{
+		User: Text(rng, prompt), PromptTokens: prompt, OutputTokens: out,
+	}}}
+}
+
+// systemPrompts draws the shared system prompts.
+func systemPrompts(rng *rand.Rand, p MultiTurnParams) []string {
+	out := make([]string, p.Systems)
+	for i := range out {
+		out[i] = Text(rng, p.System.sample(rng))
+	}
+	return out
+}
+
+// conversation is one multi-turn session on a random shared system prompt.
+func conversation(rng *rand.Rand, id int, at time.Duration, systems []string, p MultiTurnParams) Session {
+	s := Session{ID: id, Start: at, System: systems[rng.IntN(len(systems))]}
+	history := len(s.System) / charsPerToken
+	for range p.Turns.sample(rng) {
+		q, a := p.Question.sample(rng), p.Answer.sample(rng)
+		history += q
+		s.Turns = append(s.Turns, Turn{
+			User:         Text(rng, q),
+			Assistant:    Text(rng, a),
+			PromptTokens: history,
+			OutputTokens: a,
+			Think:        time.Duration(rng.ExpFloat64() * float64(p.Think)),
+		})
+		history += a
+	}
+	return s
+}
+
+// Text returns tokens pseudo-random three-letter words, each followed by a
+// space: tokens×4 characters.
+func Text(rng *rand.Rand, tokens int) string {
+	b := make([]byte, 0, tokens*charsPerToken)
+	for range tokens {
+		b = append(b, byte('a'+rng.IntN(26)), byte('a'+rng.IntN(26)), byte('a'+rng.IntN(26)), ' ')
+	}
+	return string(b)
+}
+
+// PoissonArrivals returns the arrival offsets of a Poisson process of rate
+// per second within window.
+func PoissonArrivals(rng *rand.Rand, rate float64, window time.Duration) []time.Duration {
+	var out []time.Duration
+	t := 0.0
+	end := window.Seconds()
+	for {
+		t += rng.ExpFloat64() / rate
+		if t >= end {
+			return out
+		}
+		out = append(out, time.Duration(t*float64(time.Second)))
+	}
+}
+
+// BurstRates returns the high and low rates of a two-phase process whose
+// mean is rate: the high phase (a highFraction share of the time) runs at
+// factor×rate, the low phase at what is left (never below zero).
+func BurstRates(rate, factor, highFraction float64) (high, low float64) {
+	high = rate * factor
+	low = rate * (1 - highFraction*factor) / (1 - highFraction)
+	return high, math.Max(low, 0)
+}
+
+// ModulatedArrivals returns the arrivals of a Poisson process whose rate
+// alternates: each period starts with a high phase (highFraction of the
+// period at the high rate), then a low phase at the low rate.
+func ModulatedArrivals(rng *rand.Rand, high, low float64, period time.Duration, highFraction float64, window time.Duration) []time.Duration {
+	var out []time.Duration
+	p := period.Seconds()
+	for start := 0.0; start < window.Seconds(); start += p {
+		phases := []struct{ from, to, rate float64 }{
+			{start, start + p*highFraction, high},
+			{start + p*highFraction, start + p, low},
+		}
+		for _, ph := range phases {
+			to := math.Min(ph.to, window.Seconds())
+			if ph.rate <= 0 || ph.from >= to {
+				continue
+			}
+			for t := ph.from + rng.ExpFloat64()/ph.rate; t < to; t += rng.ExpFloat64() / ph.rate {
+				out = append(out, time.Duration(t*float64(time.Second)))
+			}
+		}
+	}
+	return out
+}
+
+// MeanOutputTokens is the expected max_tokens of a workload's requests.
+func MeanOutputTokens(name string, p Params) float64 {
+	switch name {
+	case WorkloadMultiTurn:
+		return p.MultiTurn.withDefaults().Answer.mean()
+	case WorkloadBursty:
+		bp := p.Bursty.withDefaults()
+		single := bp.SingleFraction
+		turns := (1 - single) * bp.MultiTurn.Turns.mean()
+		return (single*bp.Variable.Output.mean() + turns*bp.MultiTurn.Answer.mean()) / (single + turns)
+	}
+	return p.Variable.withDefaults().Output.mean()
+}
+
+// MeanRequestsPerSession is the expected number of turns of a workload's
+// sessions, used to express offered load in requests per second.
+func MeanRequestsPerSession(name string, p Params) float64 {
+	switch name {
+	case WorkloadMultiTurn:
+		return p.MultiTurn.withDefaults().Turns.mean()
+	case WorkloadBursty:
+		bp := p.Bursty.withDefaults()
+		return bp.SingleFraction + (1-bp.SingleFraction)*bp.MultiTurn.Turns.mean()
+	}
+	return 1
+}
+
+// QuickParams are small workloads for smoke runs and tests: short prompts
+// and outputs, two-turn conversations without think time to speak of.
+func QuickParams() Params {
+	v := VariableParams{Prompt: IntRange{200, 600}, Output: IntRange{5, 20}}
+	m := MultiTurnParams{Systems: 2, System: IntRange{100, 200}, Turns: IntRange{2, 3},
+		Question: IntRange{20, 50}, Answer: IntRange{5, 15}, Think: 100 * time.Millisecond}
+	return Params{Variable: v, MultiTurn: m, Bursty: BurstyParams{Period: 4 * time.Second, Variable: v, MultiTurn: m}}
+}
