@@ -88,6 +88,7 @@ func parseFlags(args []string) (options, error) {
 		"crash (close the listeners, cut requests in flight, exit 1) on the inference request after the first N; 0 never")
 	fs.Float64Var(&scrapeMS, "fault-slow-scrape-ms", 0, "delay of every /v1/loads and /metrics answer in ms (model time)")
 	fs.BoolVar(&o.cfg.LegacyServerInfo, "legacy-server-info", false, "serve only /get_server_info (404 on /server_info), like old SGLang")
+	fs.IntVar(&o.cfg.StreamInterval, "stream-interval", 1, "streaming chunk every N tokens, like SGLang's --stream-interval (first token at once)")
 	fs.IntVar(&o.cfg.MaxRecords, "max-records", sim.DefaultMaxRecords, "request records kept for GET /sim/requests (oldest dropped first)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {

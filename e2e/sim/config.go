@@ -142,6 +142,10 @@ type Config struct {
 	// KVPollInterval is how often decode polls the prefill's KV state.
 	// Default 10ms.
 	KVPollInterval time.Duration
+	// StreamInterval sends one streaming chunk per this many tokens, like
+	// SGLang's --stream-interval (the first token always at once); 0 or 1
+	// streams every token.
+	StreamInterval int
 	// MaxRecords bounds the request-record store (records hold the request
 	// bodies); the oldest records are dropped first. Default 10000.
 	MaxRecords int

@@ -229,7 +229,7 @@ func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *i
 		return
 	}
 	rend := s.newRenderer(req)
-	em := &streamEmitter{sse: sse, rend: rend, started: make([]bool, len(plans))}
+	em := newStreamEmitter(sse, rend, len(plans), s.cfg.StreamInterval)
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var once sync.Once
@@ -266,7 +266,9 @@ func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemP
 		go func() {
 			defer wg.Done()
 			results[i], errs[i] = s.runItem(ctx, req, p, em)
-			if errs[i] != nil && onErr != nil {
+			if errs[i] == nil {
+				s.totals.add(results[i])
+			} else if onErr != nil {
 				onErr(errs[i])
 			}
 		}()
@@ -307,11 +309,24 @@ func joinInts(v []int) string {
 }
 
 // streamEmitter turns item progress into SSE frames. Each item touches
-// only its own started flag, so the slice needs no lock.
+// only its own slots, so the slices need no lock.
+//
+// With an interval above 1 it batches tokens like SGLang's
+// --stream-interval: the first token goes out at once, then one chunk per
+// interval tokens (its delta holds them all), and the rest at finish.
 type streamEmitter struct {
-	sse     *sseWriter
-	rend    *renderer
-	started []bool
+	sse      *sseWriter
+	rend     *renderer
+	started  []bool
+	interval int
+	pending  []strings.Builder // per item: deltas not sent yet
+	held     []int             // per item: tokens in pending
+}
+
+// newStreamEmitter returns an emitter for items items.
+func newStreamEmitter(sse *sseWriter, rend *renderer, items, interval int) *streamEmitter {
+	return &streamEmitter{sse: sse, rend: rend, started: make([]bool, items), interval: max(interval, 1),
+		pending: make([]strings.Builder, items), held: make([]int, items)}
 }
 
 // begin returns the start frames of an item the first time it is called.
@@ -325,12 +340,29 @@ func (e *streamEmitter) begin(index int) []frame {
 
 // token implements emitter.
 func (e *streamEmitter) token(res itemResult, delta string, total int) bool {
-	frames := append(e.begin(res.index), e.rend.tokenFrames(res, delta, total)...)
+	i := res.index
+	if e.interval > 1 {
+		e.pending[i].WriteString(delta)
+		e.held[i]++
+		if res.completionTokens > 1 && e.held[i] < e.interval && res.completionTokens < total {
+			return true
+		}
+		delta = e.pending[i].String()
+		e.pending[i].Reset()
+		e.held[i] = 0
+	}
+	frames := append(e.begin(i), e.rend.tokenFrames(res, delta, total)...)
 	return e.sse.send(frames...)
 }
 
 // finish implements emitter.
 func (e *streamEmitter) finish(res itemResult) {
-	frames := append(e.begin(res.index), e.rend.finishFrames(res)...)
+	frames := e.begin(res.index)
+	if e.held[res.index] > 0 {
+		frames = append(frames, e.rend.tokenFrames(res, e.pending[res.index].String(), res.completionTokens)...)
+		e.pending[res.index].Reset()
+		e.held[res.index] = 0
+	}
+	frames = append(frames, e.rend.finishFrames(res)...)
 	e.sse.send(frames...)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -84,11 +85,52 @@ func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// tokenTotals are SGLang's tokenizer-level counters: prompt, cached-prompt
+// and generated tokens of finished requests (no dp_rank label, as in SGLang).
+// On a PD prefill server, cached/prompt is the prefix cache's hit rate.
+type tokenTotals struct {
+	prompt, cached, generated atomic.Int64
+}
+
+// add counts one finished item.
+func (t *tokenTotals) add(res itemResult) {
+	t.prompt.Add(int64(res.promptTokens))
+	t.cached.Add(int64(res.cachedTokens))
+	t.generated.Add(int64(res.completionTokens))
+}
+
+var (
+	promptTokensDesc = prometheus.NewDesc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", []string{"model_name"}, nil)
+	cachedTokensDesc = prometheus.NewDesc("sglang:cached_tokens_total", "Number of cached prompt tokens.", []string{"model_name"}, nil)
+	genTokensDesc    = prometheus.NewDesc("sglang:generation_tokens_total", "Number of generation tokens processed.", []string{"model_name"}, nil)
+)
+
+// tokenCollector exports tokenTotals.
+type tokenCollector struct{ s *Server }
+
+// Describe implements prometheus.Collector.
+func (c tokenCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- promptTokensDesc
+	ch <- cachedTokensDesc
+	ch <- genTokensDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c tokenCollector) Collect(ch chan<- prometheus.Metric) {
+	t, model := &c.s.totals, c.s.cfg.Model
+	ch <- prometheus.MustNewConstMetric(promptTokensDesc, prometheus.CounterValue, float64(t.prompt.Load()), model)
+	ch <- prometheus.MustNewConstMetric(cachedTokensDesc, prometheus.CounterValue, float64(t.cached.Load()), model)
+	ch <- prometheus.MustNewConstMetric(genTokensDesc, prometheus.CounterValue, float64(t.generated.Load()), model)
+}
+
 // metricsHandler serves /metrics from a private registry.
 func (s *Server) metricsHandler() (http.Handler, error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(newRankCollector(s)); err != nil {
 		return nil, fmt.Errorf("register rank collector: %w", err)
+	}
+	if err := reg.Register(tokenCollector{s: s}); err != nil {
+		return nil, fmt.Errorf("register token collector: %w", err)
 	}
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }

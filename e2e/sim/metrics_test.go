@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,33 @@ func TestMetricsAreLive(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// The tokenizer-level counters add up finished requests; repeating a prompt
+// under the engine model counts its cached tokens.
+func TestTokenCounters(t *testing.T) {
+	ts := startTest(t, Config{Profile: "dense-8b-h100", TimeScale: 50})
+	body := `{"model":"sim-model","prompt":"` + strings.Repeat("the same long prefix ", 200) + `","max_tokens":3}`
+	for range 2 {
+		if r := post(t, ts.api.URL+"/v1/completions", body); r.status != 200 {
+			t.Fatalf("status %d: %s", r.status, r.body)
+		}
+	}
+	text := string(get(t, ts.api.URL+"/metrics").body)
+	values := map[string]float64{}
+	for _, name := range []string{"sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:generation_tokens_total"} {
+		for _, line := range strings.Split(text, "\n") {
+			if strings.HasPrefix(line, name+"{") {
+				var v float64
+				fmt.Sscanf(line[strings.LastIndex(line, " ")+1:], "%g", &v)
+				values[name] = v
+			}
+		}
+	}
+	if values["sglang:generation_tokens_total"] != 6 || values["sglang:prompt_tokens_total"] < 1000 {
+		t.Errorf("counters = %v", values)
+	}
+	if c := values["sglang:cached_tokens_total"]; c <= 0 || c >= values["sglang:prompt_tokens_total"] {
+		t.Errorf("cached tokens %v of %v prompt tokens: the repeated prefix was not counted", c, values["sglang:prompt_tokens_total"])
+	}
 }

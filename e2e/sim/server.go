@@ -24,6 +24,7 @@ type Server struct {
 	kv      *kvClient
 	records *recordStore
 	rr      atomic.Uint64 // round-robin counter
+	totals  tokenTotals   // SGLang's tokenizer-level token counters
 	started time.Time
 	clk     clock
 	faults  *faultState

@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -183,5 +184,57 @@ func TestStreamingFlushesPerToken(t *testing.T) {
 	}
 	if el := time.Since(start); el > 500*time.Millisecond {
 		t.Fatalf("first token after %s; 50 tokens take 1s, so it was not flushed", el)
+	}
+}
+
+// --stream-interval batches tokens like SGLang: the first token alone, then
+// one chunk per interval tokens, the rest at the end; no token is lost.
+func TestStreamInterval(t *testing.T) {
+	tests := []struct {
+		interval, tokens int
+		wantChunks       int
+	}{
+		{1, 10, 10},
+		{4, 10, 4}, // 1, 2-5, 6-9, 10
+		{4, 9, 3},  // 1, 2-5, 6-9
+		{16, 5, 2}, // 1, 2-5
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("interval=%d/tokens=%d", tt.interval, tt.tokens), func(t *testing.T) {
+			ts := startTest(t, Config{Mode: ModeNull, DPSize: 1, StreamInterval: tt.interval})
+			resp := post(t, ts.api.URL+"/v1/chat/completions",
+				fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":%d,"stream":true}`, tt.tokens))
+			var text strings.Builder
+			chunks := 0
+			for _, ev := range sseEvents(t, resp.body) {
+				if ev == "[DONE]" {
+					continue
+				}
+				var c struct {
+					Choices []struct {
+						Delta struct {
+							Content string `json:"content"`
+						} `json:"delta"`
+					} `json:"choices"`
+				}
+				if err := json.Unmarshal([]byte(ev), &c); err != nil {
+					t.Fatal(err)
+				}
+				if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+					chunks++
+					text.WriteString(c.Choices[0].Delta.Content)
+				}
+			}
+			if chunks != tt.wantChunks {
+				t.Errorf("%d content chunks, want %d", chunks, tt.wantChunks)
+			}
+			want := tokenText(0)
+			for i := 1; i < tt.tokens; i++ {
+				want += tokenText(i)
+			}
+			if text.String() != want {
+				t.Errorf("streamed text %q, want %q", text.String(), want)
+			}
+		})
 	}
 }
