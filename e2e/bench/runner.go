@@ -262,7 +262,10 @@ func (c Config) stackOptions(p Policy, dir string) harness.Options {
 		DecodePolicy:     p.Decode,
 		EngineRanks:      p.EngineRanks,
 		LoadInterval:     max(c.wall(c.LoadInterval), 10*time.Millisecond),
-		Dir:              dir,
+		// duet's default 100ms covering delay is wall time; keep it 100ms of
+		// model time, like every other duration here.
+		CoverDelay: max(c.wall(100*time.Millisecond), time.Millisecond),
+		Dir:        dir,
 	}
 	for range c.PrefillEngines {
 		opts.Prefill = append(opts.Prefill, spec)

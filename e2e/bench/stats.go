@@ -72,6 +72,36 @@ func Imbalance(polls []Poll, role string, from, to time.Duration) float64 {
 	return sum / float64(n)
 }
 
+// LoadShareImbalance returns max/mean over the ranks of role of each rank's
+// load averaged over the polls in [from, to]: how unevenly the run's work
+// was spread, free of the granularity that makes instantaneous max/mean
+// (Imbalance) large when few requests are in flight. It returns 0 when no
+// poll counts.
+func LoadShareImbalance(polls []Poll, role string, from, to time.Duration) float64 {
+	var sums []float64
+	for _, p := range polls {
+		if p.At < from || p.At > to || len(p.Tokens[role]) == 0 {
+			continue
+		}
+		v := p.Tokens[role]
+		if sums == nil {
+			sums = make([]float64, len(v))
+		}
+		for i := range min(len(v), len(sums)) {
+			sums[i] += v[i]
+		}
+	}
+	total, peak := 0.0, 0.0
+	for _, x := range sums {
+		total += x
+		peak = math.Max(peak, x)
+	}
+	if total <= 0 {
+		return 0
+	}
+	return peak / (total / float64(len(sums)))
+}
+
 // ActiveHitRate returns the mean of the cache_hit_rate gauge of role's
 // ranks over the polls in [from, to], counting a rank only while it holds
 // tokens: the gauge describes a rank's last admitted batch, so an idle
@@ -136,6 +166,10 @@ type Summary struct {
 	// of per-rank tokens (1 is perfect balance).
 	ImbalancePrefill float64 `json:"imbalance_prefill"`
 	ImbalanceDecode  float64 `json:"imbalance_decode"`
+	// ShareImbalancePrefill and ShareImbalanceDecode are max/mean of the
+	// ranks' run-averaged load (LoadShareImbalance).
+	ShareImbalancePrefill float64 `json:"share_imbalance_prefill"`
+	ShareImbalanceDecode  float64 `json:"share_imbalance_decode"`
 	// HitRate is the prefix cache hit rate (0-1), -1 when unknown;
 	// HitSource says where it came from (see setHitRate).
 	HitRate   float64 `json:"hit_rate"`
@@ -207,6 +241,8 @@ func (s *Summary) Summarize(results []Result, polls []Poll, counters *CounterDel
 	}
 	s.ImbalancePrefill = Imbalance(polls, RolePrefill, w.From, w.To)
 	s.ImbalanceDecode = Imbalance(polls, RoleDecode, w.From, w.To)
+	s.ShareImbalancePrefill = LoadShareImbalance(polls, RolePrefill, w.From, w.To)
+	s.ShareImbalanceDecode = LoadShareImbalance(polls, RoleDecode, w.From, w.To)
 	s.setHitRate(prompt, cached, reported, counters, polls, w)
 }
 

@@ -232,3 +232,31 @@ func TestActiveHitRate(t *testing.T) {
 		t.Fatalf("no data: %g", got)
 	}
 }
+
+func TestLoadShareImbalance(t *testing.T) {
+	poll := func(at time.Duration, v ...float64) Poll {
+		return Poll{At: at, Tokens: map[string][]float64{RolePrefill: v}}
+	}
+	tests := []struct {
+		name  string
+		polls []Poll
+		want  float64
+	}{
+		// Work alternates between ranks: instantaneously maximal imbalance,
+		// but each rank carried the same share.
+		{"alternating", []Poll{poll(1, 10, 0), poll(2, 0, 10), poll(3, 10, 0), poll(4, 0, 10)}, 1},
+		{"one rank does everything", []Poll{poll(1, 10, 0), poll(2, 10, 0)}, 2},
+		{"idle", []Poll{poll(1, 0, 0)}, 0},
+		{"outside the window", []Poll{poll(100, 10, 0)}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := LoadShareImbalance(tt.polls, RolePrefill, 0, 10); !near(got, tt.want) {
+				t.Errorf("LoadShareImbalance = %g, want %g", got, tt.want)
+			}
+		})
+	}
+	if got := Imbalance([]Poll{poll(1, 10, 0), poll(2, 0, 10)}, RolePrefill, 0, 10); !near(got, 2) {
+		t.Errorf("instantaneous Imbalance of alternating work = %g, want 2", got)
+	}
+}

@@ -43,6 +43,8 @@ type Options struct {
 	LoadInterval time.Duration
 	// EngineRanks sets duet's engine_ranks: engines, not duet, choose DP ranks.
 	EngineRanks bool
+	// CoverDelay is duet's load.cover_delay (0: duet's default).
+	CoverDelay time.Duration
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
 }
@@ -239,6 +241,9 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
 	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
 	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
+	if opts.CoverDelay > 0 {
+		fmt.Fprintf(&b, "  cover_delay: %s\n", opts.CoverDelay)
+	}
 	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
 	if opts.EngineRanks {
 		b.WriteString("engine_ranks: true\n")
