@@ -17,7 +17,8 @@ func sampleSummaries() []Summary {
 			Summary{Workload: WorkloadVariable, Policy: PolicyEngineDefault, Rate: rate, RequestRate: rate, Requests: 10, Completed: 10,
 				TTFTms: Dist{Mean: 1000 * rate, P50: 900, P99: 4000 * rate}, ImbalancePrefill: 1.8, ImbalanceDecode: 1.5, HitRate: -1},
 			Summary{Workload: WorkloadVariable, Policy: "least_tokens", Rate: rate, RequestRate: rate, Requests: 10, Completed: 9, Errors: 1,
-				FirstError: "status 503: no | engine", TTFTms: Dist{Mean: 500 * rate, P50: 450, P99: 1000 * rate}, ImbalancePrefill: 1.1, ImbalanceDecode: 1.05, HitRate: -1},
+				FirstError: "status 503: no | engine", TTFTms: Dist{Mean: 500 * rate, P50: 450, P99: 1000 * rate}, ImbalancePrefill: 1.1, ImbalanceDecode: 1.05,
+				ShareImbalancePrefill: 1.04, ShareImbalanceDecode: 1.02, HitRate: -1},
 			Summary{Workload: WorkloadMultiTurn, Policy: PolicyEngineDefault, Rate: rate / 2, RequestRate: rate * 2, Requests: 10,
 				TTFTms: Dist{Mean: 300}, HitRate: 0.2, HitSource: "usage"},
 			Summary{Workload: WorkloadMultiTurn, Policy: "least_tokens", Rate: rate / 2, RequestRate: rate * 2, Requests: 10,
@@ -38,9 +39,9 @@ func TestWriteMarkdown(t *testing.T) {
 	md := buf.String()
 	for _, want := range []string{
 		"- simulator: test",
-		"highest load (4 req/s)",
+		"the highest load (overload) (4 req/s)",
 		// least_tokens at 4/s: mean 2000 vs 4000, p99 4000 vs 16000.
-		"| least_tokens | 2000 | 0.50× | 4000 | 0.25× | 0 | 0 | n/a | 1.10 | 1.05 | 0 | 1 |",
+		"| least_tokens | 2000 | 0.50× | 4000 | 0.25× | 0 | 0 | n/a | 1.10 | 1.05 | 1.04 | 1.02 | 0 | 1 |",
 		"| engine_default | 4000 | 1.00× | 16000 | 1.00× |",
 		"| policy | 1 conv/s | 2 conv/s |",
 		"| engine_default | 20.0% | 20.0% |",
@@ -116,5 +117,25 @@ func TestPlots(t *testing.T) {
 		if !bytes.HasPrefix(data, []byte("\x89PNG")) || len(data) < 5000 {
 			t.Fatalf("%s: %d bytes, not a PNG plot", f, len(data))
 		}
+	}
+}
+
+// With three or more loads the headline shows the level below the highest
+// as "high load" and the highest as overload.
+func TestHeadlineLevels(t *testing.T) {
+	var sums []Summary
+	for _, rate := range []float64{2, 3, 4} {
+		sums = append(sums, Summary{Workload: WorkloadVariable, Policy: PolicyEngineDefault, Rate: rate, RequestRate: rate,
+			TTFTms: Dist{Mean: 1000 * rate, P99: 2000 * rate}, HitRate: -1})
+	}
+	var b strings.Builder
+	Report{Summaries: sums}.writeHeadline(&b)
+	for _, want := range []string{"at high load (3 req/s)", "at the highest load (overload) (4 req/s)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("headline lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "(2 req/s)") {
+		t.Error("the light load is in the headline")
 	}
 }
