@@ -87,8 +87,8 @@ func post(t *testing.T, url, body string, headers ...string) response {
 	return postCtx(context.Background(), t, url, body, headers...)
 }
 
-// postCtx is post with a context.
-func postCtx(ctx context.Context, t *testing.T, url, body string, headers ...string) response {
+// newPost builds a JSON POST with headers given as name, value pairs.
+func newPost(ctx context.Context, t *testing.T, url, body string, headers ...string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
@@ -98,6 +98,13 @@ func postCtx(ctx context.Context, t *testing.T, url, body string, headers ...str
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
+	return req
+}
+
+// postCtx is post with a context.
+func postCtx(ctx context.Context, t *testing.T, url, body string, headers ...string) response {
+	t.Helper()
+	req := newPost(ctx, t, url, body, headers...)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

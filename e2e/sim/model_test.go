@@ -58,14 +58,7 @@ func (s streamed) tokenTimes() []time.Duration {
 // streamPost sends body and timestamps every SSE data event.
 func streamPost(ctx context.Context, t *testing.T, url, body string, headers ...string) streamed {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatalf("new request: %v", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
+	req := newPost(ctx, t, url, body, headers...)
 	start := time.Now()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
