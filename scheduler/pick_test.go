@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/duet-router/duet/scheduler/load"
 )
 
 // leastTokens builds a scheduler whose decode pool (n engines × dp ranks)
@@ -232,5 +234,27 @@ func TestPickEngineRanks(t *testing.T) {
 	}
 	if d.Prefill.Rank != NoRank || d.Decode.Rank != NoRank {
 		t.Errorf("ranks pinned: prefill %d decode %d", d.Prefill.Rank, d.Decode.Rank)
+	}
+}
+
+// A prefill rank's load is its pending prefill tokens; a decode rank's is
+// all its tokens (KV in use plus pending).
+func TestRankLoadOfByRole(t *testing.T) {
+	r := load.Rank{Rank: 1, UsedTokens: 9000, TotalTokens: 9500, MaxTotalTokens: 100000, HasTokens: true}
+	prefill := &Endpoint{Role: RolePrefill, URL: "http://p:1", DPSize: 4}
+	decode := &Endpoint{Role: RoleDecode, URL: "http://d:1", DPSize: 4}
+	if got := rankLoadOf(prefill, r).tokens; got != 500 {
+		t.Errorf("prefill load %d, want the 500 pending tokens", got)
+	}
+	if got := rankLoadOf(decode, r).tokens; got != 9500 {
+		t.Errorf("decode load %d, want 9500", got)
+	}
+	single := &Endpoint{Role: RoleDecode, URL: "http://d:2", DPSize: 1}
+	if got := rankLoadOf(single, load.Rank{Rank: 0, HasTokens: true}).key.Rank; got != NoRank {
+		t.Errorf("single-rank decode target rank %d, want NoRank", got)
+	}
+	vllm := rankLoadOf(decode, load.Rank{Rank: 0, Running: 3, KVUsage: 0.5})
+	if vllm.tokens != 0 || vllm.running != 3 {
+		t.Errorf("vLLM rank load %+v, want request counts only", vllm)
 	}
 }

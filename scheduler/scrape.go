@@ -69,8 +69,10 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 }
 
 // rankLoadOf keys one reported rank by the target it belongs to. A
-// single-rank decode engine's target has NoRank. Engines that report no
-// absolute token counts (vLLM) contribute their request counts only.
+// single-rank decode engine's target has NoRank. A decode (or aggregated)
+// rank's load is its tokens (KV in use plus pending prefill); a prefill
+// rank's is its pending prefill tokens. Engines that report no absolute
+// token counts (vLLM) contribute their request counts only.
 func rankLoadOf(ep *Endpoint, r load.Rank) rankLoad {
 	rank := r.Rank
 	if ep.DPSize == 1 && ep.Role == RoleDecode {
@@ -84,6 +86,12 @@ func rankLoadOf(ep *Endpoint, r load.Rank) rankLoad {
 	}
 	if r.HasTokens {
 		rl.tokens = max(r.TotalTokens, r.UsedTokens)
+		if ep.Role == RolePrefill {
+			// A prefill rank's backlog is the prompt tokens still to be
+			// computed (SGLang's num_pending_tokens). Its used tokens are
+			// mostly KV held until decode pulls it, which costs no compute.
+			rl.tokens = max(r.TotalTokens-r.UsedTokens, 0)
+		}
 	}
 	return rl
 }

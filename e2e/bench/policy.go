@@ -31,7 +31,8 @@ func Policies() []Policy {
 }
 
 // SelectPolicies returns the named policies from Policies, in that order;
-// an empty list selects every policy.
+// an empty list selects every policy. A name of the form PREFILL/DECODE
+// (e.g. round_robin/least_tokens) runs one duet policy per role.
 func SelectPolicies(names []string) ([]Policy, error) {
 	all := Policies()
 	if len(names) == 0 {
@@ -39,6 +40,10 @@ func SelectPolicies(names []string) ([]Policy, error) {
 	}
 	var out []Policy
 	for _, n := range names {
+		if prefill, decode, ok := strings.Cut(n, "/"); ok && prefill != "" && decode != "" {
+			out = append(out, Policy{Name: n, Prefill: prefill, Decode: decode})
+			continue
+		}
 		found := false
 		for _, p := range all {
 			if p.Name == n {

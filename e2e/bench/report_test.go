@@ -89,6 +89,10 @@ func TestSelectPolicies(t *testing.T) {
 	if _, err := SelectPolicies([]string{"fastest"}); err == nil || !strings.Contains(err.Error(), "unknown policy") {
 		t.Fatalf("err = %v", err)
 	}
+	mixed, err := SelectPolicies([]string{"round_robin/least_tokens"})
+	if err != nil || len(mixed) != 1 || mixed[0].Prefill != "round_robin" || mixed[0].Decode != "least_tokens" || mixed[0].Name != "round_robin/least_tokens" {
+		t.Fatalf("mixed = %+v, %v", mixed, err)
+	}
 }
 
 // The plots are written as PNG files.
