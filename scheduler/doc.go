@@ -14,13 +14,20 @@
 // cannot be asked. [Scheduler.Discover] runs one round of discovery and
 // [Scheduler.Run] repeats it periodically.
 //
-// Picking is lock-free: every discovery round that changes what is known
-// publishes a new immutable snapshot of the endpoints and their targets, and
-// [Scheduler.Pick] only reads the current snapshot.
+// Every discovery round that changes what is known publishes a new immutable
+// snapshot of the endpoints and their targets. [Scheduler.Pick] reads the
+// current snapshot and, under the ledger's lock, reads each candidate's load
+// (scraped engine numbers plus duet's reservations), runs the policy and
+// reserves the request's tokens on the chosen target, so concurrent picks
+// never see the same minimum. Reservations end on completion feedback
+// ([Scheduler.Complete]), on a scrape that covers them, or on a TTL.
 //
 // The package is split by job: endpoint.go (endpoints, targets and how an
 // engine URL maps to the address Envoy uses), discovery.go (asking engines
-// about themselves), policy.go (the policy interface and its registry),
-// roundrobin.go (the round_robin policy) and scheduler.go (configuration,
-// snapshots and picking).
+// about themselves), snapshot.go (targets per role), ledger.go (loads and
+// reservations), scrape.go (the load-scraping loop), pick.go (choosing and
+// reserving), feedback.go, tokens.go (the token estimate), metrics.go,
+// policy.go (the policy interface and its registry) and one policy_*.go file
+// per policy. Subpackage load fetches and parses engine load reports;
+// subpackage prefix hashes prompts and keeps the prefix index.
 package scheduler

@@ -23,12 +23,6 @@ type feedbackFunc func(ctx context.Context, c accesslog.Completion)
 // Complete implements accesslog.Sink.
 func (f feedbackFunc) Complete(ctx context.Context, c accesslog.Completion) { f(ctx, c) }
 
-// discardFeedback drops completions. It is the sink until serve wires
-// schedulerFeedback(sched.Complete) in; the accesslog Server still counts
-// every entry in duet_feedback_entries_total and keeps the latest for
-// /debug/completions.
-var discardFeedback = feedbackFunc(func(context.Context, accesslog.Completion) {})
-
 // schedulerFeedback delivers completions to the scheduler's Complete.
 func schedulerFeedback(complete func(scheduler.Feedback)) feedbackFunc {
 	return func(_ context.Context, c accesslog.Completion) { complete(toFeedback(c)) }

@@ -51,7 +51,8 @@ func TestToFeedback(t *testing.T) {
 }
 
 func TestFeedbackDebug(t *testing.T) {
-	srv := accesslog.NewServer(discardFeedback, zap.NewNop(), nil)
+	discard := feedbackFunc(func(context.Context, accesslog.Completion) {})
+	srv := accesslog.NewServer(discard, zap.NewNop(), nil)
 	fallback := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
 	h := withFeedbackDebug(fallback, srv)
 	for _, tt := range []struct {
