@@ -13,13 +13,8 @@ import (
 // Claim: the mirror carries the request exactly as ext_proc rewrote it (body
 // and content-length), so both legs see one bootstrap room and host.
 func TestMirrorReceivesRewrittenBody(t *testing.T) {
-	id := requestID(t, 0)
-	resp, body := send(t, pd, "POST", "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false, ""))
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
-	_, dec := only(t, legs(t, pd.Decode, id, 1))
-	_, pre := only(t, legs(t, pd.Prefill, id, 1))
+	r := pdChat(t, 0)
+	dec, pre := r.Decode, r.Prefill
 	if !bytes.Equal(dec.Body, pre.Body) {
 		t.Errorf("legs got different bodies:\ndecode:  %s\nprefill: %s", dec.Body, pre.Body)
 	}
@@ -76,13 +71,8 @@ func TestLegsReachHostsNamedByHeaders(t *testing.T) {
 func TestPerLegDPRank(t *testing.T) {
 	differ := 0
 	for i := range 8 {
-		id := requestID(t, i)
-		resp, body := send(t, pd, "POST", "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false, ""))
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
-		}
-		_, dec := only(t, legs(t, pd.Decode, id, 1))
-		preSim, pre := only(t, legs(t, pd.Prefill, id, 1))
+		r := pdChat(t, i)
+		dec, preSim, pre := r.Decode, r.PrefillSim, r.Prefill
 		if dec.DPRank == nil || dec.Source() != "header" || dec.Headers["x-data-parallel-rank"] != strconv.Itoa(*dec.DPRank) {
 			t.Fatalf("decode leg not pinned by header: rank %v source %q header %q", dec.DPRank, dec.Source(), dec.Headers["x-data-parallel-rank"])
 		}

@@ -212,14 +212,9 @@ func feedbackMetrics(t *testing.T, s *harness.Stack) map[string]float64 {
 func TestFeedbackPerLegRank(t *testing.T) {
 	differ := 0
 	for i := range 8 {
-		id := requestID(t, i)
-		resp, body := send(t, pd, "POST", "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false, ""))
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
-		}
-		_, dec := only(t, legs(t, pd.Decode, id, 1))
-		_, pre := only(t, legs(t, pd.Prefill, id, 1))
-		got := completions(t, pd, id, 3)
+		r := pdChat(t, i)
+		dec, pre := r.Decode, r.Prefill
+		got := completions(t, pd, r.ID, 3)
 		if got[accesslog.LegDecode].DPRank != *dec.DPRank || got[accesslog.LegRequest].DPRank != *dec.DPRank {
 			t.Errorf("decode rank %d, logged %d (upstream) and %d (request)", *dec.DPRank, got[accesslog.LegDecode].DPRank, got[accesslog.LegRequest].DPRank)
 		}

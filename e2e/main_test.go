@@ -172,3 +172,25 @@ func upstreamRequests(t *testing.T, s *harness.Stack) (prefill, decode int) {
 func chatBody(stream bool, extra string) []byte {
 	return []byte(fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"Tell me about disaggregated serving."}],"max_tokens":8,"stream":%v%s}`, stream, extra))
 }
+
+// pdLegs is one chat request sent through the shared PD stack, with the
+// engines that served its two legs and what they recorded.
+type pdLegs struct {
+	ID                    string
+	DecodeSim, PrefillSim *harness.Sim
+	Decode, Prefill       harness.Record
+}
+
+// pdChat sends chat request number i of the test through pd and returns
+// both legs; a non-200 answer fails the test.
+func pdChat(t *testing.T, i int) pdLegs {
+	t.Helper()
+	r := pdLegs{ID: requestID(t, i)}
+	resp, body := send(t, pd, "POST", "/v1/chat/completions", map[string]string{"x-request-id": r.ID}, chatBody(false, ""))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	r.DecodeSim, r.Decode = only(t, legs(t, pd.Decode, r.ID, 1))
+	r.PrefillSim, r.Prefill = only(t, legs(t, pd.Prefill, r.ID, 1))
+	return r
+}
