@@ -143,14 +143,7 @@ func TestModelStreamsOneTokenPerStep(t *testing.T) {
 	if tpot < 6*time.Millisecond || tpot > 30*time.Millisecond {
 		t.Fatalf("model TPOT %v, want ≈ 7.4ms", tpot)
 	}
-	var usage struct {
-		Usage struct {
-			Prompt  int `json:"prompt_tokens"`
-			Details struct {
-				Cached int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
-	}
+	var usage usageBody
 	if err := json.Unmarshal([]byte(s.events[len(s.events)-2]), &usage); err != nil || usage.Usage.Prompt != 4096 {
 		t.Fatalf("usage frame %s: %v", s.events[len(s.events)-2], err)
 	}
@@ -187,14 +180,7 @@ func TestModelPrefixCacheHTTP(t *testing.T) {
 	system := words(5, 3000)
 	cached := func(rank, user string) int {
 		r := post(t, ts.api.URL+"/v1/chat/completions", chatBody(system, user, 2, false), "X-Data-Parallel-Rank", rank)
-		var b struct {
-			Usage struct {
-				Prompt  int `json:"prompt_tokens"`
-				Details struct {
-					Cached int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
+		var b usageBody
 		r.json(t, &b)
 		if r.status != 200 || b.Usage.Prompt < 3000 {
 			t.Fatalf("status %d: %s", r.status, r.body)
@@ -359,4 +345,14 @@ func TestModelPDAndFailureModes(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// usageBody is the usage part of an OpenAI response, with cached tokens.
+type usageBody struct {
+	Usage struct {
+		Prompt  int `json:"prompt_tokens"`
+		Details struct {
+			Cached int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
 }

@@ -30,12 +30,16 @@ func (s *Server) apiHandler() (http.Handler, error) {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))
 	}
 
+	s.addCommonRoutes(mux)
+	return mux, nil
+}
+
+// addCommonRoutes adds what both flavours serve last: the test-inspection
+// API and, for unknown paths, FastAPI's 404.
+func (s *Server) addCommonRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /sim/requests", s.records.handleList)
 	mux.HandleFunc("DELETE /sim/requests", s.records.handleClear)
-
-	// Unknown paths answer like FastAPI.
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})
-	return mux, nil
 }

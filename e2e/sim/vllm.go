@@ -113,11 +113,7 @@ func (s *Server) vllmHandler() (http.Handler, error) {
 	for _, route := range []routeKind{routeChat, routeCompletions, routeResponses} {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))
 	}
-	mux.HandleFunc("GET /sim/requests", s.records.handleList)
-	mux.HandleFunc("DELETE /sim/requests", s.records.handleClear)
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		writeDetail(w, http.StatusNotFound, "Not Found")
-	})
+	s.addCommonRoutes(mux)
 	return mux, nil
 }
 
