@@ -61,6 +61,15 @@ type targetState struct {
 	reserved  int64
 	holds     map[*hold]struct{}
 	removed   bool // dropped from the ledger; stale snapshots may still point here
+	// health is the target's own health record and endpoint its endpoint's
+	// (see health.go); picks skip the target while either is ejected.
+	health, endpoint *healthState
+}
+
+// ejected reports whether picks skip ts at now (Unix ns): the target or
+// its endpoint is ejected.
+func (ts *targetState) ejected(now int64) bool {
+	return ts.health.ejected(now) || ts.endpoint.ejected(now)
 }
 
 // reservation is one request's holds on its targets (prefill and decode).

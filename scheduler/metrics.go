@@ -14,6 +14,12 @@ type metrics struct {
 	failures     *prometheus.CounterVec
 	feedback     *prometheus.CounterVec
 	policies     map[Role]string
+
+	endpointEjected *prometheus.GaugeVec
+	targetEjected   *prometheus.GaugeVec
+	ejections       *prometheus.CounterVec
+	probes          *prometheus.CounterVec
+	recoveries      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, l *ledger, policies map[Role]string) *metrics {
@@ -40,8 +46,29 @@ func newMetrics(reg prometheus.Registerer, l *ledger, policies map[Role]string) 
 			Help: "Completion feedback received, by leg and outcome.",
 		}, []string{"leg", "outcome"}),
 		policies: policies,
+		endpointEjected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "duet_endpoint_ejected",
+			Help: "1 while the endpoint is ejected or half-open (from its ejection to its recovery), else 0; by role and endpoint.",
+		}, []string{"role", "endpoint"}),
+		targetEjected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "duet_target_ejected",
+			Help: "1 while the target is ejected or half-open (from its ejection to its recovery), else 0; by role and target. Absent until the target's first ejection.",
+		}, []string{"role", "target"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_ejections_total",
+			Help: "Ejections of endpoints (reason unreachable, scrape, probe) and of targets (reason failures), by role, endpoint and reason.",
+		}, []string{"role", "endpoint", "reason"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_health_probes_total",
+			Help: "Active health probes, by role, endpoint and outcome (ok, failed).",
+		}, []string{"role", "endpoint", "outcome"}),
+		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_health_recoveries_total",
+			Help: "Ejected endpoints and targets that recovered from half-open, by role and endpoint.",
+		}, []string{"role", "endpoint"}),
 	}
-	reg.MustRegister(m.picks, m.pickSeconds, m.scrapeErrors, m.failures, m.feedback, &ledgerCollector{l: l})
+	reg.MustRegister(m.picks, m.pickSeconds, m.scrapeErrors, m.failures, m.feedback, &ledgerCollector{l: l},
+		m.endpointEjected, m.targetEjected, m.ejections, m.probes, m.recoveries)
 	return m
 }
 

@@ -9,8 +9,11 @@ import (
 
 // Pick chooses the targets for one request: a decode target with the decode
 // policy and, when a prefill pool is configured (and req is not
-// DecodeOnly), a prefill target with the prefill policy. If a needed role
-// has no ready endpoint, the error wraps ErrNoEndpoints and names the role.
+// DecodeOnly), a prefill target with the prefill policy. Ejected targets
+// (and the targets of ejected endpoints) are not candidates. If a needed
+// role has no ready endpoint, or all its targets are ejected, the error
+// wraps ErrNoEndpoints and names the role; no policy runs and nothing is
+// reserved.
 //
 // Choosing and reserving are atomic: under the ledger's lock each chosen
 // target is charged the request's estimated tokens (prompt tokens on the
@@ -57,10 +60,24 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 
 	var d Decision
 	var chosen [2]*targetState
+	var prefillCands []Candidate
+	var prefillFiltered bool
 	s.ledger.mu.Lock()
-	now := time.Now()
+	now := s.now()
 	if pd {
-		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, matches, now, &s.prefillScratch)
+		prefillCands, prefillFiltered = s.candidates(&snap.prefill, matches, now, &s.prefillScratch)
+		if len(prefillCands) == 0 {
+			s.ledger.mu.Unlock()
+			return Decision{}, allEjected(RolePrefill, len(snap.prefill.targets))
+		}
+	}
+	decodeCands, decodeFiltered := s.candidates(&snap.decode, matches, now, &s.decodeScratch)
+	if len(decodeCands) == 0 {
+		s.ledger.mu.Unlock()
+		return Decision{}, allEjected(RoleDecode, len(snap.decode.targets))
+	}
+	if pd {
+		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
 		if err != nil {
 			s.ledger.mu.Unlock()
 			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
@@ -70,7 +87,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		chosen[0] = snap.prefill.states[i]
 		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
 	}
-	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, matches, now, &s.decodeScratch)
+	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
 	if err != nil {
 		if pd {
 			s.ledger.releaseLocked(id, RolePrefill)
@@ -130,10 +147,17 @@ type prefixMatch struct {
 	fraction float64
 }
 
-// choose runs policy over p's targets with their current loads and prefix
-// matches. Caller holds s.ledger.mu (which also guards scratch).
-func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, matches []prefixMatch, now time.Time, scratch *[]Candidate) (int, error) {
-	cands := (*scratch)[:0]
+// allEjected is Pick's error when every target of role is ejected.
+func allEjected(role Role, n int) error {
+	return fmt.Errorf("scheduler: pick %s: all %d targets are ejected: %w", role, n, ErrNoEndpoints)
+}
+
+// candidates lists p's targets with their current loads and prefix
+// matches, leaving out ejected ones; filtered reports whether any was left
+// out (the candidates' positions then differ from the pool's). Caller holds
+// s.ledger.mu (which also guards scratch).
+func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, scratch *[]Candidate) (cands []Candidate, filtered bool) {
+	cands = (*scratch)[:0]
 	since := s.ledger.freshSince(now)
 	for i, t := range p.targets {
 		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
@@ -144,12 +168,32 @@ func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Req
 		}
 	}
 	*scratch = cands
+	// While no record is ejected or half-open, no target is skipped.
+	if s.health.count.Load() == 0 {
+		return cands, false
+	}
+	at := now.UnixNano()
+	kept := cands[:0]
+	for i := range cands {
+		if !p.states[i].ejected(at) {
+			kept = append(kept, cands[i])
+		}
+	}
+	return kept, len(kept) < len(cands)
+}
+
+// choose runs policy over cands, built from p by candidates, and returns
+// the chosen target's position in p. Caller holds s.ledger.mu.
+func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, cands []Candidate, filtered bool) (int, error) {
 	i, err := policy.Pick(ctx, req, cands)
 	if err != nil {
 		return 0, err
 	}
 	if i < 0 || i >= len(cands) {
 		return 0, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+	}
+	if filtered {
+		i = p.index[cands[i].Key()]
 	}
 	return i, nil
 }

@@ -26,7 +26,8 @@ const (
 )
 
 // ErrNoEndpoints is wrapped in the error Pick returns when a role has no
-// ready endpoint; the error message names the role.
+// ready endpoint, or when every target of a role is ejected; the error
+// message names the role.
 var ErrNoEndpoints = errors.New("no ready endpoint")
 
 // Config configures a Scheduler.
@@ -56,6 +57,14 @@ type Config struct {
 	Prefix PrefixConfig
 	// Tokens configures the token estimate.
 	Tokens TokenConfig
+	// Health configures health checking and ejection.
+	Health HealthConfig
+	// OnEject, if set, is called on every ejection of an endpoint or a
+	// target. It is called outside every scheduler lock, in the goroutine
+	// that observed the failure (a Complete caller, the probe loop or the
+	// scrape loop), so calls may be concurrent; it may call the scheduler,
+	// and should return quickly.
+	OnEject func(Ejection)
 	// Registerer receives the scheduler's metrics; nil means none.
 	Registerer prometheus.Registerer
 	// EngineRanks makes duet choose engines only, never ranks: prefill
@@ -142,6 +151,13 @@ type Scheduler struct {
 	defaultMaxTokens int
 	metrics          *metrics
 	anonymous        atomic.Uint64
+	health           *health
+	onEject          func(Ejection)
+	// now is the scheduler's clock (time.Now; tests replace it before use).
+	now func() time.Time
+	// discovered and scraped record that a first discovery round, and a
+	// first scrape round after it, have finished: Ready waits for both.
+	discovered, scraped atomic.Bool
 	// Candidate scratch space, guarded by ledger.mu.
 	prefillScratch, decodeScratch []Candidate
 }
@@ -162,6 +178,8 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		interval: cfg.DiscoveryInterval,
 		timeout:  cfg.DiscoveryTimeout,
 		pd:       len(cfg.Prefill) > 0,
+		onEject:  cfg.OnEject,
+		now:      time.Now,
 	}
 	if s.client == nil {
 		s.client = &http.Client{}
@@ -210,6 +228,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 			RolePrefill: s.prefillPolicy.Name(), RoleDecode: s.decodePolicy.Name(),
 		})
 	}
+	s.health = newHealth(cfg.Health, s.metrics)
 
 	seen := make(map[string]string) // duplicate key -> URL as configured
 	add := func(role Role, specs []EndpointSpec) error {
@@ -222,6 +241,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 				return fmt.Errorf("scheduler: duplicate endpoint URL %q (same engine as %q)", spec.URL, prev)
 			}
 			seen[m.url.key] = spec.URL
+			s.health.addEndpoint(role, m.cur.URL)
 			s.members = append(s.members, m)
 		}
 		return nil
@@ -268,7 +288,7 @@ func newMember(role Role, spec EndpointSpec) (*member, error) {
 // publish makes the members' current states the snapshot picks use. The
 // caller holds discoverMu or is New.
 func (s *Scheduler) publish() {
-	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.index.Remove))
+	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.health, s.index.Remove))
 }
 
 // states returns the members' current states. The caller holds discoverMu
@@ -315,21 +335,30 @@ func (s *Scheduler) Discover(ctx context.Context) error {
 	if changed {
 		s.publish()
 	}
+	s.discovered.Store(true)
 	return errors.Join(errs...)
 }
 
 // Run calls Discover now and then every DiscoveryInterval until ctx is
-// done. Discovery errors are logged as endpoints change state; Run itself
-// only logs them at debug level.
+// done. After the first discovery round it also scrapes loads every
+// LoadConfig.Interval and probes health every HealthConfig.Interval (each
+// unless disabled). Discovery errors are logged as endpoints change state;
+// Run itself only logs them at debug level. Run returns when ctx is done
+// and its loops have stopped.
 func (s *Scheduler) Run(ctx context.Context) {
-	if s.loadCfg.Interval > 0 {
-		go s.runScrapes(ctx)
-	}
+	var loops sync.WaitGroup
+	defer loops.Wait()
 	ticker := time.NewTicker(s.interval)
 	defer ticker.Stop()
-	for {
+	for first := true; ; first = false {
 		if err := s.Discover(ctx); err != nil && ctx.Err() == nil {
 			s.log.Debug("discovery round finished with errors", zap.Error(err))
+		}
+		if first {
+			if s.loadCfg.Interval > 0 {
+				loops.Go(func() { s.runScrapes(ctx) })
+			}
+			loops.Go(func() { s.runHealth(ctx) })
 		}
 		select {
 		case <-ctx.Done():
@@ -339,10 +368,16 @@ func (s *Scheduler) Run(ctx context.Context) {
 	}
 }
 
-// Ready reports whether requests can be scheduled: at least one decode
-// endpoint is ready and, if a prefill pool is configured, at least one
-// prefill endpoint too.
+// Ready reports whether requests can be scheduled: the first discovery
+// round has finished and, when scraping is enabled, so has the first load
+// scrape round after it; and at least one decode endpoint is ready and, if
+// a prefill pool is configured, at least one prefill endpoint too.
+// Ejections do not affect readiness: a pool whose targets are all ejected
+// still answers, with fast errors from Pick.
 func (s *Scheduler) Ready() bool {
+	if !s.discovered.Load() || (s.loadCfg.Interval > 0 && !s.scraped.Load()) {
+		return false
+	}
 	snap := s.snap.Load()
 	return len(snap.decode.targets) > 0 && (!s.pd || len(snap.prefill.targets) > 0)
 }

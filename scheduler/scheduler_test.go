@@ -156,7 +156,7 @@ func TestTargets(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			snap := newSnapshot(tt.endpoints, false, newLedger(0, 0, 0), nil, func(TargetKey) {})
+			snap := newSnapshot(tt.endpoints, false, newLedger(0, 0, 0), nil, newHealth(HealthConfig{}, nil), func(TargetKey) {})
 			if got := targetStrings(snap.prefill.targets); strings.Join(got, ",") != strings.Join(tt.wantPrefill, ",") {
 				t.Errorf("prefill targets = %q, want %q", got, tt.wantPrefill)
 			}
@@ -219,6 +219,7 @@ func TestPickRoundRobin(t *testing.T) {
 			}
 			s := newTestScheduler(t, cfg, nil)
 			mustDiscover(t, s)
+			s.ScrapeLoads(testContext(t)) // Ready waits for a first scrape round
 			if !s.Ready() || s.PD() != (tt.prefillN > 0) {
 				t.Fatalf("Ready, PD = %v, %v", s.Ready(), s.PD())
 			}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -31,8 +32,11 @@ func (s *Scheduler) runScrapes(ctx context.Context) {
 // ScrapeLoads scrapes every ready endpoint once, at most
 // LoadConfig.Concurrency at a time, and records the results in the ledger.
 // Failures are counted and logged; the targets' numbers then age until they
-// are stale and no longer trusted.
+// are stale and no longer trusted. A scrape that got no answer at all
+// (connection failed, timeout) also counts toward the endpoint's ejection;
+// an answer that is an HTTP error or cannot be parsed does not.
 func (s *Scheduler) ScrapeLoads(ctx context.Context) {
+	afterDiscovery := s.discovered.Load()
 	snap := s.snap.Load()
 	sem := make(chan struct{}, s.loadCfg.Concurrency)
 	var wg sync.WaitGroup
@@ -48,19 +52,33 @@ func (s *Scheduler) ScrapeLoads(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+	if afterDiscovery && ctx.Err() == nil {
+		s.scraped.Store(true)
+	}
 }
 
+// scrapeEndpoint scrapes one endpoint, records its loads and feeds its
+// health.
 func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 	rep, err := s.scraper.Scrape(ctx, ep.URL)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Debug("load scrape failed", zap.String("url", ep.URL), zap.Error(err))
-			if s.metrics != nil {
-				s.metrics.scrapeErrors.WithLabelValues(string(ep.Role), ep.URL).Inc()
-			}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Debug("load scrape failed", zap.String("url", ep.URL), zap.Error(err))
+		if s.metrics != nil {
+			s.metrics.scrapeErrors.WithLabelValues(string(ep.Role), ep.URL).Inc()
+		}
+		rec := s.health.endpoints[ep.URL]
+		if errors.Is(err, load.ErrTransport) {
+			s.report(s.health.fail(rec, sigScrape, s.now(), nil))
+		} else {
+			// The engine answered: its loads are only stale, not gone.
+			s.health.reset(rec, sigScrape)
 		}
 		return
 	}
+	s.report(s.health.succeed(s.health.endpoints[ep.URL], sigScrape, s.now(), nil))
 	ranks := make([]rankLoad, 0, len(rep.Ranks))
 	for _, r := range rep.Ranks {
 		ranks = append(ranks, rankLoadOf(ep, r))

@@ -8,6 +8,23 @@ type snapshot struct {
 	endpoints []Endpoint // both roles: prefill first, then decode, in configuration order
 	prefill   pool       // targets of ready prefill endpoints
 	decode    pool       // targets of ready decode endpoints
+	// byHost maps a role and the host part of a Target.String() (the
+	// address, and the URL too) to the endpoints it names.
+	byHost map[hostKey][]int
+}
+
+// hostKey is the key of snapshot.byHost.
+type hostKey struct {
+	role Role
+	host string
+}
+
+// pool returns role's pool.
+func (s *snapshot) pool(role Role) *pool {
+	if role == RolePrefill {
+		return &s.prefill
+	}
+	return &s.decode
 }
 
 // pool is one role's schedulable targets with their ledger entries.
@@ -20,11 +37,16 @@ type pool struct {
 // newSnapshot builds a snapshot from the endpoints' states (it copies eps),
 // creates ledger entries for new targets and drops those of targets that
 // are no longer schedulable, with their reservations and prefix entries.
-func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, forget func(TargetKey)) *snapshot {
-	s := &snapshot{endpoints: append([]Endpoint(nil), eps...)}
+// Each target's entry is bound to its endpoint's health record in h.
+func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, h *health, forget func(TargetKey)) *snapshot {
+	s := &snapshot{endpoints: append([]Endpoint(nil), eps...), byHost: make(map[hostKey][]int, 2*len(eps))}
 	var prefill, decode []*Endpoint
 	for i := range s.endpoints {
 		ep := &s.endpoints[i]
+		s.byHost[hostKey{ep.Role, ep.URL}] = append(s.byHost[hostKey{ep.Role, ep.URL}], i)
+		if ep.Address != "" {
+			s.byHost[hostKey{ep.Role, ep.Address}] = append(s.byHost[hostKey{ep.Role, ep.Address}], i)
+		}
 		if !ep.Ready {
 			continue
 		}
@@ -36,8 +58,8 @@ func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, forget
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s.prefill = newPool(buildTargets(prefill, engineRanks), l, m)
-	s.decode = newPool(buildTargets(decode, engineRanks), l, m)
+	s.prefill = newPool(buildTargets(prefill, engineRanks), l, m, h)
+	s.decode = newPool(buildTargets(decode, engineRanks), l, m, h)
 	l.retain(func(k TargetKey) bool {
 		_, inPrefill := s.prefill.index[k]
 		_, inDecode := s.decode.index[k]
@@ -50,8 +72,9 @@ func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, forget
 	return s
 }
 
-// newPool binds targets to their ledger entries. Caller holds l.mu.
-func newPool(targets []Target, l *ledger, m *metrics) pool {
+// newPool binds targets to their ledger entries, and those to the health
+// records of the target and its endpoint. Caller holds l.mu.
+func newPool(targets []Target, l *ledger, m *metrics, h *health) pool {
 	p := pool{targets: targets, states: make([]*targetState, len(targets)), index: make(map[TargetKey]int, len(targets))}
 	for i, t := range targets {
 		key := t.Key()
@@ -60,6 +83,10 @@ func newPool(targets []Target, l *ledger, m *metrics) pool {
 		if m != nil && ts.picks == nil {
 			ts.picks = m.picksFor(ts.role, ts.label)
 		}
+		if ts.health == nil {
+			ts.health = newTargetHealth(t)
+		}
+		ts.endpoint = h.endpoints[key.URL]
 		p.states[i] = ts
 		p.index[key] = i
 	}

@@ -46,7 +46,8 @@ func (e *statusError) Error() string {
 
 // get sends GET u with the given Accept header. An error means no answer
 // was obtained (transport failure, cancelled context, oversize or unreadable
-// body); any HTTP status is returned as a response. now stamps startedAt.
+// body); any HTTP status is returned as a response. Failures to connect or
+// to read the body match ErrTransport. now stamps startedAt.
 func get(ctx context.Context, client *http.Client, now func() time.Time, u, accept string) (response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -60,7 +61,7 @@ func get(ctx context.Context, client *http.Client, now func() time.Time, u, acce
 		if errors.As(err, &ue) {
 			err = ue.Err // its message repeats the URL
 		}
-		return response{}, fmt.Errorf("GET %s: %w", u, err)
+		return response{}, fmt.Errorf("GET %s: %w", u, &transportError{err: err})
 	}
 	defer resp.Body.Close()
 	out := response{status: resp.StatusCode, startedAt: started}
@@ -70,7 +71,7 @@ func get(ctx context.Context, client *http.Client, now func() time.Time, u, acce
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return response{}, fmt.Errorf("GET %s: read body: %w", u, err)
+		return response{}, fmt.Errorf("GET %s: read body: %w", u, &transportError{err: err})
 	}
 	if out.ok() && int64(len(body)) > limit {
 		return response{}, fmt.Errorf("GET %s: %w (limit %d bytes)", u, ErrBodyTooLarge, limit)

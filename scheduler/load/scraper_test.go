@@ -220,6 +220,9 @@ func TestScrapeErrors(t *testing.T) {
 				if !strings.Contains(err.Error(), tt.wantIn) || !strings.Contains(err.Error(), srv.URL+"/") {
 					t.Errorf("Scrape() error = %q, want it to contain %q and the URL", err, tt.wantIn)
 				}
+				if errors.Is(err, ErrTransport) {
+					t.Errorf("Scrape() error = %v matches ErrTransport, but the engine answered", err)
+				}
 			}
 			if got := e.count("/v1/loads"); got != tt.wantLoads {
 				t.Errorf("/v1/loads requests = %d, want %d", got, tt.wantLoads)
@@ -242,6 +245,9 @@ func TestScrapeTransportError(t *testing.T) {
 	}
 	if strings.Count(err.Error(), url) != 1 {
 		t.Errorf("Scrape() error = %q, want the URL named once", err)
+	}
+	if !errors.Is(err, ErrTransport) {
+		t.Errorf("Scrape() error = %v does not match ErrTransport", err)
 	}
 	if s.memo.absent(url, s.now()) {
 		t.Errorf("transport error was remembered as /v1/loads absent")
@@ -293,6 +299,9 @@ func TestScrapeTimeout(t *testing.T) {
 			}
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("Scrape() error = %v, want %v", err, tt.want)
+			}
+			if !errors.Is(err, ErrTransport) {
+				t.Errorf("Scrape() error = %v does not match ErrTransport", err)
 			}
 		})
 	}
