@@ -41,7 +41,8 @@ const (
 
 // LoggedRequestHeaders are the request headers every ALS entry carries.
 var LoggedRequestHeaders = []string{
-	extproc.HeaderRequestID, extproc.HeaderDecodeEndpoint, extproc.HeaderPrefillEndpoint, extproc.HeaderDPRank,
+	extproc.HeaderDuetRequestID, extproc.HeaderRequestID, extproc.HeaderDecodeEndpoint, extproc.HeaderPrefillEndpoint,
+	extproc.HeaderDPRank,
 }
 
 // Address is a host (IP or DNS name) and port.

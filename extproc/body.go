@@ -19,13 +19,15 @@ const (
 	FieldDisaggPrefillDPRank = "disagg_prefill_dp_rank"
 	FieldRoutedDPRank        = "routed_dp_rank"
 	FieldDeprecatedDPRank    = "data_parallel_rank"
+	// FieldRID is SGLang's request id (rid), the key of POST /abort_request.
+	FieldRID = "rid"
 )
 
 // routingFields are removed from every client body before duet writes its
 // own: a client must never choose a host, a room or a rank.
 var routingFields = []string{
 	FieldBootstrapHost, FieldBootstrapPort, FieldBootstrapRoom,
-	FieldDisaggPrefillDPRank, FieldRoutedDPRank, FieldDeprecatedDPRank,
+	FieldDisaggPrefillDPRank, FieldRoutedDPRank, FieldDeprecatedDPRank, FieldRID,
 }
 
 // maxBodyDepth bounds a request body's JSON nesting: far beyond what chat
@@ -129,6 +131,10 @@ type Placement struct {
 	// single-leg (aggregated) request: in PD mode the body is shared by both
 	// legs and must not pin one rank for both.
 	RoutedRank int
+	// RID, when not empty, is written as the request's rid, so that duet can
+	// name the request to the engine's POST /abort_request. SGLang expands a
+	// string rid to "<rid>_<i>" for batches and n > 1.
+	RID string
 }
 
 // Rewrite returns the body with the client's routing fields replaced by
@@ -167,6 +173,11 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 			if out, err = sjson.SetBytes(out, FieldDisaggPrefillDPRank, pl.PrefillRank); err != nil {
 				return nil, nil, fmt.Errorf("set %s: %w", FieldDisaggPrefillDPRank, err)
 			}
+		}
+	}
+	if pl.RID != "" {
+		if out, err = sjson.SetBytes(out, FieldRID, pl.RID); err != nil {
+			return nil, nil, fmt.Errorf("set %s: %w", FieldRID, err)
 		}
 	}
 	if pl.RoutedRank >= 0 {

@@ -24,8 +24,15 @@ const (
 	// upstream chain writes it into that leg's body as routed_dp_rank (the
 	// mirrored prefill leg keeps the shared body).
 	HeaderDecodeBodyRank = "x-duet-decode-body-rank"
-	// HeaderRequestID is set when the client sent none.
+	// HeaderRequestID is the client's request id, kept for logs and
+	// responses; duet sets it when the client sent none. duet never keys
+	// anything by it: a client can reuse or guess another request's id.
 	HeaderRequestID = "x-request-id"
+	// HeaderDuetRequestID is the id duet mints for every request. It keys
+	// everything duet tracks (reservations, completion feedback, aborts) and
+	// is the rid SGLang knows the request by. Clients cannot set it: Envoy
+	// strips every x-duet-* header from client requests.
+	HeaderDuetRequestID = "x-duet-request-id"
 )
 
 // HeaderPrefix is the prefix of every duet routing header.

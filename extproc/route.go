@@ -49,3 +49,44 @@ func ClassifyRoute(method, path string) Route {
 	}
 	return RouteOther
 }
+
+// adminPaths are SGLang endpoints that act on the engine as a whole or on
+// other clients' requests (abort, cache flush, weight updates, profiling,
+// memory release, shutdown). Through duet they would let one client abort or
+// stall everyone's requests, so duet refuses them; operators reach the
+// engines directly.
+var adminPaths = map[string]bool{
+	"/abort_request":                    true,
+	"/flush_cache":                      true,
+	"/update_weights_from_disk":         true,
+	"/update_weights_from_tensor":       true,
+	"/update_weights_from_distributed":  true,
+	"/init_weights_update_group":        true,
+	"/update_weight_version":            true,
+	"/release_memory_occupation":        true,
+	"/resume_memory_occupation":         true,
+	"/start_profile":                    true,
+	"/stop_profile":                     true,
+	"/start_expert_distribution_record": true,
+	"/stop_expert_distribution_record":  true,
+	"/dump_expert_distribution_record":  true,
+	"/configure_logging":                true,
+	"/set_internal_state":               true,
+	"/pause_generation":                 true,
+	"/continue_generation":              true,
+	"/slow_down":                        true,
+	"/shutdown":                         true,
+	"/load_lora_adapter":                true,
+	"/unload_lora_adapter":              true,
+	"/open_session":                     true,
+	"/close_session":                    true,
+}
+
+// AdminPath reports whether path (query included or not) is an engine
+// administration endpoint that clients must not reach through duet.
+func AdminPath(path string) bool {
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	return adminPaths[strings.TrimSuffix(path, "/")]
+}

@@ -27,3 +27,24 @@ func TestClassifyRoute(t *testing.T) {
 		t.Error("route predicates wrong")
 	}
 }
+
+func TestAdminPath(t *testing.T) {
+	tests := []struct {
+		path string
+		want bool
+	}{
+		{"/abort_request", true},
+		{"/abort_request/", true},
+		{"/flush_cache?now=1", true},
+		{"/update_weights_from_disk", true},
+		{"/generate", false},
+		{"/v1/models", false},
+		{"/health", false},
+		{"/abort_request_x", false},
+	}
+	for _, tt := range tests {
+		if got := AdminPath(tt.path); got != tt.want {
+			t.Errorf("AdminPath(%q) = %v, want %v", tt.path, got, tt.want)
+		}
+	}
+}

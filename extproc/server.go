@@ -24,6 +24,15 @@ type Picker interface {
 	Pick(ctx context.Context, req *scheduler.Request) (scheduler.Decision, error)
 }
 
+// LegTracker follows the two legs of each routed PD request, so that the
+// surviving leg can be aborted when the other fails (package legs).
+type LegTracker interface {
+	// Track records a PD request routed to d under duet's request id, which
+	// is also the request's SGLang rid; items is the body's batch size (0
+	// for a single request).
+	Track(id string, items int, d scheduler.Decision)
+}
+
 // Options configure a Server.
 type Options struct {
 	// Picker chooses targets; required.
@@ -37,6 +46,8 @@ type Options struct {
 	Logger *zap.Logger
 	// Metrics; nil means none are recorded.
 	Metrics *Metrics
+	// Legs, when set, is told about every routed PD inference request.
+	Legs LegTracker
 }
 
 // Server implements the Envoy ExternalProcessor gRPC service.
@@ -67,6 +78,7 @@ type request struct {
 	method    string
 	path      string
 	requestID string // from the client; empty when duet must mint one
+	duetID    string // minted by duet for every request: keys all duet tracks
 	body      []byte
 }
 
@@ -172,6 +184,10 @@ func (s *Server) decide(ctx context.Context, req *request, ph phase) *extprocv3.
 }
 
 func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.ProcessingResponse {
+	if AdminPath(req.path) {
+		return s.reject(req, http.StatusForbidden, "admin_path",
+			fmt.Sprintf("%s is an engine administration endpoint and cannot be reached through duet", req.path))
+	}
 	var body *Body
 	if req.route.Inference() {
 		var err error
@@ -184,10 +200,11 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 			return s.reject(req, http.StatusBadRequest, "invalid_body", err.Error())
 		}
 	}
+	req.duetID = newRequestID()
 	if req.requestID == "" {
-		req.requestID = newRequestID()
+		req.requestID = req.duetID
 	}
-	sreq := &scheduler.Request{ID: req.requestID, Path: req.path, DecodeOnly: !req.route.Inference()}
+	sreq := &scheduler.Request{ID: req.duetID, Path: req.path, DecodeOnly: !req.route.Inference()}
 	if body != nil {
 		describe(req.route, body, sreq)
 	}
@@ -197,7 +214,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		if errors.Is(err, scheduler.ErrNoEndpoints) {
 			code = http.StatusServiceUnavailable
 		}
-		s.log.Warn("no target", zap.String("request_id", req.requestID), zap.Error(err))
+		s.log.Warn("no target", zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.Error(err))
 		return s.reject(req, code, "no_target", "no inference endpoint is available: "+err.Error())
 	}
 
@@ -207,6 +224,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
 	set(HeaderDecodeEndpoint, decision.Decode.Endpoint.Address)
 	set(HeaderRequestID, req.requestID)
+	set(HeaderDuetRequestID, req.duetID)
 	mirror := decision.Prefill != nil
 	if mirror {
 		set(HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
@@ -231,13 +249,18 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	}
 
 	meta := map[string]any{
-		"request_id": req.requestID,
-		"route":      req.route.String(),
-		"decode":     decision.Decode.String(),
+		"request_id":        req.duetID,
+		"client_request_id": req.requestID,
+		"route":             req.route.String(),
+		"decode":            decision.Decode.String(),
 	}
 	common := &extprocv3.CommonResponse{HeaderMutation: mut}
 	if body != nil {
 		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank}
+		if req.route != RouteResponses {
+			// SGLang's responses API has no rid field; the others do.
+			pl.RID = req.duetID
+		}
 		if mirror {
 			p := decision.Prefill
 			pl.BootstrapHost = p.Endpoint.BootstrapHost
@@ -264,8 +287,11 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		return s.reject(req, http.StatusInternalServerError, "metadata", err.Error())
 	}
 	s.count(req, "routed")
+	if mirror && body != nil && req.route != RouteResponses && s.opts.Legs != nil {
+		s.opts.Legs.Track(req.duetID, body.Batch, decision)
+	}
 	if s.log.Core().Enabled(zap.DebugLevel) {
-		s.log.Debug("routed", zap.String("request_id", req.requestID), zap.String("route", req.route.String()),
+		s.log.Debug("routed", zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.String("route", req.route.String()),
 			zap.Any("targets", meta))
 	}
 	resp := &extprocv3.ProcessingResponse{DynamicMetadata: md}

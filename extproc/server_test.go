@@ -129,9 +129,11 @@ func removed(c *extprocv3.CommonResponse) map[string]bool {
 }
 
 func TestProcessPDChat(t *testing.T) {
-	c := client(t, &fakePicker{decision: pdPick}, 1<<20)
+	picker := &fakePicker{decision: pdPick}
+	c := client(t, picker, 1<<20)
 	resp := exchange(t, c, "POST", "/v1/chat/completions", map[string]string{"x-request-id": "abc"},
-		[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"routed_dp_rank":0}`))
+		[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"routed_dp_rank":0,"rid":"someone-elses"}`))
+	pickedID := picker.last.Load().ID
 	cr := common(resp)
 	if cr == nil {
 		t.Fatalf("no body response: %v", resp)
@@ -163,9 +165,29 @@ func TestProcessPDChat(t *testing.T) {
 	if gen[HeaderDecodeBodyRank] != "1" {
 		t.Errorf("PD /generate: %s = %q, want the decode rank 1", HeaderDecodeBodyRank, gen[HeaderDecodeBodyRank])
 	}
+	// Identity: duet mints its own id, which keys the pick and is the rid;
+	// the client's id is kept for logs but keys nothing.
+	duetID := h[HeaderDuetRequestID]
+	if len(duetID) != 36 || duetID == "abc" {
+		t.Errorf("%s = %q, want a minted UUID", HeaderDuetRequestID, duetID)
+	}
+	if got := pickedID; got != duetID {
+		t.Errorf("picked under id %q, want duet's %q", got, duetID)
+	}
+	if rid := j.Get("rid").String(); rid != duetID {
+		t.Errorf("rid = %q, want duet's id %q (the client's rid must be replaced)", rid, duetID)
+	}
 	md := resp.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()
-	if md["request_id"].GetStringValue() != "abc" || md["prefill"].GetStringValue() == "" {
+	if md["request_id"].GetStringValue() != duetID || md["client_request_id"].GetStringValue() != "abc" ||
+		md["prefill"].GetStringValue() == "" {
 		t.Errorf("dynamic metadata = %v", md)
+	}
+	// The same client id twice still gives two distinct duet ids.
+	again := setHeaders(common(exchange(t, c, "POST", "/v1/chat/completions", map[string]string{"x-request-id": "abc"},
+		[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))))
+	if again[HeaderDuetRequestID] == duetID || again[HeaderRequestID] != "abc" {
+		t.Errorf("second request with the same x-request-id: duet id %q (first %q), x-request-id %q",
+			again[HeaderDuetRequestID], duetID, again[HeaderRequestID])
 	}
 }
 
@@ -273,6 +295,8 @@ func TestProcessRejects(t *testing.T) {
 		{"too large", &fakePicker{decision: pdPick}, "/generate", []byte(`{"text":"` + string(make([]byte, 2048)) + `"}`), 413},
 		{"no endpoints", &fakePicker{err: fmt.Errorf("decode: %w", scheduler.ErrNoEndpoints)}, "/generate", []byte(`{"text":"x"}`), 503},
 		{"picker failure", &fakePicker{err: fmt.Errorf("boom")}, "/generate", []byte(`{"text":"x"}`), 500},
+		{"client abort of any request", &fakePicker{decision: pdPick}, "/abort_request", []byte(`{"abort_all":true}`), 403},
+		{"engine admin path with a query", &fakePicker{decision: pdPick}, "/flush_cache?x=1", []byte(`{}`), 403},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 type Process struct {
 	Name    string
 	LogPath string
+	argv    []string
 	cmd     *exec.Cmd
 	done    chan struct{}
 	err     error
@@ -26,8 +27,12 @@ type Process struct {
 
 // startProcess runs name's command with stdout and stderr in dir/name.log.
 func startProcess(dir, name string, argv ...string) (*Process, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
+	return runProcess(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, name, argv)
+}
+
+// runProcess starts argv logging to logPath opened with flag.
+func runProcess(logPath string, flag int, name string, argv []string) (*Process, error) {
+	f, err := os.OpenFile(logPath, flag, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -38,7 +43,7 @@ func startProcess(dir, name string, argv ...string) (*Process, error) {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, argv: argv, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -73,6 +78,30 @@ func (p *Process) Stop(grace time.Duration) error {
 	if p.err != nil && !errors.As(p.err, &exit) {
 		return fmt.Errorf("stop %s: %w", p.Name, p.err)
 	}
+	return nil
+}
+
+// Kill ends the process at once with SIGKILL, as a crash would, and waits
+// for it.
+func (p *Process) Kill() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Restart starts the process's command again (after Stop or Kill), logging
+// after what it logged before. It does not wait for readiness.
+func (p *Process) Restart() error {
+	if !p.Exited() {
+		return fmt.Errorf("restart %s: still running", p.Name)
+	}
+	fresh, err := runProcess(p.LogPath, os.O_APPEND|os.O_WRONLY, p.Name, p.argv)
+	if err != nil {
+		return err
+	}
+	p.cmd, p.done, p.err = fresh.cmd, fresh.done, nil
 	return nil
 }
 

@@ -22,6 +22,15 @@ type Sim struct {
 	DPSize int
 }
 
+// Restart starts the engine again on the same ports after it stopped or
+// was killed, and waits until it is healthy.
+func (s *Sim) Restart(ctx context.Context) error {
+	if err := s.Process.Restart(); err != nil {
+		return err
+	}
+	return waitHTTP(ctx, s.Process, s.URL+"/health")
+}
+
 // Record is one inference request as the simulated engine saw it (the
 // JSON of GET /sim/requests).
 type Record = sim.Record

@@ -45,6 +45,8 @@ type Options struct {
 	EngineRanks bool
 	// CoverDelay is duet's load.cover_delay (0: duet's default).
 	CoverDelay time.Duration
+	// DuetYAML is appended to duet's configuration, e.g. a health section.
+	DuetYAML string
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
 }
@@ -249,6 +251,9 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 		b.WriteString("engine_ranks: true\n")
 	}
 	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", hostPort(envoyPort), hostPort(envoyAdminPort))
+	if opts.DuetYAML != "" {
+		b.WriteString(strings.TrimSuffix(opts.DuetYAML, "\n") + "\n")
+	}
 	if len(s.Prefill) > 0 {
 		b.WriteString("prefill:\n")
 		for _, sim := range s.Prefill {
@@ -260,6 +265,15 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 		fmt.Fprintf(&b, "  - url: %s\n", sim.URL)
 	}
 	return b.String()
+}
+
+// RestartDuet starts duet again after it stopped or was killed, with the
+// same configuration, and waits until it is ready. Envoy is not touched.
+func (s *Stack) RestartDuet(ctx context.Context) error {
+	if err := s.Duet.Restart(); err != nil {
+		return err
+	}
+	return waitHTTP(ctx, s.Duet, s.DuetAdminURL+"/readyz")
 }
 
 // Processes returns every process of the stack.

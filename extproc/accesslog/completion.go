@@ -23,9 +23,13 @@ const NoRank = -1
 
 // Completion is one finished leg of a request, as Envoy logged it.
 type Completion struct {
-	// RequestID is the x-request-id request header (it is the same on both
-	// legs and on the client request).
+	// RequestID is the id duet minted for the request (x-duet-request-id),
+	// the same on both legs and on the client request; "" when duet did not
+	// route the request (it answered it itself, or Envoy did).
 	RequestID string `json:"request_id"`
+	// ClientRequestID is the client's x-request-id (or Envoy's request id),
+	// for logs only: clients choose it, so nothing is keyed by it.
+	ClientRequestID string `json:"client_request_id,omitempty"`
 	// Leg is the part of the request this entry describes.
 	Leg Leg `json:"leg"`
 	// Cluster is Envoy's upstream cluster (the routed cluster for LegRequest).
@@ -38,6 +42,10 @@ type Completion struct {
 	// or a response flag that means an upstream failure, timeout or reset
 	// (UF, UO, UT, URX, UC, UR, UH, NR, DC, ...: the list is in flags.go).
 	Failed bool `json:"failed"`
+	// Unreachable reports that the leg got no response because no
+	// connection to the engine could be made (UF, UH): the engine process
+	// is down or unreachable, not merely failing. It implies Failed.
+	Unreachable bool `json:"unreachable,omitempty"`
 	// DPRank is the X-Data-Parallel-Rank header the leg carried (the
 	// prefill leg carries its own, the mirror policy's copy), or NoRank.
 	DPRank int `json:"dp_rank"`

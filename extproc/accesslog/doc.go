@@ -15,7 +15,7 @@
 // owned by the consumer (the scheduler, through an adapter in cmd/duet). The
 // leg comes from the log name and the upstream cluster: envoy.ClusterDecode
 // gives [LegDecode], envoy.ClusterPrefill gives [LegPrefill], and the
-// downstream entry gives [LegRequest]. Entries are joined by x-request-id.
+// downstream entry gives [LegRequest]. Entries are joined by x-duet-request-id, the id duet mints per request.
 //
 // Dependencies: this package imports package envoy for the log, cluster and
 // metadata-key names, and package extproc for the header names and the

@@ -47,9 +47,10 @@ func completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Comple
 		return Completion{}, false
 	}
 	headers := e.GetRequest().GetRequestHeaders()
-	c.RequestID = headers[extproc.HeaderRequestID]
-	if c.RequestID == "" {
-		c.RequestID = e.GetRequest().GetRequestId()
+	c.RequestID = headers[extproc.HeaderDuetRequestID]
+	c.ClientRequestID = headers[extproc.HeaderRequestID]
+	if c.ClientRequestID == "" {
+		c.ClientRequestID = e.GetRequest().GetRequestId()
 	}
 	c.DPRank = NoRank
 	if r, err := strconv.Atoi(headers[extproc.HeaderDPRank]); err == nil && r >= 0 {
@@ -60,6 +61,7 @@ func completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Comple
 	var flagsFailed bool
 	c.ResponseFlags, flagsFailed = flagString(common.GetResponseFlags())
 	c.Failed = legFailed(c.Status, flagsFailed)
+	c.Unreachable = unreachable(c.Status, common.GetResponseFlags())
 	c.Duration = common.GetDuration().AsDuration()
 	if common.GetDuration() == nil {
 		// Older Envoys leave duration unset: fall back to the last byte sent.

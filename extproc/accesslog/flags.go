@@ -76,3 +76,11 @@ func flagString(f *accesslogdatav3.ResponseFlags) (short string, failed bool) {
 func legFailed(status int, flagsFailed bool) bool {
 	return status == 0 || status >= 500 || flagsFailed
 }
+
+// unreachable reports whether a leg never reached a working engine process:
+// no response (status 0) because the connection failed (UF) or the cluster
+// had no healthy host (UH). Resets and timeouts after the connection was
+// made are failures of the engine, not of its reachability.
+func unreachable(status int, f *accesslogdatav3.ResponseFlags) bool {
+	return status == 0 && (f.GetUpstreamConnectionFailure() || f.GetNoHealthyUpstream())
+}

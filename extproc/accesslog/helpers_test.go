@@ -71,7 +71,8 @@ func withoutDuration(e *accesslogdatav3.HTTPAccessLogEntry) {
 // hdr returns the logged request headers of a leg.
 func hdr(id, rank string) map[string]string {
 	h := map[string]string{
-		"x-request-id":            id,
+		"x-duet-request-id":       id,
+		"x-request-id":            "client-" + id,
 		"x-duet-decode-endpoint":  "127.0.0.2:30001",
 		"x-duet-prefill-endpoint": "127.0.0.1:30001",
 	}

@@ -73,12 +73,15 @@ func (s *Server) Close() {
 }
 
 // Recent returns up to RecentSize of the latest completions, oldest first;
-// with a non-empty requestID, only that request's.
+// with a non-empty requestID, only those whose duet or client request id
+// it is.
 func (s *Server) Recent(requestID string) []Completion {
 	if requestID == "" {
 		return s.recent.list(nil)
 	}
-	return s.recent.list(func(c Completion) bool { return c.RequestID == requestID })
+	return s.recent.list(func(c Completion) bool {
+		return c.RequestID == requestID || c.ClientRequestID == requestID
+	})
 }
 
 // StreamAccessLogs reads one access-log stream until Envoy ends it or the
@@ -146,7 +149,7 @@ func (s *Server) handle(ctx context.Context, logName string, e *accesslogdatav3.
 	s.entries.WithLabelValues(string(c.Leg), outcome).Inc()
 	s.recent.add(c)
 	if s.log.Core().Enabled(zap.DebugLevel) {
-		s.log.Debug("completion", zap.String("request_id", c.RequestID), zap.String("leg", string(c.Leg)),
+		s.log.Debug("completion", zap.String("request_id", c.RequestID), zap.String("client_request_id", c.ClientRequestID), zap.String("leg", string(c.Leg)),
 			zap.String("upstream", c.Upstream), zap.Int("status", c.Status), zap.Bool("failed", c.Failed),
 			zap.String("flags", c.ResponseFlags), zap.Int64("prompt_tokens", c.PromptTokens),
 			zap.Int64("completion_tokens", c.CompletionTokens), zap.Duration("duration", c.Duration),

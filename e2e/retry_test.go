@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// retryConfig is a bare Envoy with one route to cluster "pool" of two hosts
+// (%[3]d dead, %[4]d alive) chosen by override_host from header x-host, and
+// the retry policy duet renders for its decode route.
+const retryConfig = `
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bare
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route:
+                  cluster: pool
+                  retry_policy:
+                    retry_on: connect-failure,reset-before-request
+                    num_retries: 1
+  clusters:
+  - name: pool
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: pool
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[3]d}}}
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[4]d}}}
+    load_balancing_policy:
+      policies:
+      - typed_extension_config:
+          name: envoy.load_balancing_policies.override_host
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+            override_host_sources: [{header: x-host}]
+            fallback_policy:
+              policies:
+              - typed_extension_config:
+                  name: envoy.load_balancing_policies.least_request
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest
+`
+
+// Claim: with override_host, a comma-separated host list and a
+// connect-failure retry, a request whose first host refuses the connection
+// is retried once on the next listed host, before any byte reached an
+// engine. With a single listed host the retry goes to the same dead host and
+// the client gets a fast 503 (no hang, no other host).
+func TestOverrideHostRetriesOnNextListedHost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	alive, err := harness.StartSim(ctx, dir, "alive", "null", harness.SimSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { alive.Stop(5 * time.Second) })
+	ports, err := harness.FreePorts(3) // admin, listener, a port nobody listens on
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := fmt.Sprintf("127.0.0.1:%d", ports[2])
+	cfg := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(retryConfig, ports[0], ports[1], ports[2], portOf(t, alive))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adminURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	envoy, err := harness.StartEnvoy(ctx, dir, cfg, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { envoy.Stop(5 * time.Second) })
+	s := &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}
+
+	body := []byte(`{"model":"sim-model","prompt":"hi","max_tokens":2}`)
+	id := requestID(t, 0)
+	start := time.Now()
+	resp, out := send(t, s, "POST", "/v1/completions", map[string]string{"x-request-id": id, "x-host": dead + "," + alive.Address}, body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("dead,alive: status %d: %s", resp.StatusCode, out)
+	}
+	legs(t, []*harness.Sim{alive}, id, 1)
+	t.Logf("dead,alive: served by the second host after %v", time.Since(start))
+	if n := stat(t, s, "cluster.pool.upstream_rq_retry"); n != 1 {
+		t.Errorf("upstream_rq_retry = %d, want 1", n)
+	}
+
+	id = requestID(t, 1)
+	start = time.Now()
+	resp, out = send(t, s, "POST", "/v1/completions", map[string]string{"x-request-id": id, "x-host": dead}, body)
+	took := time.Since(start)
+	if resp.StatusCode != 503 {
+		t.Fatalf("dead only: status %d, want 503: %s", resp.StatusCode, out)
+	}
+	if took > 2*time.Second {
+		t.Errorf("dead only: 503 after %v, want it fast", took)
+	}
+	time.Sleep(200 * time.Millisecond)
+	legs(t, []*harness.Sim{alive}, id, 0)
+}

@@ -1,0 +1,317 @@
+package legs
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// Defaults of Options.
+const (
+	defaultTTL         = 15 * time.Minute
+	defaultMaxInFlight = 64
+)
+
+// Reasons for an abort, the "reason" label of duet_leg_aborts_total.
+const (
+	ReasonPrefillFailed  = "prefill_failed"  // the prefill leg failed: abort decode
+	ReasonDecodeFailed   = "decode_failed"   // the decode leg failed: abort prefill
+	ReasonClientGone     = "client_gone"     // the client request ended badly: abort prefill
+	ReasonPrefillEjected = "prefill_ejected" // the prefill engine was ejected: abort decode
+	ReasonDecodeEjected  = "decode_ejected"  // the decode engine was ejected: abort prefill
+)
+
+// Aborter aborts requests on an engine by rid.
+type Aborter interface {
+	Abort(ctx context.Context, engineURL string, rids []string) error
+}
+
+// Options configure a Tracker.
+type Options struct {
+	// Aborter carries out aborts; required.
+	Aborter Aborter
+	// TTL forgets requests whose legs never both reported (lost feedback);
+	// default 15m.
+	TTL time.Duration
+	// MaxInFlight bounds concurrent abort calls; default 64. Aborts past it
+	// are dropped and counted (outcome "dropped").
+	MaxInFlight int
+	// Logger; nil means none.
+	Logger *zap.Logger
+	// Registerer receives the metrics; nil means none.
+	Registerer prometheus.Registerer
+}
+
+// Tracker follows the legs of PD requests. Its methods are safe for
+// concurrent use. Track is called by extproc when a request is routed,
+// Complete (accesslog.Sink) with each access-log entry, and Ejected by the
+// scheduler's health checks.
+type Tracker struct {
+	opts Options
+	log  *zap.Logger
+	now  func() time.Time
+	sem  chan struct{}
+
+	mu   sync.Mutex
+	reqs map[string]*request
+
+	aborts  *prometheus.CounterVec
+	tracked prometheus.GaugeFunc
+	wg      sync.WaitGroup
+}
+
+// request is one PD request's legs.
+type request struct {
+	id       string
+	rids     []string
+	started  time.Time
+	prefill  leg
+	decode   leg
+	finished bool // the whole-request entry arrived
+}
+
+// leg is one leg's engine and state.
+type leg struct {
+	url     string
+	address string
+	rank    int
+	done    bool // its access-log entry arrived (or it was aborted)
+}
+
+// New returns a Tracker.
+func New(opts Options) *Tracker {
+	if opts.TTL <= 0 {
+		opts.TTL = defaultTTL
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = defaultMaxInFlight
+	}
+	t := &Tracker{
+		opts: opts,
+		log:  opts.Logger,
+		now:  time.Now,
+		sem:  make(chan struct{}, opts.MaxInFlight),
+		reqs: map[string]*request{},
+		aborts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_leg_aborts_total",
+			Help: "Legs duet aborted on their engine because the other leg failed or its engine was ejected, by role of the aborted leg, reason and outcome (ok, failed, dropped).",
+		}, []string{"role", "reason", "outcome"}),
+	}
+	if t.log == nil {
+		t.log = zap.NewNop()
+	}
+	t.tracked = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "duet_legs_tracked",
+		Help: "PD requests whose legs duet is following (not yet both finished).",
+	}, func() float64 { return float64(t.Len()) })
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(t.aborts, t.tracked)
+	}
+	return t
+}
+
+// RIDs returns the rids SGLang gives a request whose body carries rid id:
+// id itself for a single request, "<id>_<i>" for each of a batch's items
+// (GenerateReqInput's normalization of a string rid).
+func RIDs(id string, items int) []string {
+	if items <= 0 {
+		return []string{id}
+	}
+	out := make([]string, items)
+	for i := range out {
+		out[i] = id + "_" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// Track records a PD request routed to d, under duet's request id, whose
+// body carries rid id and has items batch items (0 for a single request).
+// Requests without a prefill leg are not tracked.
+func (t *Tracker) Track(id string, items int, d scheduler.Decision) {
+	if d.Prefill == nil || d.Prefill.Endpoint == nil || d.Decode.Endpoint == nil {
+		return
+	}
+	r := &request{
+		id:      id,
+		rids:    RIDs(id, items),
+		started: t.now(),
+		prefill: leg{url: d.Prefill.Endpoint.URL, address: d.Prefill.Endpoint.Address, rank: d.Prefill.Rank},
+		decode:  leg{url: d.Decode.Endpoint.URL, address: d.Decode.Endpoint.Address, rank: d.Decode.Rank},
+	}
+	t.mu.Lock()
+	t.reqs[id] = r
+	t.mu.Unlock()
+}
+
+// Len returns how many requests are tracked.
+func (t *Tracker) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.reqs)
+}
+
+// abortJob is one abort to carry out.
+type abortJob struct {
+	id     string
+	role   scheduler.Role
+	url    string
+	rids   []string
+	reason string
+}
+
+// Complete implements accesslog.Sink: it marks the entry's leg finished and
+// aborts the other leg when this one failed while the other still runs.
+func (t *Tracker) Complete(ctx context.Context, c accesslog.Completion) {
+	if c.RequestID == "" {
+		return
+	}
+	var job *abortJob
+	t.mu.Lock()
+	r, ok := t.reqs[c.RequestID]
+	if ok {
+		job = t.completeLocked(r, c)
+		if r.prefill.done && (r.decode.done || r.finished) {
+			delete(t.reqs, r.id)
+		}
+	}
+	t.mu.Unlock()
+	if job != nil {
+		t.abort(ctx, *job, c)
+	}
+}
+
+// completeLocked applies one entry to r and returns the abort it calls
+// for, if any. Caller holds mu.
+func (t *Tracker) completeLocked(r *request, c accesslog.Completion) *abortJob {
+	switch c.Leg {
+	case accesslog.LegPrefill:
+		r.prefill.done = true
+		if c.Failed && !r.decode.done {
+			r.decode.done = true
+			return &abortJob{id: r.id, role: scheduler.RoleDecode, url: r.decode.url, rids: r.rids, reason: ReasonPrefillFailed}
+		}
+	case accesslog.LegDecode:
+		r.decode.done = true
+		if c.Failed && !r.prefill.done {
+			r.prefill.done = true
+			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonDecodeFailed}
+		}
+	case accesslog.LegRequest:
+		r.finished = true
+		if c.Failed && !r.prefill.done {
+			r.prefill.done = true
+			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonClientGone}
+		}
+	}
+	return nil
+}
+
+// Ejected aborts, on the partner engines, the running legs of requests that
+// have a running leg on the ejected engine (rank scheduler.NoRank: the whole
+// engine; else only that DP rank). The ejected engine itself is asked too,
+// in case it still listens. Call it only for ejections that mean the engine
+// is dead or hung; an engine that merely returned errors finishes its
+// requests on its own.
+func (t *Tracker) Ejected(ctx context.Context, role scheduler.Role, engineURL string, rank int) {
+	var jobs []abortJob
+	t.mu.Lock()
+	for id, r := range t.reqs {
+		on, partner := &r.prefill, &r.decode
+		partnerRole, reason := scheduler.RoleDecode, ReasonPrefillEjected
+		if role == scheduler.RoleDecode {
+			on, partner = &r.decode, &r.prefill
+			partnerRole, reason = scheduler.RolePrefill, ReasonDecodeEjected
+		}
+		if on.done || on.url != engineURL || (rank != scheduler.NoRank && on.rank != rank) {
+			continue
+		}
+		on.done = true
+		jobs = append(jobs, abortJob{id: id, role: role, url: on.url, rids: r.rids, reason: reason})
+		if !partner.done {
+			partner.done = true
+			jobs = append(jobs, abortJob{id: id, role: partnerRole, url: partner.url, rids: r.rids, reason: reason})
+		}
+	}
+	t.mu.Unlock()
+	for _, j := range jobs {
+		t.abort(ctx, j, accesslog.Completion{})
+	}
+}
+
+// Sweep forgets requests older than the TTL and returns how many.
+func (t *Tracker) Sweep() int {
+	cutoff := t.now().Add(-t.opts.TTL)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for id, r := range t.reqs {
+		if r.started.Before(cutoff) {
+			delete(t.reqs, id)
+			n++
+		}
+	}
+	return n
+}
+
+// Run sweeps every minute until ctx ends, then waits for the aborts in
+// flight.
+func (t *Tracker) Run(ctx context.Context) {
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			t.wg.Wait()
+			return
+		case <-tick.C:
+			if n := t.Sweep(); n > 0 {
+				t.log.Info("forgot requests whose legs never reported", zap.Int("requests", n), zap.Duration("ttl", t.opts.TTL))
+			}
+		}
+	}
+}
+
+// abort carries out job in the background, bounded by MaxInFlight; cause is
+// the entry that called for it (zero for an ejection).
+func (t *Tracker) abort(ctx context.Context, job abortJob, cause accesslog.Completion) {
+	log := t.log.With(zap.String("duet_request_id", job.id), zap.String("aborted_role", string(job.role)),
+		zap.String("engine", job.url), zap.String("reason", job.reason))
+	if cause.Leg != "" {
+		log = log.With(zap.String("failed_leg", string(cause.Leg)), zap.Int("status", cause.Status),
+			zap.String("flags", cause.ResponseFlags), zap.String("upstream", cause.Upstream))
+	}
+	select {
+	case t.sem <- struct{}{}:
+	default:
+		t.aborts.WithLabelValues(string(job.role), job.reason, "dropped").Inc()
+		log.Warn("abort dropped: too many aborts in flight", zap.Int("max_in_flight", t.opts.MaxInFlight))
+		return
+	}
+	// The feedback stream's context ends with the stream; the abort must not.
+	actx := context.WithoutCancel(ctx)
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer func() { <-t.sem }()
+		start := t.now()
+		err := t.opts.Aborter.Abort(actx, job.url, job.rids)
+		if err != nil {
+			t.aborts.WithLabelValues(string(job.role), job.reason, "failed").Inc()
+			log.Warn("abort failed", zap.Error(err))
+			return
+		}
+		t.aborts.WithLabelValues(string(job.role), job.reason, "ok").Inc()
+		log.Warn("aborted the surviving leg", zap.Duration("took", t.now().Sub(start)))
+	}()
+}
+
+// Wait blocks until the aborts in flight have finished (for tests and
+// shutdown).
+func (t *Tracker) Wait() { t.wg.Wait() }
