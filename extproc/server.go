@@ -33,6 +33,13 @@ type LegTracker interface {
 	Track(id string, items int, d scheduler.Decision)
 }
 
+// DecodeFallbacker names a second decode engine for a decode target, for
+// Envoy's retry when the chosen engine refuses the connection; nil when
+// there is none (package scheduler implements it).
+type DecodeFallbacker interface {
+	DecodeFallback(d scheduler.Target) *scheduler.Endpoint
+}
+
 // Options configure a Server.
 type Options struct {
 	// Picker chooses targets; required.
@@ -48,6 +55,10 @@ type Options struct {
 	Metrics *Metrics
 	// Legs, when set, is told about every routed PD inference request.
 	Legs LegTracker
+	// Fallbacks, when set, adds a second decode host to
+	// HeaderDecodeEndpoint: Envoy's override_host tries it when the first
+	// refuses the connection.
+	Fallbacks DecodeFallbacker
 }
 
 // Server implements the Envoy ExternalProcessor gRPC service.
@@ -222,7 +233,13 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	// (should Envoy's own stripping be misconfigured) survives.
 	mut := &extprocv3.HeaderMutation{}
 	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
-	set(HeaderDecodeEndpoint, decision.Decode.Endpoint.Address)
+	decodeHosts := decision.Decode.Endpoint.Address
+	if s.opts.Fallbacks != nil {
+		if fb := s.opts.Fallbacks.DecodeFallback(decision.Decode); fb != nil {
+			decodeHosts += "," + fb.Address
+		}
+	}
+	set(HeaderDecodeEndpoint, decodeHosts)
 	set(HeaderRequestID, req.requestID)
 	set(HeaderDuetRequestID, req.duetID)
 	mirror := decision.Prefill != nil

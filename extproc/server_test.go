@@ -25,8 +25,11 @@ import (
 type fakePicker struct {
 	decision scheduler.Decision
 	err      error
+	fallback *scheduler.Endpoint // DecodeFallback's answer
 	last     atomic.Pointer[scheduler.Request]
 }
+
+func (f *fakePicker) DecodeFallback(scheduler.Target) *scheduler.Endpoint { return f.fallback }
 
 func (f *fakePicker) Pick(_ context.Context, req *scheduler.Request) (scheduler.Decision, error) {
 	f.last.Store(req)
@@ -47,8 +50,12 @@ var (
 // client starts a Server on loopback gRPC and returns a client for it.
 func client(t *testing.T, picker Picker, maxBody int) extprocv3.ExternalProcessorClient {
 	t.Helper()
-	srv, err := NewServer(Options{Picker: picker, PrefillCluster: "duet_prefill", MaxBodyBytes: maxBody,
-		Metrics: NewMetrics(prometheus.NewRegistry())})
+	opts := Options{Picker: picker, PrefillCluster: "duet_prefill", MaxBodyBytes: maxBody,
+		Metrics: NewMetrics(prometheus.NewRegistry())}
+	if fb, ok := picker.(DecodeFallbacker); ok {
+		opts.Fallbacks = fb
+	}
+	srv, err := NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,6 +318,29 @@ func TestProcessRejects(t *testing.T) {
 			var e openAIError
 			if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Message == "" || e.Error.Code != tt.status {
 				t.Errorf("body is not an OpenAI error: %s (%v)", ir.GetBody(), err)
+			}
+		})
+	}
+}
+
+// A decode fallback is listed after the chosen host, for Envoy's
+// connect-failure retry; without one, only the chosen host is named.
+func TestDecodeFallbackHost(t *testing.T) {
+	other := &scheduler.Endpoint{Role: scheduler.RoleDecode, Address: "10.0.0.3:30000", DPSize: 2, Ready: true}
+	tests := []struct {
+		name     string
+		fallback *scheduler.Endpoint
+		want     string
+	}{
+		{"fallback", other, "10.0.0.2:30000,10.0.0.3:30000"},
+		{"none", nil, "10.0.0.2:30000"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := client(t, &fakePicker{decision: pdPick, fallback: tt.fallback}, 1<<20)
+			h := setHeaders(common(exchange(t, c, "POST", "/generate", nil, []byte(`{"text":"hi"}`))))
+			if h[HeaderDecodeEndpoint] != tt.want {
+				t.Errorf("%s = %q, want %q", HeaderDecodeEndpoint, h[HeaderDecodeEndpoint], tt.want)
 			}
 		})
 	}

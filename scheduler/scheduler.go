@@ -151,6 +151,7 @@ type Scheduler struct {
 	defaultMaxTokens int
 	metrics          *metrics
 	anonymous        atomic.Uint64
+	fallbackTurn     atomic.Uint64 // rotates DecodeFallback over the eligible engines
 	health           *health
 	onEject          func(Ejection)
 	// now is the scheduler's clock (time.Now; tests replace it before use).

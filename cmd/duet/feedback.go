@@ -32,7 +32,7 @@ func schedulerFeedback(complete func(scheduler.Feedback)) feedbackFunc {
 // request's entry names the decode target duet chose; the leg entries carry
 // no duet metadata, so legTarget rebuilds theirs.
 func toFeedback(c accesslog.Completion) scheduler.Feedback {
-	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, PromptTokens: c.PromptTokens}
+	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, Unreachable: c.Unreachable, PromptTokens: c.PromptTokens}
 	switch c.Leg {
 	case accesslog.LegDecode:
 		f.Role, f.Target = scheduler.RoleDecode, legTarget(c)
@@ -42,6 +42,26 @@ func toFeedback(c accesslog.Completion) scheduler.Feedback {
 		f.Target = c.DecodeTarget
 	}
 	return f
+}
+
+// fanout delivers each completion to every sink, in order.
+type fanout []accesslog.Sink
+
+// Complete implements accesslog.Sink.
+func (f fanout) Complete(ctx context.Context, c accesslog.Completion) {
+	for _, s := range f {
+		s.Complete(ctx, c)
+	}
+}
+
+// abortsPartners reports whether an ejection means the engine is dead or
+// hung, so that the partner legs of the requests it holds will never
+// complete: it stopped accepting connections, or failed its health probe.
+// An engine ejected for failing requests (or for failing load scrapes, which
+// a merely slow /v1/loads causes) still finishes or fails its requests on
+// its own.
+func abortsPartners(reason string) bool {
+	return reason == scheduler.ReasonUnreachable || reason == scheduler.ReasonProbe
 }
 
 // legTarget names a leg's target in scheduler.Target.String form, from the

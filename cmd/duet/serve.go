@@ -22,11 +22,15 @@ import (
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/extproc/legs"
 	"github.com/duet-router/duet/scheduler"
 )
 
 // shutdownGrace bounds how long in-flight streams may finish after SIGTERM.
 const shutdownGrace = 10 * time.Second
+
+// abortTimeout bounds one POST /abort_request to an engine.
+const abortTimeout = 2 * time.Second
 
 // serve runs duet until ctx is cancelled.
 func serve(ctx context.Context, cfg *config.Config) error {
@@ -38,8 +42,18 @@ func serve(ctx context.Context, cfg *config.Config) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tracker := legs.New(legs.Options{
+		Aborter:    &legs.HTTPAborter{Timeout: abortTimeout},
+		Logger:     log.Named("legs"),
+		Registerer: reg,
+	})
 	scfg := schedulerConfig(cfg)
 	scfg.Registerer = reg
+	scfg.OnEject = func(e scheduler.Ejection) {
+		if abortsPartners(e.Reason) {
+			tracker.Ejected(ctx, e.Role, e.URL, e.Rank)
+		}
+	}
 	sched, err := scheduler.New(scfg, log.Named("scheduler"))
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
@@ -50,6 +64,8 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
 		Logger:         log.Named("extproc"),
 		Metrics:        extproc.NewMetrics(reg),
+		Legs:           tracker,
+		Fallbacks:      sched,
 	})
 	if err != nil {
 		return err
@@ -70,7 +86,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	feedback := registerFeedback(ctx, gs, schedulerFeedback(sched.Complete), log.Named("feedback"), reg)
+	feedback := registerFeedback(ctx, gs, fanout{schedulerFeedback(sched.Complete), tracker}, log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}
@@ -79,6 +95,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go sched.Run(runCtx)
+	go tracker.Run(runCtx)
 
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(grpcLis) }()
