@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/duet-router/duet/e2e/harness"
@@ -45,8 +46,14 @@ func TestLegsReachHostsNamedByHeaders(t *testing.T) {
 		}
 		decSim, dec := only(t, legs(t, pd.Decode, id, 1))
 		preSim, pre := only(t, legs(t, pd.Prefill, id, 1))
-		if got := dec.Headers["x-duet-decode-endpoint"]; got != decSim.Address {
-			t.Errorf("decode leg reached %s but duet named %s", decSim.Address, got)
+		// duet names the chosen decode host first and the other decode
+		// engine second, for Envoy's connect-failure retry.
+		named, fallback, _ := strings.Cut(dec.Headers["x-duet-decode-endpoint"], ",")
+		if named != decSim.Address {
+			t.Errorf("decode leg reached %s but duet named %s first", decSim.Address, named)
+		}
+		if fallback == "" || fallback == named {
+			t.Errorf("decode fallback %q, want the other decode engine", fallback)
 		}
 		if got := pre.Headers["x-duet-prefill-endpoint"]; got != preSim.Address {
 			t.Errorf("mirror reached %s but duet named %s", preSim.Address, got)
