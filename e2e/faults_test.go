@@ -1,0 +1,455 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// The fault matrix: each test runs load through the real Envoy and duet
+// while one fault happens, and holds the same bar:
+//   - every request is served or answered with a clear error (an HTTP error
+//     with a JSON message, an in-stream error event, an explicit abort, or a
+//     terminated stream) within the test's bound: none is lost;
+//   - no client waits for a KV timeout (the engines' is 60 s here);
+//   - duet's reservations return to 0;
+//   - nothing panics.
+// With DUET_FAULT_REPORT set, each test appends its outcome line there.
+
+// faultKVTimeout is the decode engines' KV wait in the fault matrix: long
+// enough that a client waiting for it would blow every bound.
+const faultKVTimeout = 60 * time.Second
+
+// faultHealth is duet's health section in the fault matrix: fast probes so
+// that detection fits the bounds.
+const faultHealth = `health:
+  interval: 250ms
+  timeout: 250ms
+  base_ejection: 1s
+  max_ejection: 4s
+`
+
+// outcome is how one request ended, as its client saw it.
+type outcome int
+
+const (
+	outcomeServed     outcome = iota // a complete answer
+	outcomeError                     // an HTTP error with a JSON message
+	outcomeStreamErr                 // a stream that carried an error event
+	outcomeAborted                   // finish_reason "abort": the engine was told to stop
+	outcomeTerminated                // a stream cut without [DONE] (engine died mid-stream)
+	outcomeLost                      // no answer in time, or an answer nobody can act on
+)
+
+var outcomeNames = [...]string{"served", "error", "stream_error", "aborted", "terminated", "lost"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// result is one request's outcome and how long its client waited.
+type result struct {
+	outcome outcome
+	status  int
+	wait    time.Duration
+	detail  string
+}
+
+// faultClient bounds every request: a client that would wait longer counts
+// the request as lost.
+var faultClient = &http.Client{Timeout: 20 * time.Second}
+
+// do sends one chat request and classifies the answer.
+func do(ctx context.Context, s *harness.Stack, i int, stream bool) result {
+	start := time.Now()
+	r := classify(ctx, s, i, stream)
+	r.wait = time.Since(start)
+	return r
+}
+
+func classify(ctx context.Context, s *harness.Stack, i int, stream bool) result {
+	body := chatBody(stream, fmt.Sprintf(`,"max_tokens":%d`, 16+i%8))
+	body = bytes.Replace(body, []byte(`"max_tokens":8,`), nil, 1)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.EnvoyURL+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return result{outcome: outcomeLost, detail: err.Error()}
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := faultClient.Do(req)
+	if err != nil {
+		return result{outcome: outcomeLost, detail: err.Error()}
+	}
+	defer resp.Body.Close()
+	r := result{status: resp.StatusCode}
+	if resp.StatusCode != http.StatusOK {
+		data, err := io.ReadAll(resp.Body)
+		if err != nil || !jsonMessage(data) {
+			r.outcome, r.detail = outcomeLost, fmt.Sprintf("status %d without a JSON error: %q (%v)", resp.StatusCode, data, err)
+			return r
+		}
+		r.outcome, r.detail = outcomeError, string(data)
+		return r
+	}
+	if !stream {
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			r.outcome, r.detail = outcomeTerminated, err.Error()
+			return r
+		}
+		var v struct {
+			Choices []struct {
+				FinishReason string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal(data, &v); err != nil || len(v.Choices) == 0 {
+			r.outcome, r.detail = outcomeLost, fmt.Sprintf("200 without choices: %q", data)
+			return r
+		}
+		if v.Choices[0].FinishReason == "abort" {
+			r.outcome = outcomeAborted
+		}
+		return r
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimPrefix(sc.Text(), "data: ")
+		switch {
+		case line == "[DONE]":
+			return r
+		case strings.HasPrefix(line, `{"error"`):
+			r.outcome, r.detail = outcomeStreamErr, line
+		case strings.Contains(line, `"finish_reason":"abort"`):
+			r.outcome = outcomeAborted
+		}
+	}
+	if r.outcome == outcomeServed {
+		r.outcome = outcomeTerminated
+		if err := sc.Err(); err != nil {
+			r.detail = err.Error()
+		}
+		if errors.Is(sc.Err(), context.DeadlineExceeded) || strings.Contains(r.detail, "Client.Timeout") {
+			r.outcome = outcomeLost
+		}
+	}
+	return r
+}
+
+// jsonMessage reports whether data is a JSON error with a message, in the
+// OpenAI envelope or SGLang's own shapes.
+func jsonMessage(data []byte) bool {
+	var v struct {
+		Message string `json:"message"`
+		Detail  string `json:"detail"`
+		Error   struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(data, &v) == nil && (v.Message != "" || v.Detail != "" || v.Error.Message != "")
+}
+
+// tally sums a fault test's results.
+type tally struct {
+	sent, served int
+	by           map[outcome]int
+	worst        time.Duration
+	details      []string
+}
+
+// load runs n requests, conc at a time, alternating streamed and not, and
+// calls during (if set) once the first quarter has been sent.
+func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
+	t.Helper()
+	ctx := context.Background()
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, conc)
+	for i := range n {
+		if during != nil && i == n/4 {
+			during()
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			results[i] = do(ctx, s, i, i%2 == 1)
+		}()
+	}
+	wg.Wait()
+	tl := tally{sent: n, by: map[outcome]int{}}
+	for _, r := range results {
+		tl.by[r.outcome]++
+		if r.outcome == outcomeServed {
+			tl.served++
+		}
+		tl.worst = max(tl.worst, r.wait)
+		if r.outcome != outcomeServed && len(tl.details) < 5 {
+			tl.details = append(tl.details, fmt.Sprintf("%s status %d after %v: %.200s", r.outcome, r.status, r.wait.Round(time.Millisecond), r.detail))
+		}
+	}
+	return tl
+}
+
+// check asserts the fault matrix's bar for one test and reports its line.
+func (tl tally) check(t *testing.T, s *harness.Stack, fault string, bound time.Duration) {
+	t.Helper()
+	line := fmt.Sprintf("%-34s sent %3d  served %3d  error %3d  stream_error %3d  aborted %3d  terminated %3d  lost %d  worst wait %v",
+		fault, tl.sent, tl.served, tl.by[outcomeError], tl.by[outcomeStreamErr], tl.by[outcomeAborted],
+		tl.by[outcomeTerminated], tl.by[outcomeLost], tl.worst.Round(time.Millisecond))
+	t.Log(line)
+	for _, d := range tl.details {
+		t.Log("  ", d)
+	}
+	if path := os.Getenv("DUET_FAULT_REPORT"); path != "" {
+		if f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			fmt.Fprintln(f, line)
+			f.Close()
+		}
+	}
+	if tl.by[outcomeLost] > 0 {
+		t.Errorf("%d requests lost", tl.by[outcomeLost])
+	}
+	if tl.worst > bound {
+		t.Errorf("a client waited %v, bound %v", tl.worst, bound)
+	}
+	waitReservationsDrained(t, s)
+	noPanics(t, s)
+}
+
+// waitReservationsDrained waits until duet holds no reservation.
+func waitReservationsDrained(t *testing.T, s *harness.Stack) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := duetMetricSum(t, s, "duet_reservations", nil)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("duet_reservations = %v 10s after the load ended, want 0", n)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// noPanics fails the test if any process of the stack logged a panic.
+func noPanics(t *testing.T, s *harness.Stack) {
+	t.Helper()
+	for _, p := range s.Processes() {
+		data, err := os.ReadFile(p.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(data, []byte("panic:")) || bytes.Contains(data, []byte("fatal error:")) {
+			t.Errorf("%s panicked: see %s", p.Name, p.LogPath)
+		}
+	}
+}
+
+// faultStack starts a PD stack for the fault matrix: fast health checks and
+// a KV timeout no client may wait for.
+func faultStack(t *testing.T, prefill, decode []harness.SimSpec) *harness.Stack {
+	t.Helper()
+	return startStack(t, harness.Options{
+		Prefill:   prefill,
+		Decode:    decode,
+		KVTimeout: faultKVTimeout,
+		LogLevel:  "info",
+		DuetYAML:  faultHealth,
+	})
+}
+
+// The issue's case: a prefill that fails at once. Before duet aborted the
+// orphaned decode leg, the client waited the whole KV timeout.
+func TestFaultPrefillFailing(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2, Args: []string{"--fault-error-rate", "1"}}}, []harness.SimSpec{{DPSize: 2}})
+	tl := load(t, s, 24, 4, nil)
+	tl.check(t, s, "prefill failing (500 on every request)", 2*time.Second)
+	if tl.served != 0 {
+		t.Errorf("%d requests served by a prefill that always fails", tl.served)
+	}
+}
+
+// setFaults switches an engine's faults at run time (POST /sim/faults).
+func setFaults(t *testing.T, sim *harness.Sim, faults string) {
+	t.Helper()
+	resp, err := httpClient.Post(sim.URL+"/sim/faults", "application/json", strings.NewReader(faults))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: POST /sim/faults %s: status %d", sim.Name, faults, resp.StatusCode)
+	}
+}
+
+// A prefill engine whose scheduler hangs: its requests never finish, its
+// load scrapes never answer, its /health (which generates a token) times
+// out. duet ejects it on the failed probes and aborts the decode legs
+// waiting for its KV; later requests go to the healthy prefill.
+func TestFaultPrefillHanging(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}}, []harness.SimSpec{{DPSize: 2}})
+	tl := load(t, s, 32, 4, func() { setFaults(t, s.Prefill[1], `{"hang":true}`) })
+	tl.check(t, s, "prefill hanging", 4*time.Second)
+	if tl.served < tl.sent/2 {
+		t.Errorf("only %d of %d served: the healthy prefill should take over", tl.served, tl.sent)
+	}
+	if n := duetMetricSum(t, s, "duet_leg_aborts_total", map[string]string{"role": "decode", "reason": "prefill_ejected"}); n == 0 {
+		t.Error("no decode leg was aborted after the hung prefill's ejection")
+	}
+}
+
+// A prefill engine killed under load: the mirror's connection fails or is
+// reset, duet aborts the decode legs that wait for it and ejects the engine.
+func TestFaultPrefillKilled(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}}, []harness.SimSpec{{DPSize: 2}})
+	tl := load(t, s, 32, 4, func() { s.Prefill[1].Kill() })
+	tl.check(t, s, "prefill killed", 3*time.Second)
+	if tl.served < tl.sent/2 {
+		t.Errorf("only %d of %d served: the other prefill should take over", tl.served, tl.sent)
+	}
+}
+
+// A decode engine that fails every request: the client gets the engine's
+// error at once, duet aborts the prefill legs (which would hold their KV for
+// the bootstrap timeout) and ejects the failing targets.
+func TestFaultDecodeFailing(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}, {DPSize: 2, Args: []string{"--fault-error-rate", "1"}}})
+	tl := load(t, s, 32, 4, nil)
+	tl.check(t, s, "decode failing (500 on every request)", 2*time.Second)
+	if tl.served < tl.sent/2 {
+		t.Errorf("only %d of %d served: the failing decode targets should be ejected", tl.served, tl.sent)
+	}
+	if n := duetMetricSum(t, s, "duet_leg_aborts_total", map[string]string{"role": "prefill", "reason": "decode_failed"}); n == 0 {
+		t.Error("no prefill leg was aborted after its decode failed")
+	}
+}
+
+// A decode engine killed while it streams: its streams are cut (the client
+// sees a terminated stream), new requests that still name it are retried by
+// Envoy on the fallback decode host, and duet ejects it.
+func TestFaultDecodeKilledMidStream(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}})
+	tl := load(t, s, 32, 6, func() {
+		time.Sleep(30 * time.Millisecond) // let streams start
+		s.Decode[1].Kill()
+	})
+	tl.check(t, s, "decode killed mid-stream", 3*time.Second)
+	if tl.served < tl.sent/2 {
+		t.Errorf("only %d of %d served", tl.served, tl.sent)
+	}
+}
+
+// duet killed under load: Envoy fails closed with a fast 503 and forwards
+// nothing; once duet is back, Envoy reconnects on its own.
+func TestFaultDuetKilled(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}})
+	var restarted time.Time
+	tl := load(t, s, 32, 4, func() {
+		s.Duet.Kill()
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			restarted = time.Now()
+			if err := s.RestartDuet(context.Background()); err != nil {
+				t.Errorf("restart duet: %v", err)
+			}
+		}()
+	})
+	// Recovery: the first request served after the restart began.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if r := do(context.Background(), s, 0, false); r.outcome == outcomeServed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no request served 10s after duet restarted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("recovered %v after duet's restart began", time.Since(restarted).Round(time.Millisecond))
+	tl.check(t, s, "duet killed and restarted", 3*time.Second)
+}
+
+// /v1/loads answering garbage, 500 or too slowly: loads go stale, duet
+// schedules on its own reservations, and nothing is ejected or lost.
+func TestFaultLoadsBroken(t *testing.T) {
+	for _, tc := range []struct{ name, faults string }{
+		{"garbage", `{"loads":"garbage"}`},
+		{"500", `{"loads":"500"}`},
+		{"slow", `{"slow_scrape_ms":3000}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}})
+			for _, sim := range append(append([]*harness.Sim{}, s.Prefill...), s.Decode...) {
+				setFaults(t, sim, tc.faults)
+			}
+			time.Sleep(1500 * time.Millisecond) // several failed scrapes
+			tl := load(t, s, 24, 4, nil)
+			tl.check(t, s, "/v1/loads "+tc.name, 2*time.Second)
+			if tl.served != tl.sent {
+				t.Errorf("%d of %d served: broken load reports must not cost requests", tl.served, tl.sent)
+			}
+			if n := duetMetricSum(t, s, "duet_ejections_total", nil); n != 0 {
+				t.Errorf("%v ejections: broken load reports must not eject engines", n)
+			}
+		})
+	}
+}
+
+// A decode engine that goes down, comes back and goes down again under load.
+func TestFaultEngineFlapping(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}})
+	tl := load(t, s, 48, 4, func() {
+		go func() {
+			for i := range 3 {
+				if i%2 == 0 {
+					s.Decode[1].Kill()
+				} else if err := s.Decode[1].Restart(context.Background()); err != nil {
+					t.Errorf("restart decode-1: %v", err)
+				}
+				time.Sleep(400 * time.Millisecond)
+			}
+		}()
+	})
+	tl.check(t, s, "decode flapping (down, up, down)", 3*time.Second)
+}
+
+// Every prefill engine down: once duet has ejected them, requests get a
+// fast 503 and nothing is mirrored to nowhere; when they come back, duet
+// re-admits them.
+func TestFaultAllPrefillsDown(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}, {DPSize: 2}}, []harness.SimSpec{{DPSize: 2}})
+	tl := load(t, s, 32, 4, func() {
+		for _, p := range s.Prefill {
+			p.Kill()
+		}
+	})
+	tl.check(t, s, "every prefill down", 2*time.Second)
+	if tl.by[outcomeError] == 0 {
+		t.Error("no clear error while every prefill was down")
+	}
+	for _, p := range s.Prefill {
+		if err := p.Restart(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for do(context.Background(), s, 0, false).outcome != outcomeServed {
+		if time.Now().After(deadline) {
+			t.Fatal("prefills back, but no request served within 15s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
