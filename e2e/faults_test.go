@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -41,127 +37,19 @@ const faultHealth = `health:
   max_ejection: 4s
 `
 
-// outcome is how one request ended, as its client saw it.
-type outcome int
-
-const (
-	outcomeServed     outcome = iota // a complete answer
-	outcomeError                     // an HTTP error with a JSON message
-	outcomeStreamErr                 // a stream that carried an error event
-	outcomeAborted                   // finish_reason "abort": the engine was told to stop
-	outcomeTerminated                // a stream cut without [DONE] (engine died mid-stream)
-	outcomeLost                      // no answer in time, or an answer nobody can act on
-)
-
-var outcomeNames = [...]string{"served", "error", "stream_error", "aborted", "terminated", "lost"}
-
-func (o outcome) String() string { return outcomeNames[o] }
-
-// result is one request's outcome and how long its client waited.
-type result struct {
-	outcome outcome
-	status  int
-	wait    time.Duration
-	detail  string
-}
-
 // faultClient bounds every request: a client that would wait longer counts
 // the request as lost.
 var faultClient = &http.Client{Timeout: 20 * time.Second}
 
-// do sends one chat request and classifies the answer.
-func do(ctx context.Context, s *harness.Stack, i int, stream bool) result {
-	start := time.Now()
-	r := classify(ctx, s, i, stream)
-	r.wait = time.Since(start)
-	return r
-}
-
-func classify(ctx context.Context, s *harness.Stack, i int, stream bool) result {
-	body := chatBody(stream, fmt.Sprintf(`,"max_tokens":%d`, 16+i%8))
-	body = bytes.Replace(body, []byte(`"max_tokens":8,`), nil, 1)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.EnvoyURL+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return result{outcome: outcomeLost, detail: err.Error()}
-	}
-	req.Header.Set("content-type", "application/json")
-	resp, err := faultClient.Do(req)
-	if err != nil {
-		return result{outcome: outcomeLost, detail: err.Error()}
-	}
-	defer resp.Body.Close()
-	r := result{status: resp.StatusCode}
-	if resp.StatusCode != http.StatusOK {
-		data, err := io.ReadAll(resp.Body)
-		if err != nil || !jsonMessage(data) {
-			r.outcome, r.detail = outcomeLost, fmt.Sprintf("status %d without a JSON error: %q (%v)", resp.StatusCode, data, err)
-			return r
-		}
-		r.outcome, r.detail = outcomeError, string(data)
-		return r
-	}
-	if !stream {
-		data, err := io.ReadAll(resp.Body)
-		if err != nil {
-			r.outcome, r.detail = outcomeTerminated, err.Error()
-			return r
-		}
-		var v struct {
-			Choices []struct {
-				FinishReason string `json:"finish_reason"`
-			} `json:"choices"`
-		}
-		if err := json.Unmarshal(data, &v); err != nil || len(v.Choices) == 0 {
-			r.outcome, r.detail = outcomeLost, fmt.Sprintf("200 without choices: %q", data)
-			return r
-		}
-		if v.Choices[0].FinishReason == "abort" {
-			r.outcome = outcomeAborted
-		}
-		return r
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := strings.TrimPrefix(sc.Text(), "data: ")
-		switch {
-		case line == "[DONE]":
-			return r
-		case strings.HasPrefix(line, `{"error"`):
-			r.outcome, r.detail = outcomeStreamErr, line
-		case strings.Contains(line, `"finish_reason":"abort"`):
-			r.outcome = outcomeAborted
-		}
-	}
-	if r.outcome == outcomeServed {
-		r.outcome = outcomeTerminated
-		if err := sc.Err(); err != nil {
-			r.detail = err.Error()
-		}
-		if errors.Is(sc.Err(), context.DeadlineExceeded) || strings.Contains(r.detail, "Client.Timeout") {
-			r.outcome = outcomeLost
-		}
-	}
-	return r
-}
-
-// jsonMessage reports whether data is a JSON error with a message, in the
-// OpenAI envelope or SGLang's own shapes.
-func jsonMessage(data []byte) bool {
-	var v struct {
-		Message string `json:"message"`
-		Detail  string `json:"detail"`
-		Error   struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	return json.Unmarshal(data, &v) == nil && (v.Message != "" || v.Detail != "" || v.Error.Message != "")
+// do sends chat request i through s and classifies the answer.
+func do(ctx context.Context, s *harness.Stack, i int, stream bool) harness.Result {
+	return harness.Chat(ctx, faultClient, s.EnvoyURL, i, stream, 16+i%8)
 }
 
 // tally sums a fault test's results.
 type tally struct {
 	sent, served int
-	by           map[outcome]int
+	by           map[harness.Outcome]int
 	worst        time.Duration
 	details      []string
 }
@@ -171,7 +59,7 @@ type tally struct {
 func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
 	t.Helper()
 	ctx := context.Background()
-	results := make([]result, n)
+	results := make([]harness.Result, n)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, conc)
 	for i := range n {
@@ -187,15 +75,15 @@ func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
 		}()
 	}
 	wg.Wait()
-	tl := tally{sent: n, by: map[outcome]int{}}
+	tl := tally{sent: n, by: map[harness.Outcome]int{}}
 	for _, r := range results {
-		tl.by[r.outcome]++
-		if r.outcome == outcomeServed {
+		tl.by[r.Outcome]++
+		if r.Outcome == harness.OutcomeServed {
 			tl.served++
 		}
-		tl.worst = max(tl.worst, r.wait)
-		if r.outcome != outcomeServed && len(tl.details) < 5 {
-			tl.details = append(tl.details, fmt.Sprintf("%s status %d after %v: %.200s", r.outcome, r.status, r.wait.Round(time.Millisecond), r.detail))
+		tl.worst = max(tl.worst, r.Wait)
+		if r.Outcome != harness.OutcomeServed && len(tl.details) < 5 {
+			tl.details = append(tl.details, fmt.Sprintf("%s status %d after %v: %.200s", r.Outcome, r.Status, r.Wait.Round(time.Millisecond), r.Detail))
 		}
 	}
 	return tl
@@ -205,8 +93,8 @@ func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
 func (tl tally) check(t *testing.T, s *harness.Stack, fault string, bound time.Duration) {
 	t.Helper()
 	line := fmt.Sprintf("%-34s sent %3d  served %3d  error %3d  stream_error %3d  aborted %3d  terminated %3d  lost %d  worst wait %v",
-		fault, tl.sent, tl.served, tl.by[outcomeError], tl.by[outcomeStreamErr], tl.by[outcomeAborted],
-		tl.by[outcomeTerminated], tl.by[outcomeLost], tl.worst.Round(time.Millisecond))
+		fault, tl.sent, tl.served, tl.by[harness.OutcomeError], tl.by[harness.OutcomeStreamErr], tl.by[harness.OutcomeAborted],
+		tl.by[harness.OutcomeTerminated], tl.by[harness.OutcomeLost], tl.worst.Round(time.Millisecond))
 	t.Log(line)
 	for _, d := range tl.details {
 		t.Log("  ", d)
@@ -217,8 +105,8 @@ func (tl tally) check(t *testing.T, s *harness.Stack, fault string, bound time.D
 			f.Close()
 		}
 	}
-	if tl.by[outcomeLost] > 0 {
-		t.Errorf("%d requests lost", tl.by[outcomeLost])
+	if tl.by[harness.OutcomeLost] > 0 {
+		t.Errorf("%d requests lost", tl.by[harness.OutcomeLost])
 	}
 	if tl.worst > bound {
 		t.Errorf("a client waited %v, bound %v", tl.worst, bound)
@@ -370,7 +258,7 @@ func TestFaultDuetKilled(t *testing.T) {
 	// Recovery: the first request served after the restart began.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if r := do(context.Background(), s, 0, false); r.outcome == outcomeServed {
+		if r := do(context.Background(), s, 0, false); r.Outcome == harness.OutcomeServed {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -437,7 +325,7 @@ func TestFaultAllPrefillsDown(t *testing.T) {
 		}
 	})
 	tl.check(t, s, "every prefill down", 2*time.Second)
-	if tl.by[outcomeError] == 0 {
+	if tl.by[harness.OutcomeError] == 0 {
 		t.Error("no clear error while every prefill was down")
 	}
 	for _, p := range s.Prefill {
@@ -446,7 +334,7 @@ func TestFaultAllPrefillsDown(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for do(context.Background(), s, 0, false).outcome != outcomeServed {
+	for do(context.Background(), s, 0, false).Outcome != harness.OutcomeServed {
 		if time.Now().After(deadline) {
 			t.Fatal("prefills back, but no request served within 15s")
 		}

@@ -1,0 +1,239 @@
+// Command soak runs mixed load through the real Envoy and duet into
+// simulated SGLang engines for a long time (20 minutes by default) while
+// faults are injected on a fixed schedule, and reports requests and errors
+// by outcome, wait percentiles, and duet's memory and goroutines over time.
+// `make soak` runs it; it is not part of `make test`.
+//
+// Faults, cycling every -cycle: a decode engine killed and restarted, a
+// prefill engine failing 30% of its requests, a prefill engine hanging, and
+// every engine's /v1/loads answering garbage. A healthy run has no lost
+// request and flat memory and goroutines.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+func main() {
+	duration := flag.Duration("duration", 20*time.Minute, "how long to run the load")
+	rate := flag.Float64("rate", 40, "requests per second (open loop)")
+	cycle := flag.Duration("cycle", 2*time.Minute, "period of the fault schedule")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *duration, *rate, *cycle); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
+}
+
+// sample is duet's process state at one time.
+type sample struct {
+	at                     time.Duration
+	heapMiB, rssMiB        float64
+	goroutines, legs, resv float64
+}
+
+func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration) error {
+	s, err := harness.Start(ctx, harness.Options{
+		Prefill:   []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		Decode:    []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		KVTimeout: 60 * time.Second,
+		LogLevel:  "warn",
+		DuetYAML:  "health:\n  interval: 500ms\n  timeout: 500ms\n",
+	})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	fmt.Printf("soak: %v at %.0f req/s, faults every %v; logs in %s\n", duration, rate, cycle, s.Dir)
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	var (
+		mu      sync.Mutex
+		results []harness.Result
+		samples []sample
+		wg      sync.WaitGroup
+	)
+	start := time.Now()
+	record := func() {
+		if smp, err := scrape(s.DuetAdminURL); err == nil {
+			smp.at = time.Since(start).Round(time.Second)
+			mu.Lock()
+			samples = append(samples, smp)
+			mu.Unlock()
+		}
+	}
+	record()
+
+	loadCtx, cancel := context.WithTimeout(ctx, duration)
+	defer cancel()
+	go faults(loadCtx, s, cycle)
+	go func() {
+		tick := time.NewTicker(time.Minute)
+		defer tick.Stop()
+		for {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-tick.C:
+				record()
+			}
+		}
+	}()
+	interval := time.Duration(float64(time.Second) / rate)
+	next := time.Now()
+	for i := 0; loadCtx.Err() == nil; i++ {
+		next = next.Add(interval)
+		time.Sleep(time.Until(next))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := harness.Chat(context.Background(), client, s.EnvoyURL, i, i%2 == 1, 16+i%48)
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	time.Sleep(3 * time.Second) // let feedback and aborts settle
+	record()
+	report(os.Stdout, results, samples)
+	for _, o := range []harness.Outcome{harness.OutcomeLost} {
+		for _, r := range results {
+			if r.Outcome == o {
+				return fmt.Errorf("requests were lost")
+			}
+		}
+	}
+	return nil
+}
+
+// faults injects one fault per cycle/4, in turn, until ctx ends.
+func faults(ctx context.Context, s *harness.Stack, cycle time.Duration) {
+	step := cycle / 4
+	post := func(sim *harness.Sim, body string) {
+		if resp, err := http.Post(sim.URL+"/sim/faults", "application/json", strings.NewReader(body)); err == nil {
+			resp.Body.Close()
+		}
+	}
+	wait := func(d time.Duration) bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	for n := 0; ; n++ {
+		if !wait(step / 2) {
+			return
+		}
+		switch n % 4 {
+		case 0:
+			fmt.Println("fault: decode-1 killed")
+			s.Decode[1].Kill()
+			if !wait(step / 4) {
+				_ = s.Decode[1].Restart(context.Background())
+				return
+			}
+			_ = s.Decode[1].Restart(context.Background())
+		case 1:
+			fmt.Println("fault: prefill-1 fails 30% of requests")
+			post(s.Prefill[1], `{"error_rate":0.3}`)
+			wait(step / 4)
+			post(s.Prefill[1], `{"error_rate":0}`)
+		case 2:
+			fmt.Println("fault: prefill-1 hangs")
+			post(s.Prefill[1], `{"hang":true}`)
+			wait(step / 4)
+			post(s.Prefill[1], `{"hang":false}`)
+		case 3:
+			fmt.Println("fault: every /v1/loads answers garbage")
+			for _, sim := range append(append([]*harness.Sim{}, s.Prefill...), s.Decode...) {
+				post(sim, `{"loads":"garbage"}`)
+			}
+			wait(step / 4)
+			for _, sim := range append(append([]*harness.Sim{}, s.Prefill...), s.Decode...) {
+				post(sim, `{"loads":"ok"}`)
+			}
+		}
+		if !wait(step / 4) {
+			return
+		}
+	}
+}
+
+// scrape reads duet's memory, goroutines, tracked legs and reservations.
+func scrape(adminURL string) (sample, error) {
+	resp, err := http.Get(adminURL + "/metrics")
+	if err != nil {
+		return sample{}, err
+	}
+	defer resp.Body.Close()
+	mfs, err := expfmt.NewTextParser(model.UTF8Validation).TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return sample{}, err
+	}
+	value := func(name string) float64 {
+		sum := 0.0
+		for _, m := range mfs[name].GetMetric() {
+			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return sum
+	}
+	return sample{
+		heapMiB:    value("go_memstats_heap_alloc_bytes") / (1 << 20),
+		rssMiB:     value("process_resident_memory_bytes") / (1 << 20),
+		goroutines: value("go_goroutines"),
+		legs:       value("duet_legs_tracked"),
+		resv:       value("duet_reservations"),
+	}, nil
+}
+
+// report prints the outcome counts, wait percentiles and duet's samples.
+func report(w io.Writer, results []harness.Result, samples []sample) {
+	counts := map[harness.Outcome]int{}
+	var waits []time.Duration
+	worst := map[harness.Outcome]time.Duration{}
+	for _, r := range results {
+		counts[r.Outcome]++
+		waits = append(waits, r.Wait)
+		worst[r.Outcome] = max(worst[r.Outcome], r.Wait)
+	}
+	slices.Sort(waits)
+	pct := func(p float64) time.Duration {
+		if len(waits) == 0 {
+			return 0
+		}
+		return waits[min(len(waits)-1, int(p*float64(len(waits))))]
+	}
+	fmt.Fprintf(w, "\nrequests %d   wait p50 %v  p99 %v  max %v\n", len(results),
+		pct(0.50).Round(time.Millisecond), pct(0.99).Round(time.Millisecond), pct(1).Round(time.Millisecond))
+	fmt.Fprintln(w, "| outcome | requests | worst wait |")
+	fmt.Fprintln(w, "|---|---|---|")
+	for _, o := range harness.Outcomes {
+		fmt.Fprintf(w, "| %s | %d | %v |\n", o, counts[o], worst[o].Round(time.Millisecond))
+	}
+	fmt.Fprintln(w, "\n| at | duet heap MiB | duet RSS MiB | goroutines | legs tracked | reservations |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
+	for _, s := range samples {
+		fmt.Fprintf(w, "| %v | %.1f | %.1f | %.0f | %.0f | %.0f |\n", s.at, s.heapMiB, s.rssMiB, s.goroutines, s.legs, s.resv)
+	}
+}
