@@ -10,7 +10,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality
+.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality soak
 
 all: build
 
@@ -47,6 +47,12 @@ demo: build envoy
 # quality.json and the PNG plots. BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
 bench-quality: build envoy
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
+
+# Soak (not in CI): 20 minutes of mixed load with faults injected; reports
+# outcomes, wait percentiles, and duet's memory and goroutines over time.
+# SOAK_FLAGS passes flags, e.g. SOAK_FLAGS=-duration=2m.
+soak: build envoy
+	$(GO) run ./e2e/soak $(SOAK_FLAGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

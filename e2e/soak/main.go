@@ -187,7 +187,8 @@ func scrape(adminURL string) (sample, error) {
 		return sample{}, err
 	}
 	defer resp.Body.Close()
-	mfs, err := expfmt.NewTextParser(model.UTF8Validation).TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return sample{}, err
 	}
