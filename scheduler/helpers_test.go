@@ -22,6 +22,10 @@ type response struct {
 	body   string
 }
 
+// dropConnection as a response status makes the fake engine close the
+// connection without answering: a transport failure for the client.
+const dropConnection = -1
+
 // fakeEngine is a loopback HTTP server that answers a configurable set of
 // paths; any other path gets 404.
 type fakeEngine struct {
@@ -48,6 +52,13 @@ func (f *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Unlock()
 	if !ok {
 		http.NotFound(w, r)
+		return
+	}
+	if resp.status == dropConnection {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
