@@ -146,7 +146,9 @@ func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) 
 		case stopping.Load():
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
 		case !sched.Ready():
-			http.Error(w, "no ready endpoints yet", http.StatusServiceUnavailable)
+			// Ejections never make duet unready: a fully ejected pool
+			// answers fast 503s, which is better than Envoy failing closed.
+			http.Error(w, "not ready: first discovery or load scrape pending, or no ready endpoint", http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintln(w, "ready")
 		}
@@ -187,6 +189,16 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 		Tokens: scheduler.TokenConfig{
 			CharsPerToken:    cfg.Tokens.CharsPerToken,
 			DefaultMaxTokens: cfg.Tokens.DefaultMaxTokens,
+		},
+		Health: scheduler.HealthConfig{
+			Interval:           cfg.Health.Interval,
+			Timeout:            cfg.Health.Timeout,
+			Path:               cfg.Health.Path,
+			UnreachableToEject: cfg.Health.UnreachableToEject,
+			FailuresToEject:    cfg.Health.FailuresToEject,
+			ProbeFailures:      cfg.Health.ProbeFailures,
+			BaseEjection:       cfg.Health.BaseEjection,
+			MaxEjection:        cfg.Health.MaxEjection,
 		},
 	}
 }

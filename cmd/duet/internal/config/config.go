@@ -40,6 +40,8 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// Load tunes load scraping and reservations.
 	Load LoadOptions `yaml:"load"`
+	// Health tunes health checks and the ejection of unhealthy engines.
+	Health HealthOptions `yaml:"health"`
 	// Prefix tunes the prefix index.
 	Prefix PrefixOptions `yaml:"prefix"`
 	// Tokens tunes the token estimate.
@@ -137,6 +139,31 @@ type LoadOptions struct {
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 }
 
+// HealthOptions configures health checking and ejection (see
+// docs/scheduling.md, "Health and ejection").
+type HealthOptions struct {
+	// Interval between active probes of every engine; "-1s" disables them.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one probe.
+	Timeout time.Duration `yaml:"timeout"`
+	// Path is probed with GET on every engine; a 200 is healthy.
+	Path string `yaml:"path"`
+	// UnreachableToEject is how many legs in a row that got no response
+	// from an engine's host eject the engine; -1 never.
+	UnreachableToEject int `yaml:"unreachable_to_eject"`
+	// FailuresToEject is how many failed legs in a row (5xx, reset,
+	// timeout) eject one (engine, DP rank) target; -1 never.
+	FailuresToEject int `yaml:"failures_to_eject"`
+	// ProbeFailures is how many failed probes in a row, or load scrapes in
+	// a row without an answer, eject the engine; -1 never.
+	ProbeFailures int `yaml:"probe_failures"`
+	// BaseEjection is the first ejection's duration; each ejection in a row
+	// doubles it.
+	BaseEjection time.Duration `yaml:"base_ejection"`
+	// MaxEjection caps the ejection duration.
+	MaxEjection time.Duration `yaml:"max_ejection"`
+}
+
 // PrefixOptions configures the prefix index.
 type PrefixOptions struct {
 	// BlockBytes is the size of a hashed text block.
@@ -199,6 +226,15 @@ const (
 	DefaultStreamIdleTimeout = 15 * time.Minute
 	DefaultDiscoveryInterval = 10 * time.Second
 	DefaultDiscoveryTimeout  = 2 * time.Second
+
+	DefaultHealthInterval     = 5 * time.Second
+	DefaultHealthTimeout      = time.Second
+	DefaultHealthPath         = "/health"
+	DefaultUnreachableToEject = 1
+	DefaultFailuresToEject    = 5
+	DefaultProbeFailures      = 2
+	DefaultBaseEjection       = 5 * time.Second
+	DefaultMaxEjection        = 2 * time.Minute
 )
 
 // Load reads, defaults and validates the configuration file at path.
@@ -254,6 +290,33 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Discovery.Timeout == 0 {
 		c.Discovery.Timeout = DefaultDiscoveryTimeout
+	}
+	c.Health.applyDefaults()
+}
+
+func (h *HealthOptions) applyDefaults() {
+	setDefault(&h.Path, DefaultHealthPath)
+	for _, d := range []struct {
+		field *time.Duration
+		value time.Duration
+	}{
+		{&h.Interval, DefaultHealthInterval}, {&h.Timeout, DefaultHealthTimeout},
+		{&h.BaseEjection, DefaultBaseEjection}, {&h.MaxEjection, DefaultMaxEjection},
+	} {
+		if *d.field == 0 {
+			*d.field = d.value
+		}
+	}
+	for _, n := range []struct {
+		field *int
+		value int
+	}{
+		{&h.UnreachableToEject, DefaultUnreachableToEject}, {&h.FailuresToEject, DefaultFailuresToEject},
+		{&h.ProbeFailures, DefaultProbeFailures},
+	} {
+		if *n.field == 0 {
+			*n.field = n.value
+		}
 	}
 }
 
@@ -348,6 +411,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: %d must not be negative", n.field, n.value))
 		}
 	}
+	errs = append(errs, c.Health.validate()...)
 	if c.Tokens.CharsPerToken < 0 {
 		errs = append(errs, fmt.Errorf("tokens.chars_per_token: %v must not be negative", c.Tokens.CharsPerToken))
 	}
@@ -357,6 +421,42 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// validate checks the health section (after defaults), naming each field.
+func (h *HealthOptions) validate() []error {
+	var errs []error
+	for _, d := range []struct {
+		field string
+		value time.Duration
+	}{
+		{"health.timeout", h.Timeout}, {"health.base_ejection", h.BaseEjection}, {"health.max_ejection", h.MaxEjection},
+	} {
+		if d.value < 0 {
+			errs = append(errs, fmt.Errorf("%s: %v must not be negative", d.field, d.value))
+		}
+	}
+	if h.BaseEjection > 0 && h.MaxEjection > 0 && h.MaxEjection < h.BaseEjection {
+		errs = append(errs, fmt.Errorf("health.max_ejection: %v is below health.base_ejection %v", h.MaxEjection, h.BaseEjection))
+	}
+	if h.Interval > 0 && h.Timeout > h.Interval {
+		errs = append(errs, fmt.Errorf("health.timeout: %v is longer than health.interval %v", h.Timeout, h.Interval))
+	}
+	if !strings.HasPrefix(h.Path, "/") || strings.ContainsAny(h.Path, "?# \t") {
+		errs = append(errs, fmt.Errorf("health.path: %q must be a path starting with / (no query or fragment)", h.Path))
+	}
+	for _, n := range []struct {
+		field string
+		value int
+	}{
+		{"health.unreachable_to_eject", h.UnreachableToEject}, {"health.failures_to_eject", h.FailuresToEject},
+		{"health.probe_failures", h.ProbeFailures},
+	} {
+		if n.value < -1 {
+			errs = append(errs, fmt.Errorf("%s: %d is neither a count nor -1 (never)", n.field, n.value))
+		}
+	}
+	return errs
 }
 
 func validateHostPort(addr string) error {

@@ -54,6 +54,13 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"policy unknown key", `{decode: [{url: "http://a:1"}], policy: {decode: {name: weighted, wieghts: {}}}}`, []string{"field wieghts not found in a policy"}},
 		{"policy list", `{decode: [{url: "http://a:1"}], policy: {decode: [a]}}`, []string{"a policy is a name or a mapping"}},
 		{"negative load", `{decode: [{url: "http://a:1"}], load: {stale_after: -1s, concurrency: -2}}`, []string{"load.stale_after", "load.concurrency"}},
+		{"health unknown key", `{decode: [{url: "http://a:1"}], health: {intervall: 1s}}`, []string{"field intervall not found"}},
+		{"health negative durations", `{decode: [{url: "http://a:1"}], health: {timeout: -1s, base_ejection: -2s}}`, []string{"health.timeout", "health.base_ejection"}},
+		{"health max below base", `{decode: [{url: "http://a:1"}], health: {base_ejection: 10s, max_ejection: 5s}}`, []string{"health.max_ejection", "below health.base_ejection"}},
+		{"health timeout above interval", `{decode: [{url: "http://a:1"}], health: {interval: 1s, timeout: 2s}}`, []string{"health.timeout", "longer than health.interval"}},
+		{"health path", `{decode: [{url: "http://a:1"}], health: {path: "health?x=1"}}`, []string{"health.path"}},
+		{"health thresholds", `{decode: [{url: "http://a:1"}], health: {unreachable_to_eject: -2, failures_to_eject: -5, probe_failures: -3}}`,
+			[]string{"health.unreachable_to_eject", "health.failures_to_eject", "health.probe_failures"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,5 +95,43 @@ policy:
 	}
 	if cfg.Load.Interval != 250*time.Millisecond || cfg.Load.StaleAfter != 2*time.Second {
 		t.Errorf("load = %+v", cfg.Load)
+	}
+}
+
+func TestParseHealth(t *testing.T) {
+	cfg, err := Parse([]byte(`decode: [{url: "http://a:1"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := HealthOptions{
+		Interval: 5 * time.Second, Timeout: time.Second, Path: "/health",
+		UnreachableToEject: 1, FailuresToEject: 5, ProbeFailures: 2,
+		BaseEjection: 5 * time.Second, MaxEjection: 2 * time.Minute,
+	}
+	if cfg.Health != want {
+		t.Errorf("health defaults = %+v, want %+v", cfg.Health, want)
+	}
+	cfg, err = Parse([]byte(`
+decode: [{url: "http://a:1"}]
+health:
+  interval: -1s
+  timeout: 300ms
+  path: /healthz
+  unreachable_to_eject: 2
+  failures_to_eject: -1
+  probe_failures: 3
+  base_ejection: 1s
+  max_ejection: 30s
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = HealthOptions{
+		Interval: -time.Second, Timeout: 300 * time.Millisecond, Path: "/healthz",
+		UnreachableToEject: 2, FailuresToEject: -1, ProbeFailures: 3,
+		BaseEjection: time.Second, MaxEjection: 30 * time.Second,
+	}
+	if cfg.Health != want {
+		t.Errorf("health = %+v, want %+v", cfg.Health, want)
 	}
 }
