@@ -4,8 +4,17 @@
 // --decode-ms-per-token); --profile dense-8b-h100 or dsv3-dp8-h100-node
 // switches to the calibrated engine model, --time-scale F runs model time F
 // times faster than wall time, --flavor vllm imitates vLLM and the
-// --fault-* flags inject faults. See package
-// github.com/duet-router/duet/e2e/sim and its MODEL.md.
+// --fault-* flags inject faults (--fault-hang, --fault-loads,
+// --fault-error-rate, --fault-die-after, --fault-slow-scrape-ms and the
+// spikes).
+//
+// Besides SGLang's routes (/generate, /v1/chat/completions,
+// /v1/completions, /v1/responses, /abort_request, /health,
+// /health_generate, /server_info, /v1/loads, /metrics) it serves a
+// test-inspection API: GET/DELETE /sim/requests (the request records),
+// GET/POST /sim/faults (the faults in force; POST changes them at
+// runtime) and GET /sim/stats (abort counters and the rids in flight).
+// See package github.com/duet-router/duet/e2e/sim and its MODEL.md.
 package main
 
 import (
@@ -53,6 +62,7 @@ func parseFlags(args []string) (options, error) {
 		dpAttention bool
 		spikeMS     float64
 		scrapeMS    float64
+		loadsFault  string
 	)
 	fs.StringVar(&mode, "mode", string(sim.ModeNull), "disaggregation mode: prefill, decode or null (aggregated)")
 	fs.StringVar(&o.cfg.Listen, "listen", sim.DefaultListen, "main HTTP API address")
@@ -87,6 +97,13 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.cfg.Faults.DieAfter, "fault-die-after", 0,
 		"crash (close the listeners, cut requests in flight, exit 1) on the inference request after the first N; 0 never")
 	fs.Float64Var(&scrapeMS, "fault-slow-scrape-ms", 0, "delay of every /v1/loads and /metrics answer in ms (model time)")
+	fs.BoolVar(&o.cfg.Faults.Hang, "fault-hang", false,
+		"the engine's scheduler is stuck: inference requests never progress, /abort_request does nothing, /v1/loads, /metrics "+
+			"and /server_info never answer, /health answers 503 after --health-timeout (switch off at runtime: POST /sim/faults)")
+	fs.StringVar(&loadsFault, "fault-loads", string(sim.LoadsOK),
+		"how /v1/loads and /metrics answer: ok, garbage (200 with unparsable bytes) or 500")
+	fs.DurationVar(&o.cfg.HealthTimeout, "health-timeout", sim.DefaultHealthTimeout,
+		"how long /health waits for its one-token generation before answering 503 (SGLANG_HEALTH_CHECK_TIMEOUT, model time)")
 	fs.BoolVar(&o.cfg.LegacyServerInfo, "legacy-server-info", false, "serve only /get_server_info (404 on /server_info), like old SGLang")
 	fs.IntVar(&o.cfg.StreamInterval, "stream-interval", 1, "streaming chunk every N tokens, like SGLang's --stream-interval (first token at once)")
 	fs.IntVar(&o.cfg.MaxRecords, "max-records", sim.DefaultMaxRecords, "request records kept for GET /sim/requests (oldest dropped first)")
@@ -102,6 +119,9 @@ func parseFlags(args []string) (options, error) {
 		return o, err
 	}
 	if o.cfg.Flavor, err = sim.ParseFlavor(flavor); err != nil {
+		return o, err
+	}
+	if o.cfg.Faults.Loads, err = sim.ParseLoadsFault(loadsFault); err != nil {
 		return o, err
 	}
 	if prefillMS < 0 || decodeMS < 0 || spikeMS < 0 || scrapeMS < 0 {

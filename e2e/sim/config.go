@@ -85,6 +85,16 @@ type Faults struct {
 	DieAfter int
 	// SlowScrape delays every /v1/loads and /metrics answer.
 	SlowScrape time.Duration
+	// Hang makes the engine's scheduler stuck: inference requests are
+	// accepted and never progress (they end when the client goes away),
+	// /abort_request answers 200 and does nothing, /v1/loads, /metrics and
+	// /server_info never answer, and /health answers 503 after
+	// Config.HealthTimeout. Ending the hang at runtime lets everything
+	// held carry on.
+	Hang bool
+	// Loads makes /v1/loads and /metrics answer normally (ok, the
+	// default), with unparsable bytes (garbage) or with HTTP 500.
+	Loads LoadsFault
 }
 
 // Default values. Config.withDefaults applies them to zero fields, except
@@ -102,6 +112,7 @@ const (
 	DefaultKVPollInterval     = 10 * time.Millisecond
 	DefaultMaxModelLen        = 131072
 	DefaultMaxRecords         = 10000
+	DefaultHealthTimeout      = 20 * time.Second
 	defaultMaxNewTokens       = 16
 )
 
@@ -165,6 +176,10 @@ type Config struct {
 	// time: every modelled duration (both models, KVTimeout, fault
 	// durations) is divided by it before sleeping. 0 means 1.
 	TimeScale float64
+	// HealthTimeout is how long /health waits for its one-token
+	// generation before answering 503 (SGLANG_HEALTH_CHECK_TIMEOUT, model
+	// time). Default 20s.
+	HealthTimeout time.Duration
 	// Seed seeds every random choice (fault injection).
 	Seed uint64
 	// Flavor is sglang (default) or vllm.
@@ -228,6 +243,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxRecords == 0 {
 		c.MaxRecords = DefaultMaxRecords
 	}
+	if c.HealthTimeout == 0 {
+		c.HealthTimeout = DefaultHealthTimeout
+	}
+	if c.Faults.Loads == "" {
+		c.Faults.Loads = LoadsOK
+	}
 	return c
 }
 
@@ -277,14 +298,9 @@ func (c Config) validate() error {
 	if c.KVTransferGBps < 0 {
 		errs = append(errs, fmt.Errorf("kv-transfer-gbps must not be negative, got %v", c.KVTransferGBps))
 	}
-	f := c.Faults
-	for name, p := range map[string]float64{"fault spike probability": f.SpikeProb, "fault error rate": f.ErrorRate} {
-		if !(p >= 0 && p <= 1) {
-			errs = append(errs, fmt.Errorf("%s must be in [0, 1], got %v", name, p))
-		}
+	if c.HealthTimeout < 0 {
+		errs = append(errs, fmt.Errorf("health timeout must not be negative, got %s", c.HealthTimeout))
 	}
-	if f.Spike < 0 || f.SlowScrape < 0 || f.DieAfter < 0 {
-		errs = append(errs, errors.New("fault durations and counts must not be negative"))
-	}
+	errs = append(errs, c.Faults.validate()...)
 	return errors.Join(errs...)
 }

@@ -1,12 +1,17 @@
 package sim
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -15,19 +20,190 @@ import (
 // purpose (Faults.DieAfter).
 var ErrDied = errors.New("simulated crash (--fault-die-after)")
 
-// faultState draws the faults of each inference request.
+// LoadsFault selects how /v1/loads and /metrics answer (Faults.Loads).
+type LoadsFault string
+
+// Loads faults.
+const (
+	// LoadsOK answers normally (the default; "" means the same).
+	LoadsOK LoadsFault = "ok"
+	// LoadsGarbage answers 200 with bytes that parse neither as JSON nor
+	// as Prometheus text.
+	LoadsGarbage LoadsFault = "garbage"
+	// Loads500 answers HTTP 500 Internal Server Error.
+	Loads500 LoadsFault = "500"
+)
+
+// ParseLoadsFault parses a --fault-loads value.
+func ParseLoadsFault(s string) (LoadsFault, error) {
+	switch LoadsFault(s) {
+	case "", LoadsOK:
+		return LoadsOK, nil
+	case LoadsGarbage, Loads500:
+		return LoadsFault(s), nil
+	}
+	return "", fmt.Errorf("invalid loads fault %q: want ok, garbage or 500", s)
+}
+
+// garbageScrape is the body of a scrape under LoadsGarbage: neither JSON
+// nor Prometheus text.
+const garbageScrape = "{\"loads\": [{\"dp_rank\": 0, \"num_running_reqs\": \x00\xff\xfe sglang:num_running_reqs{dp_rank=\"0\" ?\n"
+
+// validate reports the invalid fields of f.
+func (f Faults) validate() []error {
+	var errs []error
+	for name, p := range map[string]float64{"fault spike probability": f.SpikeProb, "fault error rate": f.ErrorRate} {
+		if !(p >= 0 && p <= 1) {
+			errs = append(errs, fmt.Errorf("%s must be in [0, 1], got %v", name, p))
+		}
+	}
+	if f.Spike < 0 || f.SlowScrape < 0 || f.DieAfter < 0 {
+		errs = append(errs, errors.New("fault durations and counts must not be negative"))
+	}
+	if _, err := ParseLoadsFault(string(f.Loads)); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// FaultsJSON is the JSON form of Faults served by GET /sim/faults.
+// Durations are milliseconds of model time.
+type FaultsJSON struct {
+	// Hang is Faults.Hang.
+	Hang bool `json:"hang"`
+	// Loads is Faults.Loads: ok, garbage or 500.
+	Loads LoadsFault `json:"loads"`
+	// ErrorRate is Faults.ErrorRate.
+	ErrorRate float64 `json:"error_rate"`
+	// SlowScrapeMS is Faults.SlowScrape in ms.
+	SlowScrapeMS float64 `json:"slow_scrape_ms"`
+	// SpikeProb is Faults.SpikeProb.
+	SpikeProb float64 `json:"spike_prob"`
+	// SpikeMS is Faults.Spike in ms.
+	SpikeMS float64 `json:"spike_ms"`
+	// DieAfter is Faults.DieAfter.
+	DieAfter int `json:"die_after"`
+}
+
+// JSON returns f's JSON form.
+func (f Faults) JSON() FaultsJSON {
+	loads := f.Loads
+	if loads == "" {
+		loads = LoadsOK
+	}
+	return FaultsJSON{
+		Hang: f.Hang, Loads: loads, ErrorRate: f.ErrorRate,
+		SlowScrapeMS: durationMS(f.SlowScrape), SpikeProb: f.SpikeProb, SpikeMS: durationMS(f.Spike), DieAfter: f.DieAfter,
+	}
+}
+
+// FaultUpdate changes the faults of a running server (POST /sim/faults,
+// Server.UpdateFaults): set fields replace the current values, nil ones
+// are kept. The JSON names are those of FaultsJSON.
+type FaultUpdate struct {
+	// Hang switches the hung engine on or off.
+	Hang *bool `json:"hang,omitempty"`
+	// Loads sets the /v1/loads and /metrics answers.
+	Loads *LoadsFault `json:"loads,omitempty"`
+	// ErrorRate sets the probability of an HTTP 500.
+	ErrorRate *float64 `json:"error_rate,omitempty"`
+	// SlowScrapeMS sets the scrape delay in ms (model time).
+	SlowScrapeMS *float64 `json:"slow_scrape_ms,omitempty"`
+	// SpikeProb sets the probability of a latency spike.
+	SpikeProb *float64 `json:"spike_prob,omitempty"`
+	// SpikeMS sets the spike duration in ms (model time).
+	SpikeMS *float64 `json:"spike_ms,omitempty"`
+	// DieAfter sets the crash threshold, counted in inference requests
+	// since the server started (0 never).
+	DieAfter *int `json:"die_after,omitempty"`
+}
+
+// apply returns f changed by u.
+func (u FaultUpdate) apply(f Faults) Faults {
+	if u.Hang != nil {
+		f.Hang = *u.Hang
+	}
+	if u.Loads != nil {
+		f.Loads = *u.Loads
+	}
+	if u.ErrorRate != nil {
+		f.ErrorRate = *u.ErrorRate
+	}
+	if u.SlowScrapeMS != nil {
+		f.SlowScrape = msDuration(*u.SlowScrapeMS)
+	}
+	if u.SpikeProb != nil {
+		f.SpikeProb = *u.SpikeProb
+	}
+	if u.SpikeMS != nil {
+		f.Spike = msDuration(*u.SpikeMS)
+	}
+	if u.DieAfter != nil {
+		f.DieAfter = *u.DieAfter
+	}
+	if f.Loads == "" {
+		f.Loads = LoadsOK
+	}
+	return f
+}
+
+// durationMS converts d to float milliseconds.
+func durationMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// msDuration converts float milliseconds to a duration.
+func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+// faultState holds the current faults and draws those of each inference
+// request.
 type faultState struct {
-	cfg     Faults
 	seed    uint64
 	arrived atomic.Uint64
 	dead    atomic.Bool
 	once    sync.Once
 	onDie   func()
+
+	mu  sync.Mutex
+	cfg Faults
+	// unhang is closed when a hang ends; replaced when one starts.
+	unhang chan struct{}
 }
 
 // newFaultState returns the fault injector; onDie runs once, on the crash.
 func newFaultState(cfg Faults, seed uint64, onDie func()) *faultState {
-	return &faultState{cfg: cfg, seed: seed, onDie: onDie}
+	f := &faultState{seed: seed, onDie: onDie, unhang: make(chan struct{})}
+	f.set(cfg)
+	return f
+}
+
+// current returns the faults in force.
+func (f *faultState) current() Faults {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg
+}
+
+// set replaces the faults; ending a hang releases what it held.
+func (f *faultState) set(cfg Faults) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cfg.Hang && !f.cfg.Hang {
+		f.unhang = make(chan struct{})
+	} else if !cfg.Hang {
+		select {
+		case <-f.unhang:
+		default:
+			close(f.unhang)
+		}
+	}
+	f.cfg = cfg
+}
+
+// hung reports whether the engine hangs and, if so, a channel closed when
+// the hang ends.
+func (f *faultState) hung() (bool, <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cfg.Hang, f.unhang
 }
 
 // requestFaults are the faults drawn for one request.
@@ -36,8 +212,9 @@ type requestFaults struct {
 	die bool
 	// fail: answer HTTP 500.
 	fail bool
-	// spike: delay the request by Faults.Spike.
-	spike bool
+	// spike: delay the request by spikeFor.
+	spike    bool
+	spikeFor time.Duration
 }
 
 // next numbers an arriving inference request and draws its faults from a
@@ -45,20 +222,22 @@ type requestFaults struct {
 // order give the same faults, whatever the concurrency.
 func (f *faultState) next() requestFaults {
 	n := f.arrived.Add(1)
+	cfg := f.current()
 	var out requestFaults
-	if f.dead.Load() || (f.cfg.DieAfter > 0 && n > uint64(f.cfg.DieAfter)) {
+	if f.dead.Load() || (cfg.DieAfter > 0 && n > uint64(cfg.DieAfter)) {
 		out.die = true
 		return out
 	}
-	if f.cfg.SpikeProb == 0 && f.cfg.ErrorRate == 0 {
+	if cfg.SpikeProb == 0 && cfg.ErrorRate == 0 {
 		return out
 	}
 	rng := rand.New(rand.NewPCG(f.seed, n))
 	// Always draw both, in this order, so one knob does not shift the
 	// other's outcomes.
 	spike, fail := rng.Float64(), rng.Float64()
-	out.spike = spike < f.cfg.SpikeProb
-	out.fail = fail < f.cfg.ErrorRate
+	out.spike = spike < cfg.SpikeProb
+	out.spikeFor = cfg.Spike
+	out.fail = fail < cfg.ErrorRate
 	return out
 }
 
@@ -72,10 +251,72 @@ func (f *faultState) die() {
 	})
 }
 
+// Faults returns the faults in force (the configured ones, as changed at
+// runtime by UpdateFaults or POST /sim/faults).
+func (s *Server) Faults() Faults { return s.faults.current() }
+
+// UpdateFaults changes the faults of the running server and returns the
+// new ones. Invalid values change nothing.
+func (s *Server) UpdateFaults(u FaultUpdate) (Faults, error) {
+	s.faultsMu.Lock()
+	defer s.faultsMu.Unlock()
+	next := u.apply(s.faults.current())
+	if errs := next.validate(); len(errs) > 0 {
+		return s.faults.current(), errors.Join(errs...)
+	}
+	s.faults.set(next)
+	s.log.Info("faults changed", zap.Any("faults", next.JSON()))
+	return next, nil
+}
+
+// handleGetFaults serves GET /sim/faults.
+func (s *Server) handleGetFaults(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.faults.current().JSON())
+}
+
+// handleSetFaults serves POST /sim/faults: a FaultUpdate; it answers the
+// faults now in force, or 400 (nothing changed).
+func (s *Server) handleSetFaults(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err != nil {
+		writeDetail(w, http.StatusBadRequest, "read request body: "+err.Error())
+		return
+	}
+	var u FaultUpdate
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&u); err != nil {
+		writeDetail(w, http.StatusBadRequest, "invalid fault update: "+err.Error())
+		return
+	}
+	f, err := s.UpdateFaults(u)
+	if err != nil {
+		writeDetail(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, f.JSON())
+}
+
+// stall blocks while the engine hangs (Faults.Hang), until the hang ends
+// or ctx is done.
+func (s *Server) stall(ctx context.Context) error {
+	for {
+		hung, unhang := s.faults.hung()
+		if !hung {
+			return ctx.Err()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-unhang:
+		}
+	}
+}
+
 // crash simulates the engine process dying: listeners close, requests in
 // flight are cut, Errors delivers ErrDied.
 func (s *Server) crash() {
-	s.log.Warn("simulated crash", zap.Int("die_after", s.cfg.Faults.DieAfter))
+	s.log.Warn("simulated crash", zap.Int("die_after", s.faults.current().DieAfter))
 	s.kill()
 	s.mu.Lock()
 	errs := s.serveErrs
@@ -95,20 +336,75 @@ func abortConnection() {
 	panic(http.ErrAbortHandler)
 }
 
-// slowScrape wraps a load or metrics handler with the scrape delay.
-func (s *Server) slowScrape(h http.Handler) http.Handler {
-	if s.cfg.Faults.SlowScrape <= 0 {
-		return h
-	}
+// scrapeFaults wraps a load or metrics handler with the scrape faults in
+// force at each request: a hung engine never answers (until the client
+// gives up or the hang ends), then the scrape delay, then a garbage or
+// 500 answer instead of the real one.
+func (s *Server) scrapeFaults(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := sleepModel(r.Context(), s.clk, s.cfg.Faults.SlowScrape); err != nil {
+		if s.stall(r.Context()) != nil {
 			return
 		}
-		h.ServeHTTP(w, r)
+		f := s.faults.current()
+		if f.SlowScrape > 0 {
+			if err := sleepModel(r.Context(), s.clk, f.SlowScrape); err != nil {
+				return
+			}
+		}
+		switch f.Loads {
+		case LoadsGarbage:
+			ct := "application/json"
+			if r.URL.Path == "/metrics" || r.URL.Query().Get("format") == "prometheus" {
+				ct = "text/plain; version=0.0.4; charset=utf-8"
+			}
+			w.Header().Set("Content-Type", ct)
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, garbageScrape)
+		case Loads500:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, "Internal Server Error")
+		default:
+			h.ServeHTTP(w, r)
+		}
 	})
 }
 
-// spikeDelay sleeps for the spike duration.
-func (s *Server) spikeDelay(ctx context.Context) error {
-	return sleepModel(ctx, s.clk, s.cfg.Faults.Spike)
+// schedulerCall wraps a handler that, in SGLang, needs an answer from the
+// scheduler (/server_info): it never answers while the engine hangs.
+func (s *Server) schedulerCall(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.stall(r.Context()) != nil {
+			return
+		}
+		h(w, r)
+	}
+}
+
+// handleHealth serves GET /health and /health_generate like SGLang with
+// SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (its default): 503 while the
+// server shuts down; otherwise a one-token generation is waited for, which
+// a working engine answers at once (200) and a hung one never, giving 503
+// after Config.HealthTimeout (model time).
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if hung, _ := s.faults.hung(); hung {
+		ctx, cancel := context.WithTimeout(r.Context(), s.clk.Wall(s.cfg.HealthTimeout))
+		defer cancel()
+		if err := s.stall(ctx); err != nil {
+			if r.Context().Err() == nil {
+				s.log.Warn("health check failed: no generation within the health timeout (engine hung)")
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			return
+		}
+		if s.draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusOK)
 }

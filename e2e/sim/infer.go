@@ -63,6 +63,7 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		StartedAt:      time.Now(),
 		DPRanks:        []int{},
 		BootstrapRooms: []*int64{},
+		RIDs:           []string{},
 	}
 	defer func() {
 		rec.DurationMS = float64(time.Since(rec.StartedAt).Microseconds()) / 1000
@@ -83,6 +84,7 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		s.reject(w, rec, route, aerr)
 		return
 	}
+	rec.RIDs = req.rids
 	if faults.fail {
 		s.reject(w, rec, route, internalErrorf("Internal server error (simulated fault: --fault-error-rate)"))
 		return
@@ -104,6 +106,15 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 			}
 		}
 	}
+	// The rids are in flight from here on (SGLang's rid_to_state): a rid
+	// already in flight is rejected, and /abort_request can reach them.
+	items, aerr := s.inflight.register(r.URL.Path, s.cfg.Mode, req.rids)
+	if aerr != nil {
+		s.reject(w, rec, route, aerr)
+		return
+	}
+	defer s.inflight.unregister(items)
+	defer noteAborts(rec, items)
 	plans := s.plan(req, pin, rec)
 	w.Header().Set(headerDPRank, strconv.Itoa(plans[0].rank))
 	w.Header().Set(headerDPRanks, joinInts(rec.DPRanks))
@@ -125,20 +136,41 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		}
 	}
 	if faults.spike {
-		if err := s.spikeDelay(ctx); err != nil {
+		if err := sleepModel(ctx, s.clk, faults.spikeFor); err != nil {
 			s.markGone(rec)
 			return
 		}
 	}
 	if req.stream {
-		s.runStreaming(ctx, w, req, plans, deferred, rec)
+		s.runStreaming(ctx, w, req, plans, items, deferred, rec)
 		return
 	}
 	if deferred != nil {
 		s.reject(w, rec, route, deferred)
 		return
 	}
-	s.runBlocking(ctx, w, req, plans, rec)
+	s.runBlocking(ctx, w, req, plans, items, rec)
+}
+
+// noteAborts records which items /abort_request hit.
+func noteAborts(rec *Record, items []*inflightItem) {
+	for _, it := range items {
+		if it.aborted() {
+			rec.Aborted = true
+			rec.AbortedRIDs = append(rec.AbortedRIDs, it.rid)
+		}
+	}
+}
+
+// finishReasons lists every item's finish reason, "" for failed items.
+func finishReasons(results []itemResult, errs []error) []string {
+	out := make([]string, len(results))
+	for i, res := range results {
+		if errs[i] == nil {
+			out[i] = res.finishReason()
+		}
+	}
+	return out
 }
 
 // plan assigns a rank to every item and fills the rank fields of rec.
@@ -202,8 +234,9 @@ func (s *Server) resolvePrefillRanks(ctx context.Context, req *inferRequest, pla
 
 // runBlocking serves a non-streaming request: every item runs to the end
 // and the first failing item (by index) decides the error.
-func (s *Server) runBlocking(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, rec *Record) {
-	results, errs := s.runItems(ctx, req, plans, nil, nil)
+func (s *Server) runBlocking(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, items []*inflightItem, rec *Record) {
+	results, errs := s.runItems(ctx, req, plans, items, nil, nil)
+	rec.FinishReasons = finishReasons(results, errs)
 	if ctx.Err() != nil {
 		s.markGone(rec)
 		return
@@ -220,7 +253,8 @@ func (s *Server) runBlocking(ctx context.Context, w http.ResponseWriter, req *in
 
 // runStreaming serves a streaming request. The 200 is sent first; a later
 // failure becomes SGLang's in-stream error frame and stops the other items.
-func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, deferred *apiError, rec *Record) {
+func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, items []*inflightItem,
+	deferred *apiError, rec *Record) {
 	sse := startSSE(w, s.streamErrorBody)
 	rec.Status = http.StatusOK
 	if deferred != nil {
@@ -244,7 +278,8 @@ func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *i
 			cancel()
 		})
 	}
-	results, _ := s.runItems(runCtx, req, plans, em, onErr)
+	results, errs := s.runItems(runCtx, req, plans, items, em, onErr)
+	rec.FinishReasons = finishReasons(results, errs)
 	if ctx.Err() != nil || sse.broken() {
 		s.markGone(rec)
 		return
@@ -256,8 +291,11 @@ func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *i
 }
 
 // runItems runs the items concurrently and returns their results and
-// errors, indexed like plans. onErr, if set, is called as errors happen.
-func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemPlan, em emitter, onErr func(error)) ([]itemResult, []error) {
+// errors, indexed like plans. Each item runs in its own context, which
+// /abort_request cancels (items[i] belongs to plans[i]). onErr, if set,
+// is called as errors happen.
+func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemPlan, items []*inflightItem,
+	em emitter, onErr func(error)) ([]itemResult, []error) {
 	results := make([]itemResult, len(plans))
 	errs := make([]error, len(plans))
 	var wg sync.WaitGroup
@@ -265,7 +303,10 @@ func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemP
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = s.runItem(ctx, req, p, em)
+			ictx, cancel := context.WithCancelCause(ctx)
+			defer cancel(nil)
+			items[i].attach(cancel)
+			results[i], errs[i] = s.runItem(ictx, req, p, items[i], em)
 			if errs[i] == nil {
 				s.totals.add(results[i])
 			} else if onErr != nil {

@@ -103,6 +103,8 @@ var (
 	promptTokensDesc = prometheus.NewDesc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", []string{"model_name"}, nil)
 	cachedTokensDesc = prometheus.NewDesc("sglang:cached_tokens_total", "Number of cached prompt tokens.", []string{"model_name"}, nil)
 	genTokensDesc    = prometheus.NewDesc("sglang:generation_tokens_total", "Number of generation tokens processed.", []string{"model_name"}, nil)
+	abortedDesc      = prometheus.NewDesc("sglang:num_aborted_requests_total",
+		"Number of requests aborted (by /abort_request).", []string{"model_name"}, nil)
 )
 
 // tokenCollector exports tokenTotals.
@@ -113,6 +115,7 @@ func (c tokenCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- promptTokensDesc
 	ch <- cachedTokensDesc
 	ch <- genTokensDesc
+	ch <- abortedDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -121,6 +124,7 @@ func (c tokenCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(promptTokensDesc, prometheus.CounterValue, float64(t.prompt.Load()), model)
 	ch <- prometheus.MustNewConstMetric(cachedTokensDesc, prometheus.CounterValue, float64(t.cached.Load()), model)
 	ch <- prometheus.MustNewConstMetric(genTokensDesc, prometheus.CounterValue, float64(t.generated.Load()), model)
+	ch <- prometheus.MustNewConstMetric(abortedDesc, prometheus.CounterValue, float64(c.s.inflight.aborted.Load()), model)
 }
 
 // metricsHandler serves /metrics from a private registry.

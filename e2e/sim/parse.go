@@ -26,6 +26,8 @@ type inferRequest struct {
 	bodyRank *int
 	// disaggPrefillRank is disagg_prefill_dp_rank.
 	disaggPrefillRank *int
+	// rids holds the request id of every item (see parseRIDs).
+	rids []string
 }
 
 // itemInput is one schedulable item.
@@ -90,6 +92,9 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 		err = badRequestf("unknown route")
 	}
 	if err != nil {
+		return nil, err
+	}
+	if req.rids, err = parseRIDs(root, req, opts.vllm); err != nil {
 		return nil, err
 	}
 	if opts.vllm {

@@ -34,18 +34,76 @@ type emitter interface {
 	finish(res itemResult)
 }
 
-// runItem serves one item according to the server mode.
-func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, em emitter) (itemResult, error) {
-	res := itemResult{index: p.index, rid: newID(""), promptTokens: p.in.promptTokens}
-	if s.eng != nil {
-		return s.runItemModel(ctx, req, p, res, em)
+// runItem serves one item according to the server mode. ctx is the
+// item's own context: an /abort_request cancels it with an abortCause,
+// which ends the item as SGLang does for its stage: a graceful abort
+// returns the partial output with finish_reason abort (streamed as the
+// item's last chunk); the others fail with a 500 (and a prefill's room
+// fails, so its decode fails too).
+func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, em emitter) (itemResult, error) {
+	res := itemResult{index: p.index, rid: it.rid, promptTokens: p.in.promptTokens}
+	res, err := s.runItemStages(ctx, req, p, it, res, em)
+	if err == nil || ctx.Err() == nil {
+		return res, err
+	}
+	ab := abortOf(ctx)
+	if s.cfg.Mode == ModePrefill && p.room != nil {
+		msg := fmt.Sprintf("prefill aborted: %v", err)
+		if ab != nil {
+			msg = abortReqMsg
+		}
+		if st := s.rooms.status(*p.room); st.State != RoomFailed {
+			s.rooms.set(*p.room, p.rank, RoomFailed, msg)
+		}
+	}
+	switch {
+	case ab == nil:
+		return res, err
+	case ab.graceful:
+		res.finish, res.finishMsg = finishAbort, ab.msg
+		if em != nil {
+			em.finish(res)
+		}
+		return res, nil
+	}
+	return res, s.abortFailure(p)
+}
+
+// abortFailure is the error of an item failed by /abort_request: the PD
+// queue's transfer failure, whose exception is SGLang's "Aborted by
+// AbortReq.".
+func (s *Server) abortFailure(p *itemPlan) *apiError {
+	room := int64(-1)
+	if p.room != nil {
+		room = *p.room
 	}
 	switch s.cfg.Mode {
 	case ModePrefill:
+		return internalErrorf("Prefill bootstrap failed for request rank=%d bootstrap_room=%d with exception %s", p.rank, room, abortReqMsg)
+	case ModeDecode:
+		return internalErrorf("Decode transfer failed for request rank=%d bootstrap_room=%d with exception %s", p.rank, room, abortReqMsg)
+	}
+	return internalErrorf("%s", abortReqMsg)
+}
+
+// runItemStages runs the item's stages on whichever model runs; a hung
+// engine holds the item before it starts.
+func (s *Server) runItemStages(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
+	if err := s.stall(ctx); err != nil {
+		return res, err
+	}
+	if s.eng != nil {
+		return s.runItemModel(ctx, req, p, it, res, em)
+	}
+	switch s.cfg.Mode {
+	case ModePrefill:
+		it.setStage(stagePrefill)
 		return s.runPrefill(ctx, req, p, res, em)
 	case ModeDecode:
-		return s.runDecode(ctx, p, res, em)
+		it.setStage(stageWaitKV)
+		return s.runDecode(ctx, p, it, res, em)
 	default:
+		it.setStage(stageRunning)
 		h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
 		defer h.release()
 		if err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens)); err != nil {
@@ -67,12 +125,24 @@ func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan,
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
 	defer h.release()
 	s.rooms.set(room, p.rank, RoomPending, "")
-	if err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens)); err != nil {
-		s.rooms.set(room, p.rank, RoomFailed, fmt.Sprintf("prefill aborted: %v", err))
+	err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens))
+	if err == nil {
+		err = s.stall(ctx)
+	}
+	if err != nil {
+		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
 		return res, err
 	}
 	s.rooms.set(room, p.rank, RoomDone, "")
 	return s.generate(ctx, h, res, 1, false, em)
+}
+
+// prefillFailure is the room error of a prefill item that stopped with err.
+func prefillFailure(ctx context.Context, err error) string {
+	if abortOf(ctx) != nil {
+		return abortReqMsg
+	}
+	return fmt.Sprintf("prefill aborted: %v", err)
 }
 
 // prefillConflict returns SGLang's follow_bootstrap_room conflict message
@@ -92,7 +162,7 @@ func (s *Server) prefillConflict(req *inferRequest, p *itemPlan) string {
 
 // runDecode runs the decode leg: KV preallocated in the transfer queue,
 // wait for the prefill's KV on the expected rank, then generate.
-func (s *Server) runDecode(ctx context.Context, p *itemPlan, res itemResult, em emitter) (itemResult, error) {
+func (s *Server) runDecode(ctx context.Context, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseTransfer)
 	defer h.release()
 	if !p.fakeKV {
@@ -101,6 +171,7 @@ func (s *Server) runDecode(ctx context.Context, p *itemPlan, res itemResult, em 
 			return res, err
 		}
 	}
+	it.setStage(stageRunning)
 	h.run()
 	return s.generate(ctx, h, res, p.in.maxTokens, true, em)
 }
@@ -122,6 +193,9 @@ func (s *Server) kvWait(p *itemPlan) kvWait {
 func (s *Server) generate(ctx context.Context, h *loadHandle, res itemResult, n int, pace bool, em emitter) (itemResult, error) {
 	var text strings.Builder
 	for i := 0; i < n; i++ {
+		if err := s.stall(ctx); err != nil {
+			return res, err
+		}
 		if pace {
 			if err := sleepModel(ctx, s.clk, s.cfg.DecodePerToken); err != nil {
 				return res, err

@@ -2,24 +2,26 @@ package sim
 
 import (
 	"context"
-	"fmt"
 	"strings"
 )
 
 // runItemModel serves one item on the engine model (a profile is set):
 // the item becomes an engine request on its rank and its tokens are
 // streamed as the engine's steps make them.
-func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPlan, res itemResult, em emitter) (itemResult, error) {
+func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
 	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, maxNew: p.in.maxTokens}
 	switch s.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
+		it.setStage(stagePrefill)
 		return s.runPrefillModel(ctx, req, p, res, em, spec)
 	case ModeDecode:
 		spec.kind = kindDecode
-		return s.runDecodeModel(ctx, p, res, em, spec)
+		it.setStage(stageWaitKV)
+		return s.runDecodeModel(ctx, p, it, res, em, spec)
 	}
 	spec.kind = kindUnified
+	it.setStage(stageRunning)
 	q, err := s.eng.submit(spec)
 	if err != nil {
 		return res, err
@@ -46,8 +48,11 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 	}
 	defer s.eng.abort(q)
 	pr, err := s.waitState(ctx, q, stDone)
+	if err == nil {
+		err = s.stall(ctx)
+	}
 	if err != nil {
-		s.rooms.set(room, p.rank, RoomFailed, fmt.Sprintf("prefill aborted: %v", err))
+		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
 		return res, err
 	}
 	res.cachedTokens = pr.cached
@@ -58,7 +63,7 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 // runDecodeModel is the decode leg: KV preallocation (queued while the
 // rank's KV is short), the wait for the prefill's KV, then decoding in
 // the engine.
-func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, res itemResult, em emitter, spec requestSpec) (itemResult, error) {
+func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, it *inflightItem, res itemResult, em emitter, spec requestSpec) (itemResult, error) {
 	q, err := s.eng.submit(spec)
 	if err != nil {
 		return res, err
@@ -72,6 +77,7 @@ func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, res itemResult
 			return res, err
 		}
 	}
+	it.setStage(stageRunning)
 	s.eng.kvArrived(q)
 	return s.follow(ctx, q, res, em)
 }
@@ -96,6 +102,9 @@ func (s *Server) waitState(ctx context.Context, q *engineRequest, at reqState) (
 func (s *Server) follow(ctx context.Context, q *engineRequest, res itemResult, em emitter) (itemResult, error) {
 	var text strings.Builder
 	for {
+		if err := s.stall(ctx); err != nil {
+			return res, err
+		}
 		pr := s.eng.progress(q)
 		res.cachedTokens = pr.cached
 		for res.completionTokens < pr.generated {

@@ -49,6 +49,19 @@ type Record struct {
 	Status int `json:"status"`
 	// Error is the failure message, empty on success.
 	Error string `json:"error"`
+	// RIDs is every item's request id (SGLang's rid, see the rid body
+	// field), in item order; empty if the body did not parse.
+	RIDs []string `json:"rids"`
+	// FinishReasons is every item's finish reason: "length", "abort"
+	// (aborted while generating), or "" for an item that failed or did
+	// not finish.
+	FinishReasons []string `json:"finish_reasons,omitempty"`
+	// Aborted reports that /abort_request hit at least one item; Status,
+	// Error and FinishReasons tell how it ended (500 with "... Aborted by
+	// AbortReq." while waiting, finish_reason abort while generating).
+	Aborted bool `json:"aborted"`
+	// AbortedRIDs lists the rids of the items /abort_request hit.
+	AbortedRIDs []string `json:"aborted_rids,omitempty"`
 	// StartedAt is when the request arrived.
 	StartedAt time.Time `json:"started_at"`
 	// DurationMS is how long the request took, in milliseconds.

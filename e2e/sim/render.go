@@ -17,6 +17,21 @@ type itemResult struct {
 	// cachedTokens are the prompt tokens found in the prefix cache
 	// (engine model only).
 	cachedTokens int
+	// finish is the finish reason when it is not "length" (finishAbort);
+	// finishMsg its message.
+	finish    string
+	finishMsg string
+}
+
+// finishAbort is the finish reason of an item aborted by /abort_request.
+const finishAbort = "abort"
+
+// finishReason is the item's OpenAI finish_reason.
+func (res itemResult) finishReason() string {
+	if res.finish != "" {
+		return res.finish
+	}
+	return "length"
 }
 
 // frame is one SSE event: an optional event name and a JSON payload.
@@ -27,8 +42,12 @@ type frame struct {
 
 // renderer shapes responses for one request on one route.
 type renderer struct {
-	route        routeKind
-	id           string
+	route routeKind
+	// id is the response id: the first item's rid on the OpenAI routes
+	// (SGLang answers meta_info.id, the rid), a resp_ id on /v1/responses.
+	id string
+	// ids are the items' rids; streaming chunks carry their item's.
+	ids          []string
 	created      int64
 	model        string
 	batch        bool
@@ -47,17 +66,27 @@ func (s *Server) newRenderer(req *inferRequest) *renderer {
 
 // newRenderer returns a renderer for req.
 func newRenderer(req *inferRequest) *renderer {
-	prefix := map[routeKind]string{
-		routeChat: "chatcmpl-", routeCompletions: "cmpl-", routeGenerate: "", routeResponses: "resp_",
-	}[req.route]
+	id := newID("resp_")
+	if req.route != routeResponses && len(req.rids) > 0 {
+		id = req.rids[0]
+	}
 	return &renderer{
 		route:        req.route,
-		id:           newID(prefix),
+		id:           id,
+		ids:          req.rids,
 		created:      time.Now().Unix(),
 		model:        req.model,
 		batch:        req.batch,
 		includeUsage: req.includeUsage,
 	}
+}
+
+// itemID is the id of item index's chunks: its rid.
+func (r *renderer) itemID(index int) string {
+	if index < len(r.ids) {
+		return r.ids[index]
+	}
+	return r.id
 }
 
 // newID returns a random hex id with prefix.
@@ -129,7 +158,7 @@ func (r *renderer) tokenFrames(res itemResult, delta string, total int) []frame 
 	case routeCompletions:
 		return []frame{{data: r.completionChunk(res.index, delta, nil)}}
 	case routeGenerate:
-		return []frame{{data: r.generateChunk(res, res.completionTokens == total)}}
+		return []frame{{data: r.generateChunk(res, res.completionTokens == total && res.finish == "")}}
 	default:
 		return r.responsesDelta(delta)
 	}
@@ -137,14 +166,14 @@ func (r *renderer) tokenFrames(res itemResult, delta string, total int) []frame 
 
 // finishFrames are sent when an item finished generating.
 func (r *renderer) finishFrames(res itemResult) []frame {
-	reason := "length"
+	reason := res.finishReason()
 	switch r.route {
 	case routeChat:
 		return []frame{{data: r.chatChunk(res.index, map[string]any{}, &reason)}}
 	case routeCompletions:
 		return []frame{{data: r.completionChunk(res.index, "", &reason)}}
 	case routeGenerate:
-		if res.completionTokens == 0 {
+		if res.completionTokens == 0 || res.finish != "" {
 			return []frame{{data: r.generateChunk(res, true)}}
 		}
 		return nil

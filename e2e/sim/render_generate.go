@@ -3,7 +3,10 @@ package sim
 // generateMeta is SGLang's meta_info for one /generate item.
 func generateMeta(res itemResult, finished bool) map[string]any {
 	var finish any
-	if finished {
+	switch {
+	case finished && res.finish == finishAbort:
+		finish = map[string]any{"type": finishAbort, "message": res.finishMsg}
+	case finished:
 		finish = map[string]any{"type": "length", "length": res.completionTokens}
 	}
 	return map[string]any{

@@ -13,7 +13,7 @@ func (r *renderer) fullOpenAI(results []itemResult) map[string]any {
 	choices := make([]any, len(results))
 	object := "text_completion"
 	for i, res := range results {
-		c := map[string]any{"index": res.index, "logprobs": nil, "finish_reason": "length"}
+		c := map[string]any{"index": res.index, "logprobs": nil, "finish_reason": res.finishReason()}
 		if r.route == routeChat {
 			c["message"] = map[string]any{"role": "assistant", "content": res.text}
 		} else {
@@ -33,7 +33,7 @@ func (r *renderer) fullOpenAI(results []itemResult) map[string]any {
 // chatChunk is one chat.completion.chunk with a single choice.
 func (r *renderer) chatChunk(index int, delta map[string]any, finish *string) []byte {
 	return mustJSON(map[string]any{
-		"id": r.id, "object": "chat.completion.chunk", "created": r.created, "model": r.model,
+		"id": r.itemID(index), "object": "chat.completion.chunk", "created": r.created, "model": r.model,
 		"choices": []any{map[string]any{
 			"index": index, "delta": delta, "logprobs": nil, "finish_reason": finish,
 		}},
@@ -43,7 +43,7 @@ func (r *renderer) chatChunk(index int, delta map[string]any, finish *string) []
 // completionChunk is one streaming text_completion with a single choice.
 func (r *renderer) completionChunk(index int, text string, finish *string) []byte {
 	return mustJSON(map[string]any{
-		"id": r.id, "object": "text_completion", "created": r.created, "model": r.model,
+		"id": r.itemID(index), "object": "text_completion", "created": r.created, "model": r.model,
 		"choices": []any{map[string]any{
 			"index": index, "text": text, "logprobs": nil, "finish_reason": finish,
 		}},

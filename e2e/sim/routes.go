@@ -15,16 +15,16 @@ func (s *Server) apiHandler() (http.Handler, error) {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusOK)
-	})
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /health_generate", s.handleHealth)
 	if !s.cfg.LegacyServerInfo {
-		mux.HandleFunc("GET /server_info", s.handleServerInfo)
+		mux.HandleFunc("GET /server_info", s.schedulerCall(s.handleServerInfo))
 	}
-	mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
+	mux.HandleFunc("GET /get_server_info", s.schedulerCall(s.handleServerInfo))
 	mux.HandleFunc("GET /v1/models", s.handleModels)
-	mux.Handle("GET /v1/loads", s.slowScrape(http.HandlerFunc(s.handleLoads)))
-	mux.Handle("GET /metrics", s.slowScrape(metrics))
+	mux.Handle("GET /v1/loads", s.scrapeFaults(http.HandlerFunc(s.handleLoads)))
+	mux.Handle("GET /metrics", s.scrapeFaults(metrics))
+	mux.HandleFunc("POST /abort_request", s.handleAbort)
 
 	for _, route := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))
@@ -39,6 +39,9 @@ func (s *Server) apiHandler() (http.Handler, error) {
 func (s *Server) addCommonRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /sim/requests", s.records.handleList)
 	mux.HandleFunc("DELETE /sim/requests", s.records.handleClear)
+	mux.HandleFunc("GET /sim/faults", s.handleGetFaults)
+	mux.HandleFunc("POST /sim/faults", s.handleSetFaults)
+	mux.HandleFunc("GET /sim/stats", s.handleStats)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeDetail(w, http.StatusNotFound, "Not Found")
 	})

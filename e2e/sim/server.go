@@ -28,6 +28,12 @@ type Server struct {
 	started time.Time
 	clk     clock
 	faults  *faultState
+	// faultsMu serializes UpdateFaults.
+	faultsMu sync.Mutex
+	// inflight holds the items in flight by rid.
+	inflight *inflightSet
+	// draining is set once Shutdown (or Close) started.
+	draining atomic.Bool
 	// deadCtx is cancelled by a simulated crash.
 	deadCtx context.Context
 	kill    context.CancelFunc
@@ -61,14 +67,15 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		log = zap.NewNop()
 	}
 	s := &Server{
-		cfg:     cfg,
-		log:     log.With(zap.String("mode", string(cfg.Mode)), zap.String("listen", cfg.Listen)),
-		load:    newLoadTracker(cfg.DPSize),
-		rooms:   newRoomStore(),
-		kv:      newKVClient(cfg.KVPollInterval),
-		records: newRecordStore(cfg.MaxRecords),
-		started: time.Now(),
-		clk:     newScaledClock(cfg.TimeScale),
+		cfg:      cfg,
+		log:      log.With(zap.String("mode", string(cfg.Mode)), zap.String("listen", cfg.Listen)),
+		load:     newLoadTracker(cfg.DPSize),
+		rooms:    newRoomStore(),
+		kv:       newKVClient(cfg.KVPollInterval),
+		records:  newRecordStore(cfg.MaxRecords),
+		inflight: newInflightSet(),
+		started:  time.Now(),
+		clk:      newScaledClock(cfg.TimeScale),
 	}
 	s.deadCtx, s.kill = context.WithCancel(context.Background())
 	s.faults = newFaultState(cfg.Faults, cfg.Seed, s.crash)
@@ -111,6 +118,10 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // BootstrapHandler returns the prefill bootstrap server's handler, or nil
 // when the server is not a prefill.
 func (s *Server) BootstrapHandler() http.Handler { return s.bootstrap }
+
+// Stats returns the abort counters and the items in flight (GET
+// /sim/stats).
+func (s *Server) Stats() Stats { return s.inflight.stats() }
 
 // Records returns the requests recorded so far, oldest first.
 func (s *Server) Records() []Record { return s.records.list() }
@@ -218,8 +229,10 @@ func (s *Server) BootstrapAddr() net.Addr {
 }
 
 // Shutdown stops accepting connections and waits for requests in flight
-// until ctx is done; then it aborts the remaining ones.
+// until ctx is done; then it aborts the remaining ones. From its start
+// /health answers 503, as SGLang's does while it exits gracefully.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
 	s.mu.Lock()
 	srvs := []*http.Server{s.apiSrv, s.bootSrv}
 	cancel := s.cancelBase

@@ -103,13 +103,18 @@ func (s *Server) vllmHandler() (http.Handler, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		// vLLM's /health only checks that the engine process is alive.
+		if s.draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"version": VLLMVersion})
 	})
 	mux.HandleFunc("GET /v1/models", s.handleModels)
-	mux.Handle("GET /metrics", s.slowScrape(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	mux.Handle("GET /metrics", s.scrapeFaults(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
 	for _, route := range []routeKind{routeChat, routeCompletions, routeResponses} {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))
 	}
