@@ -22,11 +22,18 @@
 // never see the same minimum. Reservations end on completion feedback
 // ([Scheduler.Complete]), on a scrape that covers them, or on a TTL.
 //
+// Picks skip ejected targets. Health is passive (legs that fail or find no
+// host, in completion feedback; load scrapes that get no answer) and active
+// (GET /health probes); a failing endpoint or target is ejected for a
+// doubling backoff, then half-open until its next failure or success (see
+// [HealthConfig] and [Config.OnEject]).
+//
 // The package is split by job: endpoint.go (endpoints, targets and how an
 // engine URL maps to the address Envoy uses), discovery.go (asking engines
 // about themselves), snapshot.go (targets per role), ledger.go (loads and
 // reservations), scrape.go (the load-scraping loop), pick.go (choosing and
-// reserving), feedback.go, tokens.go (the token estimate), metrics.go,
+// reserving), feedback.go, health.go (health records and ejection), probe.go
+// (the health-probe loop), tokens.go (the token estimate), metrics.go,
 // policy.go (the policy interface and its registry) and one policy_*.go file
 // per policy. Subpackage load fetches and parses engine load reports;
 // subpackage prefix hashes prompts and keeps the prefix index.

@@ -155,31 +155,43 @@ func allEjected(role Role, n int) error {
 // candidates lists p's targets with their current loads and prefix
 // matches, leaving out ejected ones; filtered reports whether any was left
 // out (the candidates' positions then differ from the pool's). Caller holds
-// s.ledger.mu (which also guards scratch).
+// s.ledger.mu (which also guards the scratch slices).
 func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, scratch *[]Candidate) (cands []Candidate, filtered bool) {
 	cands = (*scratch)[:0]
 	since := s.ledger.freshSince(now)
-	for i, t := range p.targets {
-		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
-	}
-	for _, m := range matches {
-		if i, ok := p.index[m.key]; ok {
-			cands[i].Prefix = m.fraction
-		}
-	}
-	*scratch = cands
-	// While no record is ejected or half-open, no target is skipped.
+	// While no record is ejected or half-open, no target is skipped and a
+	// candidate's position is its position in the pool.
 	if s.health.count.Load() == 0 {
+		for i, t := range p.targets {
+			cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
+		}
+		for _, m := range matches {
+			if i, ok := p.index[m.key]; ok {
+				cands[i].Prefix = m.fraction
+			}
+		}
+		*scratch = cands
 		return cands, false
 	}
 	at := now.UnixNano()
-	kept := cands[:0]
-	for i := range cands {
-		if !p.states[i].ejected(at) {
-			kept = append(kept, cands[i])
+	pos := s.posScratch[:0] // pool position -> candidate position, or -1
+	for i, t := range p.targets {
+		ts := p.states[i]
+		if ts.ejected(at) {
+			pos = append(pos, -1)
+			continue
+		}
+		pos = append(pos, int32(len(cands)))
+		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(ts, since)})
+	}
+	for _, m := range matches {
+		if i, ok := p.index[m.key]; ok && pos[i] >= 0 {
+			cands[pos[i]].Prefix = m.fraction
 		}
 	}
-	return kept, len(kept) < len(cands)
+	s.posScratch = pos
+	*scratch = cands
+	return cands, len(cands) < len(p.targets)
 }
 
 // choose runs policy over cands, built from p by candidates, and returns

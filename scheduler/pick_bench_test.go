@@ -67,3 +67,34 @@ func BenchmarkPick(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickEjected is BenchmarkPick's least_tokens case with one
+// target ejected, so that every pick filters the candidates.
+func BenchmarkPickEjected(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		b.Run(fmt.Sprintf("endpoints=%d/ranks=8", n), func(b *testing.B) {
+			s := benchScheduler(b, n, 8, "least_tokens")
+			p := s.snap.Load().decode
+			s.health.cfg.FailuresToEject = 1
+			s.health.fail(p.states[len(p.states)-1].health, sigFailures, s.now(), nil)
+			if s.health.count.Load() != 1 {
+				b.Fatal("no target ejected")
+			}
+			ctx := b.Context()
+			req := &Request{}
+			prompt := make([]byte, 1<<10)
+			b.ReportAllocs()
+			for b.Loop() {
+				*req = Request{ID: "r", Prompt: prompt, Blocks: req.Blocks[:0]}
+				d, err := s.Pick(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d.Decode.Key() == p.targets[len(p.targets)-1].Key() {
+					b.Fatal("picked the ejected target")
+				}
+				s.Complete(Feedback{RequestID: "r"})
+			}
+		})
+	}
+}

@@ -161,6 +161,7 @@ type Scheduler struct {
 	discovered, scraped atomic.Bool
 	// Candidate scratch space, guarded by ledger.mu.
 	prefillScratch, decodeScratch []Candidate
+	posScratch                    []int32
 }
 
 // New validates cfg and returns a Scheduler for it. No endpoint is ready
