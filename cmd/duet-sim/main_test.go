@@ -78,6 +78,25 @@ func TestParseFlags(t *testing.T) {
 					t.Fatalf("flavor %q", o.cfg.Flavor)
 				}
 			}},
+		{name: "hang and loads faults", args: []string{"--fault-hang", "--fault-loads", "garbage", "--health-timeout", "3s"},
+			check: func(t *testing.T, o options) {
+				f := o.cfg.Faults
+				if !f.Hang || f.Loads != sim.LoadsGarbage || o.cfg.HealthTimeout != 3*time.Second {
+					t.Fatalf("parsed %+v health timeout %v", f, o.cfg.HealthTimeout)
+				}
+			}},
+		{name: "fault defaults", args: nil, check: func(t *testing.T, o options) {
+			f := o.cfg.Faults
+			if f.Hang || f.Loads != sim.LoadsOK || o.cfg.HealthTimeout != 20*time.Second {
+				t.Fatalf("parsed %+v health timeout %v", f, o.cfg.HealthTimeout)
+			}
+		}},
+		{name: "loads 500", args: []string{"--fault-loads", "500"}, check: func(t *testing.T, o options) {
+			if o.cfg.Faults.Loads != sim.Loads500 {
+				t.Fatalf("loads %q", o.cfg.Faults.Loads)
+			}
+		}},
+		{name: "bad loads fault", args: []string{"--fault-loads", "slow"}, wantErr: "invalid loads fault"},
 		{name: "bad flavor", args: []string{"--flavor", "tgi"}, wantErr: "invalid flavor"},
 		{name: "negative spike", args: []string{"--fault-spike-ms", "-1"}, wantErr: "must not be negative"},
 		{name: "bad mode", args: []string{"--mode", "both"}, wantErr: "invalid mode"},

@@ -1,9 +1,11 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/duet-router/duet/e2e/sim"
@@ -71,4 +73,55 @@ func (s *Sim) Reset(ctx context.Context) error {
 		return fmt.Errorf("%s reset: status %d", s.Name, resp.StatusCode)
 	}
 	return nil
+}
+
+// SetFaults changes the engine's faults at runtime (POST /sim/faults):
+// set fields replace the current values, nil ones are kept. It returns
+// the faults now in force.
+func (s *Sim) SetFaults(ctx context.Context, u sim.FaultUpdate) (sim.FaultsJSON, error) {
+	var out sim.FaultsJSON
+	body, err := json.Marshal(u)
+	if err != nil {
+		return out, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.URL+"/sim/faults", bytes.NewReader(body))
+	if err != nil {
+		return out, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return out, fmt.Errorf("%s set faults: %w", s.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return out, fmt.Errorf("%s set faults: status %d: %s", s.Name, resp.StatusCode, msg)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, fmt.Errorf("%s set faults: %w", s.Name, err)
+	}
+	return out, nil
+}
+
+// Stats returns the engine's abort counters and the rids in flight (GET
+// /sim/stats).
+func (s *Sim) Stats(ctx context.Context) (sim.Stats, error) {
+	var out sim.Stats
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/sim/stats", nil)
+	if err != nil {
+		return out, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return out, fmt.Errorf("%s stats: %w", s.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return out, fmt.Errorf("%s stats: status %d", s.Name, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, fmt.Errorf("%s stats: %w", s.Name, err)
+	}
+	return out, nil
 }

@@ -24,6 +24,9 @@ func TestConfigValidation(t *testing.T) {
 		{name: "bootstrap port", cfg: Config{BootstrapPort: 70000}, wantErr: "bootstrap-port out of range"},
 		{name: "negative latency", cfg: Config{DecodePerToken: -1}, wantErr: "latencies must not be negative"},
 		{name: "negative capacity", cfg: Config{MaxTotalTokens: -5}, wantErr: "max-total-tokens"},
+		{name: "negative health timeout", cfg: Config{HealthTimeout: -time.Second}, wantErr: "health timeout"},
+		{name: "bad loads fault", cfg: Config{Faults: Faults{Loads: "flaky"}}, wantErr: "invalid loads fault"},
+		{name: "bad error rate", cfg: Config{Faults: Faults{ErrorRate: 1.5}}, wantErr: "fault error rate"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
