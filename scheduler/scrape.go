@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
 	"time"
 
@@ -70,9 +71,15 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 			s.metrics.scrapeErrors.WithLabelValues(string(ep.Role), ep.URL).Inc()
 		}
 		rec := s.health.endpoints[ep.URL]
-		if errors.Is(err, load.ErrTransport) {
+		switch {
+		case errors.Is(err, load.ErrTransport) && !timedOut(err):
+			// No connection, or one cut before an answer: the engine is gone.
 			s.report(s.health.fail(rec, sigScrape, s.now(), nil))
-		} else {
+		case errors.Is(err, load.ErrTransport):
+			// A slow /v1/loads (SGLang asks every DP rank's scheduler) is
+			// not a dead engine; a hung one fails its /health probe, which
+			// generates a token. The loads only go stale.
+		default:
 			// The engine answered: its loads are only stale, not gone.
 			s.health.reset(rec, sigScrape)
 		}
@@ -112,4 +119,11 @@ func rankLoadOf(ep *Endpoint, r load.Rank) rankLoad {
 		}
 	}
 	return rl
+}
+
+// timedOut reports whether err is a timeout rather than a failed or cut
+// connection.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
