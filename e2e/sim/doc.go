@@ -34,12 +34,36 @@
 // Config.TimeScale makes model time run faster than wall time (client
 // latencies × TimeScale = model time; network, Envoy and duet overheads are
 // not scaled). Config.Flavor vllm serves vLLM's API instead (aggregated,
-// X-data-parallel-rank, vllm: metrics). Config.Faults injects latency
-// spikes, HTTP 500s, a crash after N requests and slow scrapes, drawn from
-// Config.Seed.
+// X-data-parallel-rank, vllm: metrics).
+//
+// Request ids and aborts follow SGLang. Every item gets a rid: the body's
+// rid field (a string, or a list for batches; a string rid of a batch
+// becomes "<rid>_<i>"; chat samples with n > 1 get fresh random rids), or
+// a random 32-hex one. A rid already in flight is a 400 "Duplicate request
+// ID detected: <rid>", and the response id (meta_info.id on /generate) of
+// an n=1 request is its rid. POST /abort_request {"rid", "abort_all"}
+// always answers 200 with an empty body; unless abort_all, the rid must be
+// exactly one in flight, and then every item whose rid starts with it is
+// aborted. What the client sees depends on the item's stage: a prefill
+// item, or a decode item still waiting for its KV, fails with a 500
+// "... Aborted by AbortReq." (in-stream error event when streaming; the
+// prefill's room fails, so its decode fails too); an item already
+// generating (decode, or aggregated) ends with finish_reason "abort" and
+// its partial output. Either way its KV and load are freed at once.
+//
+// Config.Faults injects latency spikes, HTTP 500s, a crash after N
+// requests, slow scrapes, unparsable or failing /v1/loads and /metrics,
+// and a hung engine (requests, scrapes and /server_info never answer,
+// aborts are ignored, /health answers 503 after Config.HealthTimeout);
+// spikes and errors are drawn from Config.Seed. Faults can be changed at
+// runtime with POST /sim/faults (GET returns them) or
+// Server.UpdateFaults. /health answers 503 once the server is shutting
+// down.
 //
 // Every inference request is recorded and can be inspected over
-// GET /sim/requests, so tests can assert what the router actually sent.
+// GET /sim/requests (rids, abort outcome, finish reasons included), so
+// tests can assert what the router actually sent; GET /sim/stats counts
+// the aborts and lists the rids in flight with their stage.
 //
 // The command cmd/duet-sim wraps this package.
 package sim

@@ -146,6 +146,7 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		return
 	}
 	if deferred != nil {
+		s.inflight.unregister(items)
 		s.reject(w, rec, route, deferred)
 		return
 	}
@@ -258,6 +259,7 @@ func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *i
 	sse := startSSE(w, s.streamErrorBody)
 	rec.Status = http.StatusOK
 	if deferred != nil {
+		s.inflight.unregister(items)
 		sse.fail(deferred)
 		rec.Error = deferred.msg
 		return
@@ -307,6 +309,10 @@ func (s *Server) runItems(ctx context.Context, req *inferRequest, plans []*itemP
 			defer cancel(nil)
 			items[i].attach(cancel)
 			results[i], errs[i] = s.runItem(ictx, req, p, items[i], em)
+			// Like SGLang, forget the rid as soon as the item finished,
+			// before the response is written: the client may reuse it at
+			// once.
+			s.inflight.unregister(items[i : i+1])
 			if errs[i] == nil {
 				s.totals.add(results[i])
 			} else if onErr != nil {
