@@ -341,3 +341,21 @@ func TestFaultAllPrefillsDown(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A stream whose routing is decided no longer depends on duet: duet ends
+// each ext_proc stream once it has answered the request body, so killing
+// (or restarting) duet cuts no stream in flight.
+func TestStreamOutlivesDuet(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2}}, []harness.SimSpec{{DPSize: 2}})
+	done := make(chan harness.Result, 1)
+	go func() { done <- harness.Chat(context.Background(), faultClient, s.EnvoyURL, 0, true, 400) }()
+	time.Sleep(200 * time.Millisecond) // the stream is flowing (400 tokens take ~0.8 s)
+	s.Duet.Kill()
+	r := <-done
+	if r.Outcome != harness.OutcomeServed {
+		t.Fatalf("stream in flight when duet died: %s after %v: %s", r.Outcome, r.Wait, r.Detail)
+	}
+	if r.Wait < 300*time.Millisecond {
+		t.Fatalf("the stream ended after %v: it was not in flight when duet died", r.Wait)
+	}
+}

@@ -94,6 +94,13 @@ type request struct {
 }
 
 // Process handles one Envoy ext_proc stream (one HTTP request).
+//
+// duet processes the request headers and body only (the rendered filter
+// skips trailers and every response phase), so the stream ends as soon as
+// duet has answered the message that completes the request. Holding it
+// open for the life of the HTTP request would tie every in-flight stream
+// to duet: a duet restart would make Envoy cut streams whose routing was
+// long decided, and a graceful stop would wait for the longest generation.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := stream.Context()
 	var req *request
@@ -106,11 +113,12 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			return fmt.Errorf("receive ext_proc message: %w", err)
 		}
 		var resp *extprocv3.ProcessingResponse
+		last := false // resp completes duet's part: end the stream after it
 		switch m := msg.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			req = newRequest(m.RequestHeaders)
 			if m.RequestHeaders.EndOfStream {
-				resp = s.decide(ctx, req, phaseHeaders)
+				resp, last = s.decide(ctx, req, phaseHeaders), true
 			} else {
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 					RequestHeaders: &extprocv3.HeadersResponse{},
@@ -131,6 +139,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			} else {
 				resp = s.decide(ctx, req, phaseBody)
 			}
+			last = true
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 				RequestTrailers: &extprocv3.TrailersResponse{},
@@ -152,6 +161,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		}
 		if err := stream.Send(resp); err != nil {
 			return fmt.Errorf("send ext_proc response: %w", err)
+		}
+		if last {
+			return nil
 		}
 	}
 }
