@@ -72,6 +72,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cfg.Model, "model", sim.DefaultModel, "served_model_name")
 	fs.DurationVar(&o.cfg.KVTimeout, "kv-timeout", sim.DefaultKVTimeout,
 		"decode: how long to wait for the prefill's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")
+	fs.BoolVar(&o.cfg.AwaitTransfer, "await-transfer", false,
+		"prefill: answer only once a decode has taken the KV, holding it up to --kv-timeout (SGLang's behaviour)")
 	fs.Float64Var(&prefillMS, "prefill-ms-per-1k-tokens", 10, "simulated prefill time per 1000 prompt tokens, in ms (simple model; ignored with --profile)")
 	fs.Float64Var(&decodeMS, "decode-ms-per-token", 2, "simulated time per generated token, in ms (simple model; ignored with --profile)")
 	fs.IntVar(&o.cfg.MaxTotalTokens, "max-total-tokens", sim.DefaultMaxTotalTokens,

@@ -198,6 +198,10 @@ func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec Sim
 		"--kv-timeout", opts.KVTimeout.String(),
 		"--decode-ms-per-token", strconv.Itoa(opts.DecodeMsPerToken),
 	}
+	if mode == "prefill" {
+		// As SGLang: a prefill answers once its decode took the KV.
+		argv = append(argv, "--await-transfer")
+	}
 	argv = append(argv, spec.Args...)
 	p, err := startProcess(dir, name, argv...)
 	if err != nil {

@@ -75,6 +75,10 @@ func (s *Server) handleKVStatus(w http.ResponseWriter, r *http.Request) {
 	if st.State == RoomUnknown {
 		code = http.StatusNotFound
 	}
+	if st.State == RoomDone {
+		// The decode polling the room as done takes the KV.
+		s.rooms.deliver(room)
+	}
 	writeJSON(w, code, st)
 }
 

@@ -135,8 +135,18 @@ type Config struct {
 	// Model is the served model name. Default "sim-model".
 	Model string
 	// KVTimeout is how long decode waits for the prefill's KV
-	// (SGLANG_DISAGGREGATION_WAITING_TIMEOUT). Default 300s.
+	// (SGLANG_DISAGGREGATION_WAITING_TIMEOUT) and, with AwaitTransfer, how
+	// long prefill holds finished KV for its decode
+	// (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT). Default 300s.
 	KVTimeout time.Duration
+	// AwaitTransfer makes a prefill item answer only once a decode has
+	// taken its KV (polled the room as done), as SGLang's prefill does: it
+	// keeps the request in its inflight queue until the transfer succeeds.
+	// A prefill whose decode never comes holds its KV for KVTimeout and
+	// then fails; a prefill that dies before the decode took the KV fails
+	// its HTTP request. Without it the prefill answers when its KV is
+	// ready (simpler for tests that run a prefill alone).
+	AwaitTransfer bool
 	// PrefillPer1KTokens is the simulated prefill compute time per 1000
 	// prompt tokens.
 	PrefillPer1KTokens time.Duration

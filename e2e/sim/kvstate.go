@@ -34,10 +34,11 @@ type RoomStatus struct {
 
 // roomEntry is a stored room state.
 type roomEntry struct {
-	state   string
-	dpRank  int
-	err     string
-	updated time.Time
+	state     string
+	dpRank    int
+	err       string
+	updated   time.Time
+	delivered bool // a decode polled the room as done: it has the KV
 }
 
 // roomStore records, on a prefill server, which rank produced the KV of
@@ -61,7 +62,8 @@ func (s *roomStore) set(room int64, rank int, state, errMsg string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	s.rooms[room] = roomEntry{state: state, dpRank: rank, err: errMsg, updated: now}
+	s.rooms[room] = roomEntry{state: state, dpRank: rank, err: errMsg, updated: now,
+		delivered: state == RoomDone && s.rooms[room].state == RoomDone && s.rooms[room].delivered}
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.writes++
@@ -70,6 +72,46 @@ func (s *roomStore) set(room int64, rank int, state, errMsg string) {
 			if e.state != RoomPending && now.Sub(e.updated) > roomTTL {
 				delete(s.rooms, k)
 			}
+		}
+	}
+}
+
+// deliver records that a decode took room's KV, if the room is done.
+func (s *roomStore) deliver(room int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.rooms[room]
+	if !ok || e.state != RoomDone || e.delivered {
+		return
+	}
+	e.delivered = true
+	s.rooms[room] = e
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// waitDelivered waits until a decode took room's KV (true), or d passed,
+// the room failed or ctx is done (false).
+func (s *roomStore) waitDelivered(ctx context.Context, room int64, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		e := s.rooms[room]
+		changed := s.changed
+		s.mu.Unlock()
+		if e.delivered {
+			return true
+		}
+		if e.state == RoomFailed {
+			return false
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"regexp"
 	"strings"
 	"testing"
@@ -351,4 +352,33 @@ func closedPort(t *testing.T) int {
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	return port
+}
+
+// With AwaitTransfer a prefill answers only once a decode took its KV, and
+// one whose decode never comes fails after the KV timeout; a decode that
+// polls the room as done releases it.
+func TestAwaitTransfer(t *testing.T) {
+	p := startTest(t, Config{Mode: ModePrefill, DPSize: 1, AwaitTransfer: true, KVTimeout: 300 * time.Millisecond})
+	body := `{"text":"hi","sampling_params":{"max_new_tokens":1},"bootstrap_host":"127.0.0.1","bootstrap_room":%d}`
+
+	start := time.Now()
+	if r := post(t, p.api.URL+"/generate", fmt.Sprintf(body, 11)); r.status != 500 || time.Since(start) < 250*time.Millisecond {
+		t.Fatalf("no decode: status %d after %v, want 500 after the KV timeout: %s", r.status, time.Since(start), r.body)
+	}
+
+	done := make(chan int, 1)
+	go func() { done <- post(t, p.api.URL+"/generate", fmt.Sprintf(body, 12)).status }()
+	select {
+	case code := <-done:
+		t.Fatalf("prefill answered %d before any decode took the KV", code)
+	case <-time.After(100 * time.Millisecond):
+	}
+	kv, err := http.Get(p.boot.URL + "/sim/kv?room=12&wait_ms=1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv.Body.Close()
+	if code := <-done; code != 200 {
+		t.Fatalf("after the decode took the KV: status %d, want 200", code)
+	}
 }

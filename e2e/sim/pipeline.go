@@ -134,7 +134,30 @@ func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan,
 		return res, err
 	}
 	s.rooms.set(room, p.rank, RoomDone, "")
+	if err := s.awaitTransfer(ctx, room); err != nil {
+		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
+		return res, err
+	}
 	return s.generate(ctx, h, res, 1, false, em)
+}
+
+// awaitTransfer holds a finished prefill item until a decode took its KV
+// (with Config.AwaitTransfer; otherwise it returns at once). A decode that
+// never comes fails the item after KVTimeout, like SGLang's bootstrap
+// timeout; an abort or a disconnect ends the wait with ctx's error.
+func (s *Server) awaitTransfer(ctx context.Context, room int64) error {
+	if !s.cfg.AwaitTransfer {
+		return nil
+	}
+	start := time.Now()
+	if s.rooms.waitDelivered(ctx, room, s.clk.Wall(s.cfg.KVTimeout)) {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return internalErrorf("Request %d timed out after %.1fs in KVPoll.Transferring: no decode took the KV",
+		room, s.clk.Model(time.Since(start)).Seconds())
 }
 
 // prefillFailure is the room error of a prefill item that stopped with err.

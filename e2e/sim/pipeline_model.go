@@ -57,6 +57,10 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 	}
 	res.cachedTokens = pr.cached
 	s.rooms.set(room, p.rank, RoomDone, "")
+	if err := s.awaitTransfer(ctx, room); err != nil {
+		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
+		return res, err
+	}
 	return s.generate(ctx, nil, res, 1, false, em)
 }
 
