@@ -71,7 +71,7 @@ func (s *Scheduler) legHealth(f Feedback) {
 	// tell, so the leg speaks for each of them.
 	for _, i := range snap.byHost[hostKey{role: f.Role, host: host}] {
 		ep := &snap.endpoints[i]
-		epRec := s.health.endpoints[ep.URL]
+		epRec := s.health.endpoint(ep.URL)
 		var tRec *healthState
 		if j, ok := p.index[TargetKey{URL: ep.URL, Rank: rank}]; ok {
 			tRec = p.states[j].health

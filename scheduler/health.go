@@ -154,7 +154,9 @@ const (
 
 // healthState is the health of one endpoint (all its targets) or of one
 // target. Picks read until without a lock; the rest is guarded by
-// health.mu.
+// health.mu. A removed record (its endpoint left the configuration, or its
+// target left the snapshot) ignores all evidence: goroutines that looked it
+// up before the removal may still report on it.
 type healthState struct {
 	// until is when the current ejection ends (Unix ns); picks skip the
 	// endpoint's or target's targets while now < until.
@@ -171,6 +173,7 @@ type healthState struct {
 	reason    signal
 	fails     [numSignals]int // consecutive failures per signal
 	ejections int             // ejections in a row without a recovery
+	removed   bool            // no longer in use: evidence is ignored
 }
 
 // ejected reports whether picks skip rec's targets at now (Unix ns). A nil
@@ -181,10 +184,13 @@ func (rec *healthState) ejected(now int64) bool { return rec != nil && rec.until
 // methods return what happened as healthEvents; the caller reports them
 // (logs, OnEject) outside the lock with Scheduler.report.
 type health struct {
-	cfg       HealthConfig
-	metrics   *metrics                  // nil without metrics
-	endpoints map[string]*healthState   // by Endpoint.URL; fixed after New
-	mu        sync.Mutex                // guards the records' mutable fields and unhealthy
+	cfg     HealthConfig
+	metrics *metrics // nil without metrics
+	// endpoints maps Endpoint.URL to its endpoint's record. The map is
+	// copy-on-write: readers (probes, scrapes, feedback, snapshot builds)
+	// load it without a lock; updateEndpoints publishes a new one under mu.
+	endpoints atomic.Pointer[map[string]*healthState]
+	mu        sync.Mutex                // guards the records' mutable fields, unhealthy, and writes of endpoints
 	unhealthy map[*healthState]struct{} // ejected or half-open records
 	// count is len(unhealthy), read by picks without mu: while it is zero
 	// no target is ejected and picks skip the per-target checks.
@@ -192,22 +198,82 @@ type health struct {
 }
 
 func newHealth(cfg HealthConfig, m *metrics) *health {
-	return &health{
+	h := &health{
 		cfg:       cfg.withDefaults(),
 		metrics:   m,
-		endpoints: map[string]*healthState{},
 		unhealthy: map[*healthState]struct{}{},
 	}
+	h.endpoints.Store(&map[string]*healthState{})
+	return h
 }
 
-// addEndpoint creates the record of an endpoint. Called by New only.
-func (h *health) addEndpoint(role Role, url string) *healthState {
-	rec := &healthState{role: role, url: url, rank: NoRank}
-	h.endpoints[url] = rec
-	if h.metrics != nil {
-		h.metrics.endpointEjected.WithLabelValues(string(role), url).Set(0)
+// endpoint returns the record of the endpoint whose Endpoint.URL is url, or
+// nil if there is none (the endpoint was removed from the configuration).
+func (h *health) endpoint(url string) *healthState {
+	return (*h.endpoints.Load())[url]
+}
+
+// endpointRef names an endpoint record to create.
+type endpointRef struct {
+	role Role
+	url  string
+}
+
+// updateEndpoints removes the records of the endpoints whose URLs are in
+// remove, then creates records for add, and publishes the new map. Records
+// of other endpoints are kept as they are. A removed record leaves the
+// unhealthy set and ignores later evidence, and its gauge is deleted.
+// Callers serialize updates (New, or Scheduler.discoverMu).
+func (h *health) updateEndpoints(add []endpointRef, remove []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := *h.endpoints.Load()
+	next := make(map[string]*healthState, len(old)+len(add))
+	for url, rec := range old {
+		next[url] = rec
 	}
-	return rec
+	for _, url := range remove {
+		rec, ok := next[url]
+		if !ok {
+			continue
+		}
+		delete(next, url)
+		h.forgetLocked(rec)
+		if h.metrics != nil {
+			h.metrics.endpointEjected.DeleteLabelValues(string(rec.role), rec.url)
+		}
+	}
+	for _, ref := range add {
+		next[ref.url] = &healthState{role: ref.role, url: ref.url, rank: NoRank}
+		if h.metrics != nil {
+			h.metrics.endpointEjected.WithLabelValues(string(ref.role), ref.url).Set(0)
+		}
+	}
+	h.endpoints.Store(&next)
+}
+
+// forgetTarget retires the record of a target that left the snapshot: its
+// health starts over if the target comes back.
+func (h *health) forgetTarget(rec *healthState) {
+	if rec == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, unhealthy := h.unhealthy[rec]; unhealthy {
+		h.setGauge(rec, 0)
+	}
+	h.forgetLocked(rec)
+}
+
+// forgetLocked marks rec removed and takes it out of the unhealthy set.
+// Caller holds mu.
+func (h *health) forgetLocked(rec *healthState) {
+	rec.removed = true
+	if _, ok := h.unhealthy[rec]; ok {
+		delete(h.unhealthy, rec)
+		h.count.Store(int64(len(h.unhealthy)))
+	}
 }
 
 // newTargetHealth creates the record of a target.
@@ -263,11 +329,17 @@ func (h *health) duration(k int) time.Duration {
 }
 
 // fail records one failure of sig on rec at now and appends the resulting
-// transitions to evs. A failure while ejected is ignored; a failure while
+// transitions to evs. A nil or removed rec is ignored. A failure while ejected is ignored; a failure while
 // half-open re-ejects at once.
 func (h *health) fail(rec *healthState, sig signal, now time.Time, evs []healthEvent) []healthEvent {
+	if rec == nil {
+		return evs
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if rec.removed {
+		return evs
+	}
 	evs = h.settle(rec, now, evs)
 	switch rec.phase {
 	case phaseEjected:
@@ -287,6 +359,9 @@ func (h *health) fail(rec *healthState, sig signal, now time.Time, evs []healthE
 // success that recovers it (a leg that reached the engine but failed, a
 // scrape answered with an error).
 func (h *health) reset(rec *healthState, sig signal) {
+	if rec == nil {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	rec.fails[sig] = 0
@@ -297,8 +372,14 @@ func (h *health) reset(rec *healthState, sig signal) {
 // speak for the ejection's reason (a scrape answer does not clear a probe
 // ejection: an engine can serve loads while its /health fails).
 func (h *health) succeed(rec *healthState, sig signal, now time.Time, evs []healthEvent) []healthEvent {
+	if rec == nil {
+		return evs
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if rec.removed {
+		return evs
+	}
 	evs = h.settle(rec, now, evs)
 	rec.fails[sig] = 0
 	if rec.phase != phaseHalfOpen || (sig == sigScrape && rec.reason == sigProbe) {

@@ -55,7 +55,7 @@ func (s *Scheduler) probeHealth(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			rec := s.health.endpoints[ep.URL]
+			rec := s.health.endpoint(ep.URL) // nil once the endpoint is removed: ignored
 			outcome := "ok"
 			var evs []healthEvent
 			if err != nil {

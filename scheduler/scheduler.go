@@ -136,7 +136,7 @@ type Scheduler struct {
 	decodePolicy  Policy
 	pd            bool
 
-	discoverMu sync.Mutex // serializes discovery rounds; guards members' discovery state
+	discoverMu sync.Mutex // serializes discovery rounds and SetEndpoints; guards members and their discovery state
 	members    []*member  // prefill first, then decode, in configuration order
 
 	snap atomic.Pointer[snapshot]
@@ -232,6 +232,31 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 	s.health = newHealth(cfg.Health, s.metrics)
 
+	if s.members, err = newMembers(cfg.Prefill, cfg.Decode); err != nil {
+		return nil, err
+	}
+	refs := make([]endpointRef, len(s.members))
+	for i, m := range s.members {
+		refs[i] = endpointRef{role: m.role, url: m.cur.URL}
+	}
+	s.health.updateEndpoints(refs, nil)
+	s.publish()
+	return s, nil
+}
+
+// policyOrDefault builds the policy of spec, round_robin if it names none.
+func policyOrDefault(spec PolicySpec) (Policy, error) {
+	if spec.Name == "" {
+		spec.Name = policyRoundRobin
+	}
+	return NewPolicy(spec)
+}
+
+// newMembers validates the endpoint lists of both roles and returns their
+// members, undiscovered: prefill first, then decode, in list order. Two
+// entries that name the same engine (see parseEndpointURL) are an error.
+func newMembers(prefill, decode []EndpointSpec) ([]*member, error) {
+	var members []*member
 	seen := make(map[string]string) // duplicate key -> URL as configured
 	add := func(role Role, specs []EndpointSpec) error {
 		for i, spec := range specs {
@@ -243,27 +268,17 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 				return fmt.Errorf("scheduler: duplicate endpoint URL %q (same engine as %q)", spec.URL, prev)
 			}
 			seen[m.url.key] = spec.URL
-			s.health.addEndpoint(role, m.cur.URL)
-			s.members = append(s.members, m)
+			members = append(members, m)
 		}
 		return nil
 	}
-	if err := add(RolePrefill, cfg.Prefill); err != nil {
+	if err := add(RolePrefill, prefill); err != nil {
 		return nil, err
 	}
-	if err := add(RoleDecode, cfg.Decode); err != nil {
+	if err := add(RoleDecode, decode); err != nil {
 		return nil, err
 	}
-	s.publish()
-	return s, nil
-}
-
-// policyOrDefault builds the policy of spec, round_robin if it names none.
-func policyOrDefault(spec PolicySpec) (Policy, error) {
-	if spec.Name == "" {
-		spec.Name = policyRoundRobin
-	}
-	return NewPolicy(spec)
+	return members, nil
 }
 
 // newMember validates spec and returns its endpoint in the undiscovered

@@ -70,7 +70,7 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 		if s.metrics != nil {
 			s.metrics.scrapeErrors.WithLabelValues(string(ep.Role), ep.URL).Inc()
 		}
-		rec := s.health.endpoints[ep.URL]
+		rec := s.health.endpoint(ep.URL) // nil once the endpoint is removed: ignored
 		switch {
 		case errors.Is(err, load.ErrTransport) && !timedOut(err):
 			// No connection, or one cut before an answer: the engine is gone.
@@ -85,7 +85,7 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 		}
 		return
 	}
-	s.report(s.health.succeed(s.health.endpoints[ep.URL], sigScrape, s.now(), nil))
+	s.report(s.health.succeed(s.health.endpoint(ep.URL), sigScrape, s.now(), nil))
 	ranks := make([]rankLoad, 0, len(rep.Ranks))
 	for _, r := range rep.Ranks {
 		ranks = append(ranks, rankLoadOf(ep, r))

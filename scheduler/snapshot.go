@@ -36,7 +36,8 @@ type pool struct {
 
 // newSnapshot builds a snapshot from the endpoints' states (it copies eps),
 // creates ledger entries for new targets and drops those of targets that
-// are no longer schedulable, with their reservations and prefix entries.
+// are no longer schedulable, with their reservations, prefix entries and
+// target health records.
 // Each target's entry is bound to its endpoint's health record in h.
 func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, h *health, forget func(TargetKey)) *snapshot {
 	s := &snapshot{endpoints: append([]Endpoint(nil), eps...), byHost: make(map[hostKey][]int, 2*len(eps))}
@@ -65,6 +66,7 @@ func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, h *hea
 		_, inDecode := s.decode.index[k]
 		if !inPrefill && !inDecode {
 			forget(k)
+			h.forgetTarget(l.targets[k].health)
 			return false
 		}
 		return true
@@ -86,7 +88,13 @@ func newPool(targets []Target, l *ledger, m *metrics, h *health) pool {
 		if ts.health == nil {
 			ts.health = newTargetHealth(t)
 		}
-		ts.endpoint = h.endpoints[key.URL]
+		// Written only when it changes: DecodeFallback reads it without a
+		// lock. A kept entry's endpoint record never changes (an endpoint
+		// removed and added again gets new entries: it is undiscovered in
+		// between, so its targets leave the ledger).
+		if rec := h.endpoint(key.URL); ts.endpoint != rec {
+			ts.endpoint = rec
+		}
 		p.states[i] = ts
 		p.index[key] = i
 	}
