@@ -83,7 +83,7 @@ func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
 		}
 		tl.worst = max(tl.worst, r.Wait)
 		if r.Outcome != harness.OutcomeServed && len(tl.details) < 5 {
-			tl.details = append(tl.details, fmt.Sprintf("%s status %d after %v: %.200s", r.Outcome, r.Status, r.Wait.Round(time.Millisecond), r.Detail))
+			tl.details = append(tl.details, fmt.Sprintf("%s %s status %d after %v: %.200s", r.ID, r.Outcome, r.Status, r.Wait.Round(time.Millisecond), r.Detail))
 		}
 	}
 	return tl

@@ -36,6 +36,8 @@ func (o Outcome) String() string { return outcomeNames[o] }
 
 // Result is one request's outcome and how long its client waited.
 type Result struct {
+	// ID is the x-request-id the request carried, for finding it in logs.
+	ID      string
 	Outcome Outcome
 	Status  int
 	Wait    time.Duration
@@ -47,12 +49,13 @@ type Result struct {
 // The client's timeout bounds the wait: a request that hits it is lost.
 func Chat(ctx context.Context, client *http.Client, baseURL string, i int, stream bool, maxTokens int) Result {
 	start := time.Now()
-	r := chat(ctx, client, baseURL, i, stream, maxTokens)
-	r.Wait = time.Since(start)
+	id := fmt.Sprintf("chat-%d-%d", i, start.UnixNano())
+	r := chat(ctx, client, baseURL, id, i, stream, maxTokens)
+	r.ID, r.Wait = id, time.Since(start)
 	return r
 }
 
-func chat(ctx context.Context, client *http.Client, baseURL string, i int, stream bool, maxTokens int) Result {
+func chat(ctx context.Context, client *http.Client, baseURL, id string, i int, stream bool, maxTokens int) Result {
 	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"Request %d: tell me about disaggregated serving."}],"max_tokens":%d,"stream":%v}`,
 		i, maxTokens, stream)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
@@ -60,6 +63,7 @@ func chat(ctx context.Context, client *http.Client, baseURL string, i int, strea
 		return Result{Outcome: OutcomeLost, Detail: err.Error()}
 	}
 	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-request-id", id)
 	resp, err := client.Do(req)
 	if err != nil {
 		return Result{Outcome: OutcomeLost, Detail: err.Error()}

@@ -115,12 +115,15 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	time.Sleep(3 * time.Second) // let feedback and aborts settle
 	record()
 	report(os.Stdout, results, samples)
-	for _, o := range []harness.Outcome{harness.OutcomeLost} {
-		for _, r := range results {
-			if r.Outcome == o {
-				return fmt.Errorf("requests were lost")
-			}
+	lost := 0
+	for _, r := range results {
+		if r.Outcome == harness.OutcomeLost {
+			lost++
+			fmt.Printf("lost: x-request-id %s after %v: %.300s\n", r.ID, r.Wait.Round(time.Millisecond), r.Detail)
 		}
+	}
+	if lost > 0 {
+		return fmt.Errorf("%d requests lost", lost)
 	}
 	return nil
 }
