@@ -3,7 +3,8 @@
 //
 // Usage:
 //
-//	duet [serve] -config duet.yaml      run the ext_proc server (default)
+//	duet [serve] -config duet.yaml      run the ext_proc server (default);
+//	                                    SIGHUP reloads the endpoint lists
 //	duet envoy-config -config duet.yaml print the matching Envoy bootstrap
 //	duet version                        print the version
 package main
@@ -66,5 +67,5 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cmd == "envoy-config" {
 		return writeEnvoyConfig(stdout, cfg)
 	}
-	return serve(ctx, cfg)
+	return serve(ctx, cfg, *path)
 }

@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -32,8 +36,15 @@ const shutdownGrace = 10 * time.Second
 // abortTimeout bounds one POST /abort_request to an engine.
 const abortTimeout = 2 * time.Second
 
-// serve runs duet until ctx is cancelled.
-func serve(ctx context.Context, cfg *config.Config) error {
+// serve runs duet with cfg, read from the file at path, until ctx is
+// cancelled. On SIGHUP it reads the file again and applies its endpoint
+// lists (see reloader).
+func serve(ctx context.Context, cfg *config.Config, path string) error {
+	// Before anything else: SIGHUP's default action ends the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	log, err := newLogger(cfg.LogLevel)
 	if err != nil {
 		return err
@@ -96,6 +107,20 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	defer cancel()
 	go sched.Run(runCtx)
 	go tracker.Run(runCtx)
+	reloads := newReloader(path, cfg, sched, log.Named("reload"), reg)
+	var reloading sync.WaitGroup
+	defer func() { cancel(); reloading.Wait() }()
+	reloading.Go(func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading the configuration", zap.String("config", path))
+				reloads.reload(runCtx)
+			}
+		}
+	})
 
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(grpcLis) }()
@@ -157,17 +182,19 @@ func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) 
 	return mux
 }
 
-func schedulerConfig(cfg *config.Config) scheduler.Config {
-	specs := func(eps []config.Endpoint) []scheduler.EndpointSpec {
-		out := make([]scheduler.EndpointSpec, len(eps))
-		for i, ep := range eps {
-			out[i] = scheduler.EndpointSpec{URL: ep.URL, BootstrapPort: ep.BootstrapPort, DPSize: ep.DPSize}
-		}
-		return out
+// endpointSpecs converts configured endpoints to the scheduler's specs.
+func endpointSpecs(eps []config.Endpoint) []scheduler.EndpointSpec {
+	out := make([]scheduler.EndpointSpec, len(eps))
+	for i, ep := range eps {
+		out[i] = scheduler.EndpointSpec{URL: ep.URL, BootstrapPort: ep.BootstrapPort, DPSize: ep.DPSize}
 	}
+	return out
+}
+
+func schedulerConfig(cfg *config.Config) scheduler.Config {
 	return scheduler.Config{
-		Prefill:           specs(cfg.Prefill),
-		Decode:            specs(cfg.Decode),
+		Prefill:           endpointSpecs(cfg.Prefill),
+		Decode:            endpointSpecs(cfg.Decode),
 		PrefillPolicy:     policySpec(cfg.Policy.Prefill),
 		DecodePolicy:      policySpec(cfg.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,
