@@ -91,6 +91,18 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
+// Signal sends sig to the running process, e.g. SIGHUP to make duet
+// reload its configuration.
+func (p *Process) Signal(sig os.Signal) error {
+	if p.Exited() {
+		return fmt.Errorf("signal %s: %s has exited", sig, p.Name)
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %s: %w", p.Name, err)
+	}
+	return nil
+}
+
 // Restart starts the process's command again (after Stop or Kill), logging
 // after what it logged before. It does not wait for readiness.
 func (p *Process) Restart() error {
