@@ -30,7 +30,8 @@
 //
 // The package is split by job: endpoint.go (endpoints, targets and how an
 // engine URL maps to the address Envoy uses), discovery.go (asking engines
-// about themselves), snapshot.go (targets per role), ledger.go (loads and
+// about themselves), reload.go (replacing the endpoint lists while
+// running: [Scheduler.SetEndpoints]), snapshot.go (targets per role), ledger.go (loads and
 // reservations), scrape.go (the load-scraping loop), pick.go (choosing and
 // reserving), feedback.go, health.go (health records and ejection), probe.go
 // (the health-probe loop), tokens.go (the token estimate), metrics.go,
