@@ -368,3 +368,34 @@ func TestStreamOutlivesDuet(t *testing.T) {
 		t.Fatalf("the stream ended after %v: it was not in flight when duet died", r.Wait)
 	}
 }
+
+// A client that gives up while the prefill still computes: Envoy resets
+// the decode leg, and duet aborts the prefill leg at once, which would
+// otherwise compute for nothing and hold its KV for the bootstrap timeout.
+func TestClientGoneAbortsPrefill(t *testing.T) {
+	s := faultStack(t, []harness.SimSpec{{DPSize: 2, Args: []string{"--prefill-ms-per-1k-tokens", "200000"}}}, []harness.SimSpec{{DPSize: 2}})
+	id := requestID(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.EnvoyURL+"/v1/chat/completions", bytes.NewReader(chatBody(false, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-request-id", id)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the request finished (%d) before the client gave up", resp.StatusCode)
+	}
+	_, rec := only(t, legs(t, s.Prefill, id, 1))
+	if !rec.Aborted {
+		t.Errorf("prefill leg not aborted: status %d after %.0f ms (%s)", rec.Status, rec.DurationMS, rec.Error)
+	}
+	if rec.DurationMS > 3000 {
+		t.Errorf("prefill leg ended after %.0f ms, want it aborted right after the client left", rec.DurationMS)
+	}
+	if n := duetMetricSum(t, s, "duet_leg_aborts_total", map[string]string{"role": "prefill", "outcome": "ok"}); n != 1 {
+		t.Errorf("prefill aborts = %v, want 1", n)
+	}
+	waitReservationsDrained(t, s)
+}

@@ -43,6 +43,10 @@ type Options struct {
 	// MaxInFlight bounds concurrent abort calls; default 64. Aborts past it
 	// are dropped and counted (outcome "dropped").
 	MaxInFlight int
+	// AbortRetries are the delays after which an abort is sent again while
+	// the aborted leg has not ended; nil means 100ms, 500ms, 2s, and an
+	// empty list sends each abort once.
+	AbortRetries []time.Duration
 	// Logger; nil means none.
 	Logger *zap.Logger
 	// Registerer receives the metrics; nil means none.
@@ -63,6 +67,7 @@ type Tracker struct {
 	reqs map[string]*request
 
 	aborts  *prometheus.CounterVec
+	retries *prometheus.CounterVec
 	tracked prometheus.GaugeFunc
 	wg      sync.WaitGroup
 }
@@ -82,7 +87,24 @@ type leg struct {
 	url     string
 	address string
 	rank    int
-	done    bool // its access-log entry arrived (or it was aborted)
+	done    bool // nothing more to do: its entry arrived, or it was aborted
+	ended   bool // its access-log entry arrived
+}
+
+// defaultAbortRetries are the delays after which an abort is sent again while the
+// aborted leg's access-log entry has not arrived. SGLang drops an abort
+// whose rid it has not registered yet (the tokenizer checks the rid
+// exactly), and an abort can outrun the request it names: a prefill that
+// fails on arrival is reported before the decode engine has parsed the
+// decode leg. Repeating it until the leg ends closes that race.
+var defaultAbortRetries = []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
+
+// role returns r's leg of role.
+func (r *request) leg(role scheduler.Role) *leg {
+	if role == scheduler.RolePrefill {
+		return &r.prefill
+	}
+	return &r.decode
 }
 
 // New returns a Tracker.
@@ -92,6 +114,9 @@ func New(opts Options) *Tracker {
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = defaultMaxInFlight
+	}
+	if opts.AbortRetries == nil {
+		opts.AbortRetries = defaultAbortRetries
 	}
 	t := &Tracker{
 		opts: opts,
@@ -103,6 +128,10 @@ func New(opts Options) *Tracker {
 			Name: "duet_leg_aborts_total",
 			Help: "Legs duet aborted on their engine because the other leg failed or its engine was ejected, by role of the aborted leg, reason and outcome (ok, failed, dropped).",
 		}, []string{"role", "reason", "outcome"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "duet_leg_abort_retries_total",
+			Help: "Aborts sent again because the aborted leg had not ended yet (the engine may not have registered its rid when the first abort came), by role and reason.",
+		}, []string{"role", "reason"}),
 	}
 	if t.log == nil {
 		t.log = zap.NewNop()
@@ -112,7 +141,7 @@ func New(opts Options) *Tracker {
 		Help: "PD requests whose legs duet is following (not yet both finished).",
 	}, func() float64 { return float64(t.Len()) })
 	if opts.Registerer != nil {
-		opts.Registerer.MustRegister(t.aborts, t.tracked)
+		opts.Registerer.MustRegister(t.aborts, t.retries, t.tracked)
 	}
 	return t
 }
@@ -177,7 +206,7 @@ func (t *Tracker) Complete(ctx context.Context, c accesslog.Completion) {
 	r, ok := t.reqs[c.RequestID]
 	if ok {
 		job = t.completeLocked(r, c)
-		if r.prefill.done && (r.decode.done || r.finished) {
+		if r.prefill.ended && (r.decode.ended || r.finished) {
 			delete(t.reqs, r.id)
 		}
 	}
@@ -192,19 +221,20 @@ func (t *Tracker) Complete(ctx context.Context, c accesslog.Completion) {
 func (t *Tracker) completeLocked(r *request, c accesslog.Completion) *abortJob {
 	switch c.Leg {
 	case accesslog.LegPrefill:
-		r.prefill.done = true
+		r.prefill.done, r.prefill.ended = true, true
 		if c.Failed && !r.decode.done {
 			r.decode.done = true
 			return &abortJob{id: r.id, role: scheduler.RoleDecode, url: r.decode.url, rids: r.rids, reason: ReasonPrefillFailed}
 		}
 	case accesslog.LegDecode:
-		r.decode.done = true
+		r.decode.done, r.decode.ended = true, true
 		if c.Failed && !r.prefill.done {
 			r.prefill.done = true
 			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonDecodeFailed}
 		}
 	case accesslog.LegRequest:
-		r.finished = true
+		// The decode leg cannot outlive the client request.
+		r.finished, r.decode.done = true, true
 		if c.Failed && !r.prefill.done {
 			r.prefill.done = true
 			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonClientGone}
@@ -279,8 +309,33 @@ func (t *Tracker) Run(ctx context.Context) {
 }
 
 // abort carries out job in the background, bounded by MaxInFlight; cause is
-// the entry that called for it (zero for an ejection).
+// the entry that called for it (zero for an ejection). It is sent again
+// after each of abortRetries while the aborted leg has not ended.
 func (t *Tracker) abort(ctx context.Context, job abortJob, cause accesslog.Completion) {
+	t.abortAttempt(ctx, job, cause, 0)
+}
+
+// retry sends job again after Options.AbortRetries[attempt-1] unless the
+// aborted leg has ended (or the request is gone) by then.
+func (t *Tracker) retry(ctx context.Context, job abortJob, attempt int) {
+	if attempt > len(t.opts.AbortRetries) {
+		return
+	}
+	t.wg.Add(1)
+	time.AfterFunc(t.opts.AbortRetries[attempt-1], func() {
+		defer t.wg.Done()
+		t.mu.Lock()
+		r, ok := t.reqs[job.id]
+		pending := ok && !r.leg(job.role).ended
+		t.mu.Unlock()
+		if pending {
+			t.abortAttempt(ctx, job, accesslog.Completion{}, attempt)
+		}
+	})
+}
+
+// abortAttempt is one try of abort.
+func (t *Tracker) abortAttempt(ctx context.Context, job abortJob, cause accesslog.Completion, attempt int) {
 	log := t.log.With(zap.String("duet_request_id", job.id), zap.String("aborted_role", string(job.role)),
 		zap.String("engine", job.url), zap.String("reason", job.reason))
 	if cause.Leg != "" {
@@ -302,13 +357,21 @@ func (t *Tracker) abort(ctx context.Context, job abortJob, cause accesslog.Compl
 		defer func() { <-t.sem }()
 		start := t.now()
 		err := t.opts.Aborter.Abort(actx, job.url, job.rids)
+		if attempt > 0 {
+			log = log.With(zap.Int("attempt", attempt+1))
+		}
 		if err != nil {
 			t.aborts.WithLabelValues(string(job.role), job.reason, "failed").Inc()
 			log.Warn("abort failed", zap.Error(err))
-			return
+		} else {
+			if attempt == 0 {
+				t.aborts.WithLabelValues(string(job.role), job.reason, "ok").Inc()
+			} else {
+				t.retries.WithLabelValues(string(job.role), job.reason).Inc()
+			}
+			log.Warn("aborted the surviving leg", zap.Duration("took", t.now().Sub(start)))
 		}
-		t.aborts.WithLabelValues(string(job.role), job.reason, "ok").Inc()
-		log.Warn("aborted the surviving leg", zap.Duration("took", t.now().Sub(start)))
+		t.retry(ctx, job, attempt+1)
 	}()
 }
 

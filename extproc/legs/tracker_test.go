@@ -64,7 +64,7 @@ func TestComplete(t *testing.T) {
 			[]string{"http://d:2 r"}, 0},
 		{"batch: every item's rid", 3,
 			[]accesslog.Completion{entry(accesslog.LegPrefill, fail)},
-			[]string{"http://d:2 r_0,r_1,r_2"}, 0},
+			[]string{"http://d:2 r_0,r_1,r_2"}, 1},
 		{"decode fails first: abort prefill", 0,
 			[]accesslog.Completion{entry(accesslog.LegDecode, fail), entry(accesslog.LegPrefill, fail)},
 			[]string{"http://p:1 r"}, 0},
@@ -72,19 +72,22 @@ func TestComplete(t *testing.T) {
 			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegPrefill, fail)}, nil, 0},
 		{"client gone before the prefill ended: abort prefill", 0,
 			[]accesslog.Completion{entry(accesslog.LegRequest, fail)},
+			[]string{"http://p:1 r"}, 1},
+		{"client gone, then the aborted prefill ends", 0,
+			[]accesslog.Completion{entry(accesslog.LegRequest, fail), entry(accesslog.LegPrefill, fail)},
 			[]string{"http://p:1 r"}, 0},
 		{"request fine, prefill still running: wait for it", 0,
 			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegRequest, ok)}, nil, 1},
 		{"only one abort per leg", 0,
 			[]accesslog.Completion{entry(accesslog.LegDecode, fail), entry(accesslog.LegRequest, fail)},
-			[]string{"http://p:1 r"}, 0},
+			[]string{"http://p:1 r"}, 1},
 		{"unknown request", 0,
 			[]accesslog.Completion{{RequestID: "other", Leg: accesslog.LegPrefill, Failed: true}}, nil, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := &recordingAborter{}
-			tr := New(Options{Aborter: a})
+			tr := New(Options{Aborter: a, AbortRetries: []time.Duration{}})
 			tr.Track("r", tt.items, pd)
 			for _, e := range tt.entries {
 				tr.Complete(context.Background(), e)
@@ -97,6 +100,40 @@ func TestComplete(t *testing.T) {
 				t.Errorf("tracked = %d, want %d", tr.Len(), tt.remaining)
 			}
 		})
+	}
+}
+
+// An abort is sent again while the aborted leg has not ended (the engine
+// may not have registered its rid yet), and no more once it has.
+func TestAbortRetriesUntilTheLegEnds(t *testing.T) {
+	a := &recordingAborter{}
+	tr := New(Options{Aborter: a, AbortRetries: []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}})
+	tr.Track("r", 0, pd)
+	tr.Complete(context.Background(), entry(accesslog.LegPrefill, true))
+	deadline := time.Now().Add(5 * time.Second)
+	for len(a.list()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the abort was not repeated")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	tr.Complete(context.Background(), entry(accesslog.LegDecode, true))
+	tr.Wait()
+	if n := len(a.list()); n < 2 || n > 3 {
+		t.Errorf("%d abort calls, want 2 or 3: the retries must stop once the decode leg ended", n)
+	}
+	if tr.Len() != 0 {
+		t.Errorf("tracked = %d after both legs ended", tr.Len())
+	}
+
+	// Without an ending, every retry is sent.
+	a2 := &recordingAborter{}
+	tr2 := New(Options{Aborter: a2, AbortRetries: []time.Duration{time.Millisecond, time.Millisecond}})
+	tr2.Track("r", 0, pd)
+	tr2.Complete(context.Background(), entry(accesslog.LegPrefill, true))
+	tr2.Wait()
+	if n := len(a2.list()); n != 3 {
+		t.Errorf("%d abort calls with the leg never ending, want 1 + 2 retries", n)
 	}
 }
 
@@ -128,7 +165,7 @@ func TestEjected(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := &recordingAborter{}
-			tr := New(Options{Aborter: a})
+			tr := New(Options{Aborter: a, AbortRetries: []time.Duration{}})
 			tr.Track("a", 0, pd)
 			tr.Track("b", 0, scheduler.Decision{Prefill: &scheduler.Target{Endpoint: other, Rank: 0}, Decode: pd.Decode})
 			tr.Ejected(context.Background(), tt.role, tt.url, tt.rank)
@@ -171,7 +208,7 @@ func (a *blockingAborter) Abort(context.Context, string, []string) error {
 func TestAbortsAreBoundedAndCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	a := &blockingAborter{release: make(chan struct{})}
-	tr := New(Options{Aborter: a, MaxInFlight: 1, Registerer: reg})
+	tr := New(Options{Aborter: a, MaxInFlight: 1, Registerer: reg, AbortRetries: []time.Duration{}})
 	for _, id := range []string{"x", "y"} {
 		tr.Track(id, 0, pd)
 		tr.Complete(context.Background(), accesslog.Completion{RequestID: id, Leg: accesslog.LegPrefill, Failed: true})
