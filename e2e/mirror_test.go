@@ -11,9 +11,10 @@ import (
 	"github.com/duet-router/duet/e2e/harness"
 )
 
-// bareConfig is a minimal Envoy bootstrap without duet: a route to cluster
-// main, mirrored by %[5]s; %[6]s adds options to the main cluster.
-const bareConfig = `
+// bareEnvoy is a minimal Envoy bootstrap without duet: admin on port %[1]d,
+// a listener on %[2]d whose one route (%[3]s, the fields under "route:")
+// covers every path, and the clusters %[4]s.
+const bareEnvoy = `
 admin: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
 static_resources:
   listeners:
@@ -34,18 +35,43 @@ static_resources:
               routes:
               - match: {prefix: "/"}
                 route:
-                  cluster: main
-                  request_mirror_policies: [%[5]s]
+%[3]s
   clusters:
-  - name: main
-    load_assignment: {cluster_name: main, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[3]d}}}}]}]}
-%[6]s
-  - name: mirror
-    load_assignment: {cluster_name: mirror, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[4]d}}}}]}]}
+%[4]s
 `
 
+// bareMirrorClusters are startBare's clusters: main (engine port %[1]d,
+// extra options %[3]s) and mirror (engine port %[2]d).
+const bareMirrorClusters = `  - name: main
+    load_assignment: {cluster_name: main, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}}]}]}
+%[3]s
+  - name: mirror
+    load_assignment: {cluster_name: mirror, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}}}]}]}`
+
+// startBareEnvoy writes bareEnvoy with route and clusters into dir and
+// starts Envoy on it; it stops when the test ends. The returned stack has
+// only the Envoy URLs set.
+func startBareEnvoy(ctx context.Context, t *testing.T, dir, route, clusters string) *harness.Stack {
+	t.Helper()
+	ports, err := harness.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(bareEnvoy, ports[0], ports[1], route, clusters)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adminURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	envoy, err := harness.StartEnvoy(ctx, dir, cfg, adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { envoy.Stop(5 * time.Second) })
+	return &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}
+}
+
 // startBare starts two aggregated engines, "main" and "mirror" (dp as
-// given), and a bare Envoy from bareConfig with the mirror policy and the
+// given), and a bare Envoy from bareEnvoy with the mirror policy and the
 // main cluster's extra options; everything stops when the test ends.
 func startBare(t *testing.T, dp int, mirrorPolicy, mainOptions string) (s *harness.Stack, main, mirror *harness.Sim) {
 	t.Helper()
@@ -63,22 +89,9 @@ func startBare(t *testing.T, dp int, mirrorPolicy, mainOptions string) (s *harne
 		p := *sim.dst
 		t.Cleanup(func() { p.Stop(5 * time.Second) })
 	}
-	ports, err := harness.FreePorts(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "envoy.yaml")
-	body := fmt.Sprintf(bareConfig, ports[0], ports[1], portOf(t, main), portOf(t, mirror), mirrorPolicy, mainOptions)
-	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	adminURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	envoy, err := harness.StartEnvoy(ctx, dir, cfg, adminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { envoy.Stop(5 * time.Second) })
-	return &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}, main, mirror
+	route := fmt.Sprintf("                  cluster: main\n                  request_mirror_policies: [%s]", mirrorPolicy)
+	clusters := fmt.Sprintf(bareMirrorClusters, portOf(t, main), portOf(t, mirror), mainOptions)
+	return startBareEnvoy(ctx, t, dir, route, clusters), main, mirror
 }
 
 // Claim: a mirror whose cluster_header names a cluster Envoy does not have

@@ -3,51 +3,28 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/duet-router/duet/e2e/harness"
 )
 
-// retryConfig is a bare Envoy with one route to cluster "pool" of two hosts
-// (%[3]d dead, %[4]d alive) chosen by override_host from header x-host, and
-// the retry policy duet renders for its decode route.
-const retryConfig = `
-admin: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
-static_resources:
-  listeners:
-  - address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: bare
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/"}
-                route:
-                  cluster: pool
+// retryRoute is the retry policy duet renders for its decode route.
+const retryRoute = `                  cluster: pool
                   retry_policy:
                     retry_on: connect-failure,reset-before-request
-                    num_retries: 1
-  clusters:
-  - name: pool
+                    num_retries: 1`
+
+// retryPool is a cluster of two hosts (%[1]d dead, %[2]d alive) chosen by
+// override_host from header x-host, as duet's engine clusters are.
+const retryPool = `  - name: pool
     connect_timeout: 1s
     load_assignment:
       cluster_name: pool
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[3]d}}}
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[4]d}}}
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[1]d}}}
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}}
     load_balancing_policy:
       policies:
       - typed_extension_config:
@@ -60,8 +37,7 @@ static_resources:
               - typed_extension_config:
                   name: envoy.load_balancing_policies.least_request
                   typed_config:
-                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest
-`
+                    "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest`
 
 // Claim: with override_host, a comma-separated host list and a
 // connect-failure retry, a request whose first host refuses the connection
@@ -77,22 +53,12 @@ func TestOverrideHostRetriesOnNextListedHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { alive.Stop(5 * time.Second) })
-	ports, err := harness.FreePorts(3) // admin, listener, a port nobody listens on
+	ports, err := harness.FreePorts(1) // a port nobody listens on
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := fmt.Sprintf("127.0.0.1:%d", ports[2])
-	cfg := filepath.Join(dir, "envoy.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(retryConfig, ports[0], ports[1], ports[2], portOf(t, alive))), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	adminURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
-	envoy, err := harness.StartEnvoy(ctx, dir, cfg, adminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { envoy.Stop(5 * time.Second) })
-	s := &harness.Stack{EnvoyURL: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), EnvoyAdminURL: adminURL}
+	dead := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	s := startBareEnvoy(ctx, t, dir, retryRoute, fmt.Sprintf(retryPool, ports[0], portOf(t, alive)))
 
 	body := []byte(`{"model":"sim-model","prompt":"hi","max_tokens":2}`)
 	id := requestID(t, 0)
