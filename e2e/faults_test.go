@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -52,6 +53,7 @@ type tally struct {
 	by           map[harness.Outcome]int
 	worst        time.Duration
 	details      []string
+	errorBodies  []string // the body of every OutcomeError
 }
 
 // load runs n requests, conc at a time, alternating streamed and not, and
@@ -82,6 +84,9 @@ func load(t *testing.T, s *harness.Stack, n, conc int, during func()) tally {
 			tl.served++
 		}
 		tl.worst = max(tl.worst, r.Wait)
+		if r.Outcome == harness.OutcomeError {
+			tl.errorBodies = append(tl.errorBodies, r.Detail)
+		}
 		if r.Outcome != harness.OutcomeServed && len(tl.details) < 5 {
 			tl.details = append(tl.details, fmt.Sprintf("%s %s status %d after %v: %.200s", r.ID, r.Outcome, r.Status, r.Wait.Round(time.Millisecond), r.Detail))
 		}
@@ -167,6 +172,20 @@ func TestFaultPrefillFailing(t *testing.T) {
 	tl.check(t, s, "prefill failing (500 on every request)", 2*time.Second)
 	if tl.served != 0 {
 		t.Errorf("%d requests served by a prefill that always fails", tl.served)
+	}
+	// The engines' errors reach clients in the OpenAI envelope, as duet's
+	// own 503s do.
+	for _, body := range tl.errorBodies {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Type    string `json:"type"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type != "server_error" || e.Error.Code < 500 {
+			t.Errorf("error body is not an OpenAI error envelope: %s", body)
+		}
 	}
 }
 

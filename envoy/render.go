@@ -99,6 +99,13 @@ var bootstrapTemplate string
 //go:embed bodyrank.lua
 var bodyRankLua string
 
+//go:embed errorenvelope.lua
+var errorEnvelopeLua string
+
+// ErrorEnvelopeLua returns the Lua source of the connection manager's
+// filter that gives engines' JSON errors the OpenAI error envelope.
+func ErrorEnvelopeLua() string { return errorEnvelopeLua }
+
 // BodyRankLua returns the Lua source of the decode cluster's upstream filter
 // that writes the decode rank of a PD /generate request into that leg's
 // body (see docs/scheduling.md).
@@ -197,6 +204,7 @@ type templateData struct {
 	HeaderMirror, HeaderPrefillRank, HeaderDPRank string
 	HeaderPrefix, MetadataNamespace               string
 	LogDownstream, LogUpstream                    string
+	ErrorEnvelopeLua                              string
 }
 
 // Render writes the Envoy bootstrap YAML for p to w.
@@ -217,6 +225,7 @@ func Render(w io.Writer, p Params) error {
 		ClusterDecode:         ClusterDecode,
 		ClusterPrefill:        ClusterPrefill,
 		ClusterDuet:           ClusterDuet,
+		ErrorEnvelopeLua:      ErrorEnvelopeLua(),
 		HeaderDecodeEndpoint:  extproc.HeaderDecodeEndpoint,
 		HeaderPrefillEndpoint: extproc.HeaderPrefillEndpoint,
 		HeaderMirror:          extproc.HeaderMirror,

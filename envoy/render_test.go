@@ -165,7 +165,7 @@ func TestRenderFeedback(t *testing.T) {
 	for i := range filters {
 		names = append(names, node(t, filters[i], "name").(string))
 	}
-	wantFilters := "[envoy.filters.http.ext_proc envoy.filters.http.json_to_metadata envoy.filters.http.sse_to_metadata envoy.filters.http.router]"
+	wantFilters := "[envoy.filters.http.ext_proc envoy.filters.http.json_to_metadata envoy.filters.http.sse_to_metadata envoy.filters.http.lua envoy.filters.http.router]"
 	if got := fmt.Sprint(names); got != wantFilters {
 		t.Errorf("http_filters %s, want %s", got, wantFilters)
 	}
