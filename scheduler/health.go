@@ -31,7 +31,8 @@ const (
 	ReasonUnreachable = "unreachable"
 	// ReasonFailures: legs on one target failed (5xx, reset, timeout).
 	ReasonFailures = "failures"
-	// ReasonScrape: load scrapes got no answer (connection failed or timed out).
+	// ReasonScrape: load scrapes whose connection failed or was cut (a timed-out
+	// scrape does not count: a slow /v1/loads is not a dead engine).
 	ReasonScrape = "scrape"
 	// ReasonProbe: active health probes failed (non-200 or no answer).
 	ReasonProbe = "probe"

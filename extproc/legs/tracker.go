@@ -84,11 +84,10 @@ type request struct {
 
 // leg is one leg's engine and state.
 type leg struct {
-	url     string
-	address string
-	rank    int
-	done    bool // nothing more to do: its entry arrived, or it was aborted
-	ended   bool // its access-log entry arrived
+	url   string
+	rank  int
+	done  bool // nothing more to do: its entry arrived, or it was aborted
+	ended bool // its access-log entry arrived
 }
 
 // defaultAbortRetries are the delays after which an abort is sent again while the
@@ -99,12 +98,27 @@ type leg struct {
 // decode leg. Repeating it until the leg ends closes that race.
 var defaultAbortRetries = []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
 
-// role returns r's leg of role.
+// leg returns r's leg of role.
 func (r *request) leg(role scheduler.Role) *leg {
 	if role == scheduler.RolePrefill {
 		return &r.prefill
 	}
 	return &r.decode
+}
+
+// partner returns the other role of a PD request.
+func partner(role scheduler.Role) scheduler.Role {
+	if role == scheduler.RolePrefill {
+		return scheduler.RoleDecode
+	}
+	return scheduler.RolePrefill
+}
+
+// abortLeg marks r's leg of role done and returns the job that aborts it.
+func (r *request) abortLeg(role scheduler.Role, reason string) *abortJob {
+	l := r.leg(role)
+	l.done = true
+	return &abortJob{id: r.id, role: role, url: l.url, rids: r.rids, reason: reason}
 }
 
 // New returns a Tracker.
@@ -171,8 +185,8 @@ func (t *Tracker) Track(id string, items int, d scheduler.Decision) {
 		id:      id,
 		rids:    RIDs(id, items),
 		started: t.now(),
-		prefill: leg{url: d.Prefill.Endpoint.URL, address: d.Prefill.Endpoint.Address, rank: d.Prefill.Rank},
-		decode:  leg{url: d.Decode.Endpoint.URL, address: d.Decode.Endpoint.Address, rank: d.Decode.Rank},
+		prefill: leg{url: d.Prefill.Endpoint.URL, rank: d.Prefill.Rank},
+		decode:  leg{url: d.Decode.Endpoint.URL, rank: d.Decode.Rank},
 	}
 	t.mu.Lock()
 	t.reqs[id] = r
@@ -223,21 +237,18 @@ func (t *Tracker) completeLocked(r *request, c accesslog.Completion) *abortJob {
 	case accesslog.LegPrefill:
 		r.prefill.done, r.prefill.ended = true, true
 		if c.Failed && !r.decode.done {
-			r.decode.done = true
-			return &abortJob{id: r.id, role: scheduler.RoleDecode, url: r.decode.url, rids: r.rids, reason: ReasonPrefillFailed}
+			return r.abortLeg(scheduler.RoleDecode, ReasonPrefillFailed)
 		}
 	case accesslog.LegDecode:
 		r.decode.done, r.decode.ended = true, true
 		if c.Failed && !r.prefill.done {
-			r.prefill.done = true
-			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonDecodeFailed}
+			return r.abortLeg(scheduler.RolePrefill, ReasonDecodeFailed)
 		}
 	case accesslog.LegRequest:
 		// The decode leg cannot outlive the client request.
 		r.finished, r.decode.done = true, true
 		if c.Failed && !r.prefill.done {
-			r.prefill.done = true
-			return &abortJob{id: r.id, role: scheduler.RolePrefill, url: r.prefill.url, rids: r.rids, reason: ReasonClientGone}
+			return r.abortLeg(scheduler.RolePrefill, ReasonClientGone)
 		}
 	}
 	return nil
@@ -252,21 +263,18 @@ func (t *Tracker) completeLocked(r *request, c accesslog.Completion) *abortJob {
 func (t *Tracker) Ejected(ctx context.Context, role scheduler.Role, engineURL string, rank int) {
 	var jobs []abortJob
 	t.mu.Lock()
-	for id, r := range t.reqs {
-		on, partner := &r.prefill, &r.decode
-		partnerRole, reason := scheduler.RoleDecode, ReasonPrefillEjected
-		if role == scheduler.RoleDecode {
-			on, partner = &r.decode, &r.prefill
-			partnerRole, reason = scheduler.RolePrefill, ReasonDecodeEjected
-		}
+	reason := ReasonPrefillEjected
+	if role == scheduler.RoleDecode {
+		reason = ReasonDecodeEjected
+	}
+	for _, r := range t.reqs {
+		on := r.leg(role)
 		if on.done || on.url != engineURL || (rank != scheduler.NoRank && on.rank != rank) {
 			continue
 		}
-		on.done = true
-		jobs = append(jobs, abortJob{id: id, role: role, url: on.url, rids: r.rids, reason: reason})
-		if !partner.done {
-			partner.done = true
-			jobs = append(jobs, abortJob{id: id, role: partnerRole, url: partner.url, rids: r.rids, reason: reason})
+		jobs = append(jobs, *r.abortLeg(role, reason))
+		if other := partner(role); !r.leg(other).done {
+			jobs = append(jobs, *r.abortLeg(other, reason))
 		}
 	}
 	t.mu.Unlock()
