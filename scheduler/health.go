@@ -58,7 +58,7 @@ type HealthConfig struct {
 	// never.
 	FailuresToEject int
 	// ProbeFailures is how many failed probes in a row, or load scrapes in
-	// a row that got no answer, eject the whole endpoint (default 2).
+	// a row whose connection failed (not timed out), eject the whole endpoint (default 2).
 	// Negative: never.
 	ProbeFailures int
 	// BaseEjection is the first ejection's duration (default 5s). Each
@@ -125,7 +125,7 @@ type signal uint8
 const (
 	sigUnreachable signal = iota // endpoint: legs with no response from the host
 	sigFailures                  // target: failed legs that reached the engine
-	sigScrape                    // endpoint: load scrapes with no answer
+	sigScrape                    // endpoint: load scrapes whose connection failed or was cut
 	sigProbe                     // endpoint: failed health probes
 	numSignals
 )

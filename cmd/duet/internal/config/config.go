@@ -155,7 +155,7 @@ type HealthOptions struct {
 	// timeout) eject one (engine, DP rank) target; -1 never.
 	FailuresToEject int `yaml:"failures_to_eject"`
 	// ProbeFailures is how many failed probes in a row, or load scrapes in
-	// a row without an answer, eject the engine; -1 never.
+	// a row whose connection failed (not timed out), eject the engine; -1 never.
 	ProbeFailures int `yaml:"probe_failures"`
 	// BaseEjection is the first ejection's duration; each ejection in a row
 	// doubles it.
