@@ -85,10 +85,15 @@ func (t Target) String() string {
 			host = t.Endpoint.URL
 		}
 	}
-	if t.Rank == NoRank {
+	return targetName(host, t.Rank)
+}
+
+// targetName is Target.String for a host and a rank.
+func targetName(host string, rank int) string {
+	if rank == NoRank {
 		return host + "/dp-"
 	}
-	return host + "/dp" + strconv.Itoa(t.Rank)
+	return host + "/dp" + strconv.Itoa(rank)
 }
 
 // Source values for Endpoint.Source.

@@ -35,7 +35,7 @@ func TestDecodeFallback(t *testing.T) {
 		t.Errorf("fallbacks %v, want both other engines", seen)
 	}
 	// An engine that refused a connection is ejected: no longer a fallback.
-	s.Complete(Feedback{RequestID: "x", Role: RoleDecode, Target: target(2, 0).String(), Failed: true, Unreachable: true})
+	s.Complete(Feedback{RequestID: "x", Role: RoleDecode, Address: eps[2].Address, Rank: 0, Failed: true, Unreachable: true})
 	if fb := s.DecodeFallback(target(0, 3)); fb != nil {
 		t.Errorf("rank 3 with engine 2 ejected: fallback %v, want none", fb)
 	}

@@ -1,10 +1,5 @@
 package scheduler
 
-import (
-	"strconv"
-	"strings"
-)
-
 // Feedback is what duet learns when a request, or one of its legs, ends.
 type Feedback struct {
 	// RequestID is the request's ID as given to Pick.
@@ -12,9 +7,12 @@ type Feedback struct {
 	// Role is the leg that ended (RolePrefill or RoleDecode), or "" when
 	// the whole request ended.
 	Role Role
-	// Target names the target that served the leg (Target.String()); used
-	// for failure counts and health. Empty when unknown.
-	Target string
+	// Address is the host ("ip:port") Envoy reached for the leg; "" when
+	// none or for the whole request. With Rank it names the leg's target
+	// for failure counts and health.
+	Address string
+	// Rank is the DP rank the leg carried, or NoRank.
+	Rank int
 	// Failed reports that the leg failed (error status, reset, timeout, or
 	// Unreachable).
 	Failed bool
@@ -30,21 +28,25 @@ type Feedback struct {
 // Complete records feedback: it ends the request's reservations for the
 // leg (or all of them), counts failures per target, feeds passive health
 // (see docs/scheduling.md) and corrects the token estimate with the
-// engine-reported prompt length. A leg whose Target names no known target is
-// ignored for health.
+// engine-reported prompt length. A leg whose Address and Rank name no known
+// target is ignored for health.
 func (s *Scheduler) Complete(f Feedback) {
 	model, promptBytes, ok := s.ledger.release(f.RequestID, f.Role)
 	if ok && f.PromptTokens > 0 {
 		s.tokens.Observe(model, promptBytes, f.PromptTokens)
 	}
-	if f.Role != "" && f.Target != "" {
+	if f.Role != "" && f.Address != "" {
 		s.legHealth(f)
 	}
 	if s.metrics == nil {
 		return
 	}
 	if f.Failed && f.Role != "" {
-		s.metrics.failures.WithLabelValues(string(f.Role), f.Target).Inc()
+		target := ""
+		if f.Address != "" {
+			target = targetName(f.Address, f.Rank)
+		}
+		s.metrics.failures.WithLabelValues(string(f.Role), target).Inc()
 	}
 	outcome := "released"
 	if !ok {
@@ -59,21 +61,17 @@ func (s *Scheduler) Complete(f Feedback) {
 // counts against its target; a successful leg ends both runs and recovers
 // them from half-open.
 func (s *Scheduler) legHealth(f Feedback) {
-	host, rank, ok := parseTarget(f.Target)
-	if !ok {
-		return
-	}
 	snap := s.snap.Load()
 	p := snap.pool(f.Role)
 	now := s.now()
 	var evs []healthEvent
 	// Endpoints that share an address are one engine as far as Envoy can
 	// tell, so the leg speaks for each of them.
-	for _, i := range snap.byHost[hostKey{role: f.Role, host: host}] {
+	for _, i := range snap.byHost[hostKey{role: f.Role, host: f.Address}] {
 		ep := &snap.endpoints[i]
 		epRec := s.health.endpoint(ep.URL)
 		var tRec *healthState
-		if j, ok := p.index[TargetKey{URL: ep.URL, Rank: rank}]; ok {
+		if j, ok := p.index[TargetKey{URL: ep.URL, Rank: f.Rank}]; ok {
 			tRec = p.states[j].health
 		}
 		switch {
@@ -92,24 +90,6 @@ func (s *Scheduler) legHealth(f Feedback) {
 		}
 	}
 	s.report(evs)
-}
-
-// parseTarget splits a Target.String() into the host part (address, or
-// URL while unresolved) and the rank; ok is false if s is not in that form.
-func parseTarget(s string) (host string, rank int, ok bool) {
-	i := strings.LastIndex(s, "/dp")
-	if i <= 0 {
-		return "", 0, false
-	}
-	host, r := s[:i], s[i+len("/dp"):]
-	if r == "-" {
-		return host, NoRank, true
-	}
-	n, err := strconv.Atoi(r)
-	if err != nil || n < 0 || n >= maxDPSize || strconv.Itoa(n) != r {
-		return "", 0, false
-	}
-	return host, n, true
 }
 
 func roleLabel(r Role) string {

@@ -103,10 +103,10 @@ const (
 	legUnreachable
 )
 
-// leg reports one leg's outcome on the target named tgt.
-func (f *healthFixture) leg(role Role, tgt string, outcome int) {
+// leg reports one leg's outcome on rank of the host at addr.
+func (f *healthFixture) leg(role Role, addr string, rank int, outcome int) {
 	f.s.Complete(Feedback{
-		RequestID: "r", Role: role, Target: tgt,
+		RequestID: "r", Role: role, Address: addr, Rank: rank,
 		Failed: outcome != legOK, Unreachable: outcome == legUnreachable,
 	})
 }
@@ -164,22 +164,22 @@ func TestHealthThresholds(t *testing.T) {
 	}{
 		{
 			name: "unreachable legs (default 1)", threshold: 1, endpoint: true, reason: ReasonUnreachable,
-			fail: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 1), legUnreachable) },
+			fail: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 1, legUnreachable) },
 		},
 		{
 			name: "unreachable legs (3)", cfg: HealthConfig{UnreachableToEject: 3}, threshold: 3, endpoint: true, reason: ReasonUnreachable,
-			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 1), legUnreachable) },
-			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 0), legOK) },
+			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 1, legUnreachable) },
+			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 0, legOK) },
 		},
 		{
 			name: "a leg that reached the engine breaks a run of unreachable ones", cfg: HealthConfig{UnreachableToEject: 2}, threshold: 2, endpoint: true, reason: ReasonUnreachable,
-			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 1), legUnreachable) },
-			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 0), legFailed) },
+			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 1, legUnreachable) },
+			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 0, legFailed) },
 		},
 		{
 			name: "failed legs on a target (default 5)", threshold: 5, reason: ReasonFailures,
-			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 1), legFailed) },
-			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, target(f.decode[0], 1), legOK) },
+			fail:    func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 1, legFailed) },
+			succeed: func(t *testing.T, f *healthFixture) { f.leg(RoleDecode, f.decode[0].addr(), 1, legOK) },
 		},
 		{
 			name: "scrapes without an answer (default 2)", threshold: 2, endpoint: true, reason: ReasonScrape,
@@ -243,8 +243,8 @@ func TestHealthThresholds(t *testing.T) {
 func TestHealthThresholdDisabled(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{UnreachableToEject: -1, FailuresToEject: -1}, 0, 1, 1)
 	for range 20 {
-		f.leg(RoleDecode, target(f.decode[0], NoRank), legUnreachable)
-		f.leg(RoleDecode, target(f.decode[0], NoRank), legFailed)
+		f.leg(RoleDecode, f.decode[0].addr(), NoRank, legUnreachable)
+		f.leg(RoleDecode, f.decode[0].addr(), NoRank, legFailed)
 	}
 	if f.ejected(t, RoleDecode, f.decode[0], NoRank) {
 		t.Error("ejected with its signals disabled")
@@ -282,7 +282,7 @@ func TestEjectionDuration(t *testing.T) {
 func TestHalfOpenReejectAndRecovery(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{}, 0, 1, 2)
 	e := f.decode[0]
-	fail := func() { f.leg(RoleDecode, target(e, 0), legUnreachable) }
+	fail := func() { f.leg(RoleDecode, e.addr(), 0, legUnreachable) }
 	wantFor := func(want ...time.Duration) {
 		t.Helper()
 		got := f.got()
@@ -317,7 +317,7 @@ func TestHalfOpenReejectAndRecovery(t *testing.T) {
 	fail()
 	wantFor(5*time.Second, 10*time.Second, 20*time.Second)
 	f.clock.advance(20 * time.Second)
-	f.leg(RoleDecode, target(e, 1), legOK) // recovers
+	f.leg(RoleDecode, e.addr(), 1, legOK) // recovers
 	if f.ejected(t, RoleDecode, e, 0) {
 		t.Fatal("ejected after recovery")
 	}
@@ -327,19 +327,19 @@ func TestHalfOpenReejectAndRecovery(t *testing.T) {
 	// A target ejected for failures needs its threshold again after a
 	// recovery, but only one failure while half-open.
 	g := newHealthFixture(t, HealthConfig{FailuresToEject: 3}, 0, 1, 2)
-	tg := target(g.decode[0], 1)
+	tg := g.decode[0].addr()
 	for range 3 {
-		g.leg(RoleDecode, tg, legFailed)
+		g.leg(RoleDecode, tg, 1, legFailed)
 	}
 	g.clock.advance(5 * time.Second)
-	g.leg(RoleDecode, tg, legFailed)
+	g.leg(RoleDecode, tg, 1, legFailed)
 	if !g.ejected(t, RoleDecode, g.decode[0], 1) {
 		t.Fatal("a failure while half-open did not re-eject")
 	}
 	g.clock.advance(10 * time.Second)
-	g.leg(RoleDecode, tg, legOK)
+	g.leg(RoleDecode, tg, 1, legOK)
 	for range 2 {
-		g.leg(RoleDecode, tg, legFailed)
+		g.leg(RoleDecode, tg, 1, legFailed)
 	}
 	if g.ejected(t, RoleDecode, g.decode[0], 1) {
 		t.Fatal("ejected below the threshold after a recovery")
@@ -351,8 +351,8 @@ func TestHalfOpenReejectAndRecovery(t *testing.T) {
 func TestHealthLogs(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 2}, 0, 1, 2)
 	tg := target(f.decode[0], 1)
-	f.leg(RoleDecode, tg, legFailed)
-	f.leg(RoleDecode, tg, legFailed)
+	f.leg(RoleDecode, f.decode[0].addr(), 1, legFailed)
+	f.leg(RoleDecode, f.decode[0].addr(), 1, legFailed)
 	warn := f.logs.FilterMessage("target ejected").All()
 	if len(warn) != 1 {
 		t.Fatalf("warnings %v, want one", f.logs.All())
@@ -367,7 +367,7 @@ func TestHealthLogs(t *testing.T) {
 	if n := f.logs.FilterMessage("target half-open: pickable again, on probation").Len(); n != 1 {
 		t.Errorf("%d half-open logs, want 1", n)
 	}
-	f.leg(RoleDecode, tg, legOK)
+	f.leg(RoleDecode, f.decode[0].addr(), 1, legOK)
 	if n := f.logs.FilterMessage("target recovered").Len(); n != 1 {
 		t.Errorf("%d recovery logs, want 1", n)
 	}
@@ -379,18 +379,18 @@ func TestHealthLogs(t *testing.T) {
 func TestPickSkipsEjected(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 1}, 1, 2, 2)
 	a, b := f.decode[0], f.decode[1]
-	f.leg(RoleDecode, target(a, 1), legFailed) // target a/dp1
+	f.leg(RoleDecode, a.addr(), 1, legFailed) // target a/dp1
 	_, decode := f.picks(t, 30)
 	if len(decode) != 3 || decode[target(a, 1)] != 0 {
 		t.Fatalf("with a/dp1 ejected, picks went to %v", decode)
 	}
-	f.leg(RoleDecode, target(b, 0), legUnreachable) // all of b
+	f.leg(RoleDecode, b.addr(), 0, legUnreachable) // all of b
 	_, decode = f.picks(t, 10)
 	if len(decode) != 1 || decode[target(a, 0)] != 10 {
 		t.Fatalf("with a/dp1 and b ejected, picks went to %v", decode)
 	}
 
-	f.leg(RoleDecode, target(a, 0), legUnreachable)
+	f.leg(RoleDecode, a.addr(), 0, legUnreachable)
 	_, err := f.s.Pick(testContext(t), &Request{ID: "x"})
 	if !errors.Is(err, ErrNoEndpoints) || !strings.Contains(err.Error(), "decode") || !strings.Contains(err.Error(), "ejected") {
 		t.Fatalf("Pick with every decode target ejected = %v, want ErrNoEndpoints naming decode and the ejection", err)
@@ -403,7 +403,7 @@ func TestPickSkipsEjected(t *testing.T) {
 	// prefill pool ejected, a PD pick fails on prefill.
 	f.clock.advance(5 * time.Second)
 	p := f.prefill[0]
-	f.leg(RolePrefill, target(p, 0), legUnreachable)
+	f.leg(RolePrefill, p.addr(), 0, legUnreachable)
 	_, err = f.s.Pick(testContext(t), &Request{ID: "y"})
 	if !errors.Is(err, ErrNoEndpoints) || !strings.Contains(err.Error(), "prefill") {
 		t.Fatalf("Pick with the prefill pool ejected = %v, want ErrNoEndpoints naming prefill", err)
@@ -423,42 +423,20 @@ func TestPickSkipsEjected(t *testing.T) {
 func TestHealthIgnoresUnknownTargets(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 1}, 0, 1, 2)
 	e := f.decode[0]
-	for _, tg := range []string{
-		"10.255.255.1:1/dp0", // unknown address
-		e.addr() + "/dp7",    // unknown rank: not a target, and not unreachable
-		e.addr(), e.addr() + "/dpx", e.addr() + "/dp-1", e.addr() + "/dp01", "/dp0", "",
+	for _, tg := range []struct {
+		addr string
+		rank int
+	}{
+		{"10.255.255.1:1", 0}, // unknown address
+		{e.addr(), 7},         // unknown rank: not a target, and not unreachable
+		{e.addr(), NoRank},    // a dp-2 engine has no NoRank target
+		{"", 0},               // no host reached
 	} {
-		f.leg(RoleDecode, tg, legFailed)
+		f.leg(RoleDecode, tg.addr, tg.rank, legFailed)
 	}
-	f.leg(RolePrefill, target(e, 0), legUnreachable) // wrong role
+	f.leg(RolePrefill, e.addr(), 0, legUnreachable) // wrong role
 	if got := f.got(); len(got) != 0 {
 		t.Errorf("ejections from unknown targets: %+v", got)
-	}
-}
-
-func TestParseTarget(t *testing.T) {
-	tests := []struct {
-		in       string
-		wantHost string
-		wantRank int
-		wantOK   bool
-	}{
-		{"127.0.0.1:30001/dp1", "127.0.0.1:30001", 1, true},
-		{"127.0.0.1:30001/dp-", "127.0.0.1:30001", NoRank, true},
-		{"[::1]:30001/dp12", "[::1]:30001", 12, true},
-		{"http://engine:30001/dp0", "http://engine:30001", 0, true},
-		{"http://engine:30001/dp/dp3", "http://engine:30001/dp", 3, true},
-		{"127.0.0.1:30001", "", 0, false},
-		{"127.0.0.1:30001/dp", "", 0, false},
-		{"127.0.0.1:30001/dp+1", "", 0, false},
-		{"127.0.0.1:30001/dp99999", "", 0, false},
-		{"/dp1", "", 0, false},
-	}
-	for _, tt := range tests {
-		host, rank, ok := parseTarget(tt.in)
-		if host != tt.wantHost || rank != tt.wantRank || ok != tt.wantOK {
-			t.Errorf("parseTarget(%q) = %q, %d, %v; want %q, %d, %v", tt.in, host, rank, ok, tt.wantHost, tt.wantRank, tt.wantOK)
-		}
 	}
 }
 
@@ -467,8 +445,8 @@ func TestParseTarget(t *testing.T) {
 func TestOnEject(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 1, BaseEjection: 2 * time.Second}, 1, 1, 2)
 	p, d := f.prefill[0], f.decode[0]
-	f.leg(RoleDecode, target(d, 1), legFailed)
-	f.leg(RolePrefill, target(p, 0), legUnreachable)
+	f.leg(RoleDecode, d.addr(), 1, legFailed)
+	f.leg(RolePrefill, p.addr(), 0, legUnreachable)
 	want := []Ejection{
 		{Role: RoleDecode, URL: d.url(), Address: d.addr(), Rank: 1, Reason: ReasonFailures, For: 2 * time.Second},
 		{Role: RolePrefill, URL: p.url(), Address: p.addr(), Rank: NoRank, Reason: ReasonUnreachable, For: 2 * time.Second},
@@ -489,7 +467,7 @@ func TestOnEjectMayCallScheduler(t *testing.T) {
 		Decode: []EndpointSpec{{URL: eng.url()}},
 		OnEject: func(Ejection) {
 			_, err := s.Pick(testContext(t), &Request{ID: "in-hook"})
-			s.Complete(Feedback{RequestID: "in-hook", Role: RoleDecode, Target: target(eng, NoRank)})
+			s.Complete(Feedback{RequestID: "in-hook", Role: RoleDecode, Address: eng.addr(), Rank: NoRank})
 			_ = s.Endpoints()
 			if !errors.Is(err, ErrNoEndpoints) {
 				t.Errorf("Pick from OnEject = %v, want ErrNoEndpoints", err)
@@ -498,7 +476,7 @@ func TestOnEjectMayCallScheduler(t *testing.T) {
 		},
 	}, nil)
 	mustDiscover(t, s)
-	s.Complete(Feedback{RequestID: "r", Role: RoleDecode, Target: target(eng, NoRank), Failed: true, Unreachable: true})
+	s.Complete(Feedback{RequestID: "r", Role: RoleDecode, Address: eng.addr(), Rank: NoRank, Failed: true, Unreachable: true})
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
@@ -711,8 +689,8 @@ func TestHealthMetrics(t *testing.T) {
 	if n, err := testutil.GatherAndCount(f.reg, "duet_endpoint_ejected"); err != nil || n != 1 {
 		t.Errorf("endpoint gauges before any ejection: %d, %v; want one at 0", n, err)
 	}
-	f.leg(RoleDecode, target(e, 1), legFailed)
-	f.leg(RoleDecode, target(e, 0), legUnreachable)
+	f.leg(RoleDecode, e.addr(), 1, legFailed)
+	f.leg(RoleDecode, e.addr(), 0, legUnreachable)
 	if gauge("endpoint", "decode", e.url()) != 1 || gauge("target", "decode", target(e, 1)) != 1 {
 		t.Fatal("ejection gauges not 1")
 	}
@@ -721,7 +699,7 @@ func TestHealthMetrics(t *testing.T) {
 	if gauge("endpoint", "decode", e.url()) != 1 {
 		t.Fatal("endpoint gauge dropped at half-open")
 	}
-	f.leg(RoleDecode, target(e, 1), legOK)
+	f.leg(RoleDecode, e.addr(), 1, legOK)
 	if gauge("endpoint", "decode", e.url()) != 0 || gauge("target", "decode", target(e, 1)) != 0 {
 		t.Fatal("ejection gauges not 0 after recovery")
 	}

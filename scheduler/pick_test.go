@@ -115,7 +115,7 @@ func TestPickFeedbackReleases(t *testing.T) {
 	if got := ts.reserved; got != 100+100 {
 		t.Fatalf("decode reservation %d, want 100 prompt + 100 output tokens", got)
 	}
-	s.Complete(Feedback{RequestID: "r", Role: RoleDecode, Target: d.Decode.String(), PromptTokens: 80})
+	s.Complete(Feedback{RequestID: "r", Role: RoleDecode, Address: d.Decode.Endpoint.Address, Rank: d.Decode.Rank, PromptTokens: 80})
 	if ts.reserved != 0 {
 		t.Errorf("reservation %d after feedback", ts.reserved)
 	}

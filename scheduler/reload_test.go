@@ -207,8 +207,8 @@ func TestSetEndpointsRemoveKeepsOthers(t *testing.T) {
 	pickPrompted(t, s, "before", 30) // round_robin: every target holds reservations
 
 	// Eject a's rank 1 and all of c: health that must survive, and must go.
-	f.leg(RoleDecode, target(a, 1), legFailed)
-	f.leg(RoleDecode, target(c, 0), legUnreachable)
+	f.leg(RoleDecode, a.addr(), 1, legFailed)
+	f.leg(RoleDecode, c.addr(), 0, legUnreachable)
 	if !f.ejected(t, RoleDecode, a, 1) || !f.ejected(t, RoleDecode, c, 0) {
 		t.Fatal("ejections did not happen")
 	}
@@ -273,7 +273,7 @@ func TestSetEndpointsRemoveKeepsOthers(t *testing.T) {
 		t.Errorf("picks after the removal: %v", got)
 	}
 	// b's late feedback and evidence are ignored.
-	f.leg(RoleDecode, target(b, 0), legUnreachable)
+	f.leg(RoleDecode, b.addr(), 0, legUnreachable)
 	if n := len(f.got()); n != 2 {
 		t.Errorf("%d ejections, want the 2 from before", n)
 	}
@@ -286,7 +286,7 @@ func TestSetEndpointsRemoveEjected(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{Interval: -1}, 0, 2, 2)
 	s := f.s
 	a, b := f.decode[0], f.decode[1]
-	f.leg(RoleDecode, target(b, 0), legUnreachable)
+	f.leg(RoleDecode, b.addr(), 0, legUnreachable)
 	old := s.health.endpoint(b.url())
 	if s.health.count.Load() != 1 {
 		t.Fatalf("unhealthy count %d, want 1", s.health.count.Load())
@@ -368,7 +368,7 @@ func TestSetEndpointsConcurrent(t *testing.T) {
 					return
 				}
 				checkRank(t, d.Decode)
-				outcome := Feedback{RequestID: id, Role: RoleDecode, Target: d.Decode.String(), Failed: i%50 == 0}
+				outcome := Feedback{RequestID: id, Role: RoleDecode, Address: d.Decode.Endpoint.Address, Rank: d.Decode.Rank, Failed: i%50 == 0}
 				s.Complete(outcome)
 				s.Complete(Feedback{RequestID: id})
 				_ = s.DecodeFallback(d.Decode)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strconv"
 
 	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,18 +27,22 @@ func schedulerFeedback(complete func(scheduler.Feedback)) feedbackFunc {
 	return func(_ context.Context, c accesslog.Completion) { complete(toFeedback(c)) }
 }
 
-// toFeedback converts a completion into the scheduler's terms. The whole
-// request's entry names the decode target duet chose; the leg entries carry
-// no duet metadata, so legTarget rebuilds theirs.
+// toFeedback converts a completion into the scheduler's terms. A leg's
+// target is the host Envoy reached and the rank header the leg carried.
 func toFeedback(c accesslog.Completion) scheduler.Feedback {
-	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, Unreachable: c.Unreachable, PromptTokens: c.PromptTokens}
+	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, Unreachable: c.Unreachable,
+		PromptTokens: c.PromptTokens, Rank: scheduler.NoRank}
 	switch c.Leg {
 	case accesslog.LegDecode:
-		f.Role, f.Target = scheduler.RoleDecode, legTarget(c)
+		f.Role = scheduler.RoleDecode
 	case accesslog.LegPrefill:
-		f.Role, f.Target = scheduler.RolePrefill, legTarget(c)
+		f.Role = scheduler.RolePrefill
 	default:
-		f.Target = c.DecodeTarget
+		return f
+	}
+	f.Address = c.Upstream
+	if c.DPRank != accesslog.NoRank {
+		f.Rank = c.DPRank
 	}
 	return f
 }
@@ -62,19 +65,6 @@ func (f fanout) Complete(ctx context.Context, c accesslog.Completion) {
 // its own.
 func abortsPartners(reason string) bool {
 	return reason == scheduler.ReasonUnreachable || reason == scheduler.ReasonProbe
-}
-
-// legTarget names a leg's target in scheduler.Target.String form, from the
-// host Envoy reached and the rank header the leg carried; "" when Envoy
-// reached no host.
-func legTarget(c accesslog.Completion) string {
-	if c.Upstream == "" {
-		return ""
-	}
-	if c.DPRank == accesslog.NoRank {
-		return c.Upstream + "/dp-"
-	}
-	return c.Upstream + "/dp" + strconv.Itoa(c.DPRank)
 }
 
 // registerFeedback serves Envoy's gRPC access-log streams on gs, delivering

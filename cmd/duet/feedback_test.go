@@ -21,20 +21,20 @@ func TestToFeedback(t *testing.T) {
 	}{
 		{"decode leg with a rank",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegDecode, Upstream: "10.0.0.2:30000", DPRank: 1, Status: 200},
-			scheduler.Feedback{RequestID: "r", Role: scheduler.RoleDecode, Target: "10.0.0.2:30000/dp1"}},
+			scheduler.Feedback{RequestID: "r", Role: scheduler.RoleDecode, Address: "10.0.0.2:30000", Rank: 1}},
 		{"prefill leg failed",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegPrefill, Upstream: "10.0.0.1:30000", DPRank: 0, Failed: true},
-			scheduler.Feedback{RequestID: "r", Role: scheduler.RolePrefill, Target: "10.0.0.1:30000/dp0", Failed: true}},
+			scheduler.Feedback{RequestID: "r", Role: scheduler.RolePrefill, Address: "10.0.0.1:30000", Rank: 0, Failed: true}},
 		{"leg without a rank header",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegDecode, Upstream: "10.0.0.2:30000", DPRank: accesslog.NoRank},
-			scheduler.Feedback{RequestID: "r", Role: scheduler.RoleDecode, Target: "10.0.0.2:30000/dp-"}},
-		{"leg that reached no host",
+			scheduler.Feedback{RequestID: "r", Role: scheduler.RoleDecode, Address: "10.0.0.2:30000", Rank: scheduler.NoRank}},
+		{"leg that reached no host (no address: ignored for health)",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegPrefill, DPRank: 2, Failed: true},
-			scheduler.Feedback{RequestID: "r", Role: scheduler.RolePrefill, Failed: true}},
+			scheduler.Feedback{RequestID: "r", Role: scheduler.RolePrefill, Rank: 2, Failed: true}},
 		{"whole request with usage",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegRequest, Upstream: "10.0.0.2:30000", DPRank: 1,
 				DecodeTarget: "10.0.0.2:30000/dp1", PrefillTarget: "10.0.0.1:30000/dp0", PromptTokens: 9, CompletionTokens: 8},
-			scheduler.Feedback{RequestID: "r", Target: "10.0.0.2:30000/dp1", PromptTokens: 9}},
+			scheduler.Feedback{RequestID: "r", Rank: scheduler.NoRank, PromptTokens: 9}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
