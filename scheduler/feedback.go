@@ -67,7 +67,7 @@ func (s *Scheduler) legHealth(f Feedback) {
 	var evs []healthEvent
 	// Endpoints that share an address are one engine as far as Envoy can
 	// tell, so the leg speaks for each of them.
-	for _, i := range snap.byHost[hostKey{role: f.Role, host: f.Address}] {
+	for _, i := range snap.byAddress[addressKey{role: f.Role, address: f.Address}] {
 		ep := &snap.endpoints[i]
 		epRec := s.health.endpoint(ep.URL)
 		var tRec *healthState

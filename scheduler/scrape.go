@@ -33,9 +33,9 @@ func (s *Scheduler) runScrapes(ctx context.Context) {
 // ScrapeLoads scrapes every ready endpoint once, at most
 // LoadConfig.Concurrency at a time, and records the results in the ledger.
 // Failures are counted and logged; the targets' numbers then age until they
-// are stale and no longer trusted. A scrape that got no answer at all
-// (connection failed, timeout) also counts toward the endpoint's ejection;
-// an answer that is an HTTP error or cannot be parsed does not.
+// are stale and no longer trusted. A scrape whose connection failed or was
+// cut also counts toward the endpoint's ejection; a timed-out scrape, or an
+// answer that is an HTTP error or cannot be parsed, does not.
 func (s *Scheduler) ScrapeLoads(ctx context.Context) {
 	afterDiscovery := s.discovered.Load()
 	snap := s.snap.Load()

@@ -8,15 +8,16 @@ type snapshot struct {
 	endpoints []Endpoint // both roles: prefill first, then decode, in configuration order
 	prefill   pool       // targets of ready prefill endpoints
 	decode    pool       // targets of ready decode endpoints
-	// byHost maps a role and the host part of a Target.String() (the
-	// address, and the URL too) to the endpoints it names.
-	byHost map[hostKey][]int
+	// byAddress maps a role and an "ip:port" address, as Envoy reports the
+	// host a leg reached, to the endpoints (positions in endpoints) with
+	// that Address.
+	byAddress map[addressKey][]int
 }
 
-// hostKey is the key of snapshot.byHost.
-type hostKey struct {
-	role Role
-	host string
+// addressKey is the key of snapshot.byAddress.
+type addressKey struct {
+	role    Role
+	address string
 }
 
 // pool returns role's pool.
@@ -40,13 +41,13 @@ type pool struct {
 // target health records.
 // Each target's entry is bound to its endpoint's health record in h.
 func newSnapshot(eps []Endpoint, engineRanks bool, l *ledger, m *metrics, h *health, forget func(TargetKey)) *snapshot {
-	s := &snapshot{endpoints: append([]Endpoint(nil), eps...), byHost: make(map[hostKey][]int, 2*len(eps))}
+	s := &snapshot{endpoints: append([]Endpoint(nil), eps...), byAddress: make(map[addressKey][]int, len(eps))}
 	var prefill, decode []*Endpoint
 	for i := range s.endpoints {
 		ep := &s.endpoints[i]
-		s.byHost[hostKey{ep.Role, ep.URL}] = append(s.byHost[hostKey{ep.Role, ep.URL}], i)
 		if ep.Address != "" {
-			s.byHost[hostKey{ep.Role, ep.Address}] = append(s.byHost[hostKey{ep.Role, ep.Address}], i)
+			k := addressKey{ep.Role, ep.Address}
+			s.byAddress[k] = append(s.byAddress[k], i)
 		}
 		if !ep.Ready {
 			continue
