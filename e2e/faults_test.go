@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -176,14 +175,7 @@ func TestFaultPrefillFailing(t *testing.T) {
 	// The engines' errors reach clients in the OpenAI envelope, as duet's
 	// own 503s do.
 	for _, body := range tl.errorBodies {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-				Type    string `json:"type"`
-				Code    int    `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type != "server_error" || e.Error.Code < 500 {
+		if e, err := parseOpenAIError([]byte(body)); err != nil || e.Message == "" || e.Type != "server_error" || e.Code < 500 {
 			t.Errorf("error body is not an OpenAI error envelope: %s", body)
 		}
 	}

@@ -151,21 +151,30 @@ func TestFailClosedWhenDuetDown(t *testing.T) {
 	}
 }
 
+// openAIError is the OpenAI error envelope's content.
+type openAIError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    int    `json:"code"`
+}
+
+// parseOpenAIError decodes an OpenAI error envelope, {"error":{...}}.
+func parseOpenAIError(body []byte) (openAIError, error) {
+	var e struct {
+		Error openAIError `json:"error"`
+	}
+	err := json.Unmarshal(body, &e)
+	return e.Error, err
+}
+
 // checkOpenAIError asserts an OpenAI-format JSON error body, whether duet or
 // Envoy itself produced it.
 func checkOpenAIError(t *testing.T, resp *http.Response, body []byte, code int, typ string) {
 	t.Helper()
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    int    `json:"code"`
-		} `json:"error"`
-	}
 	if ct := resp.Header.Get("content-type"); !strings.HasPrefix(ct, "application/json") {
 		t.Errorf("content-type %q, want application/json", ct)
 	}
-	if err := json.Unmarshal(body, &e); err != nil || e.Error.Message == "" || e.Error.Code != code || e.Error.Type != typ {
+	if e, err := parseOpenAIError(body); err != nil || e.Message == "" || e.Code != code || e.Type != typ {
 		t.Errorf("want an OpenAI error (code %d, type %s), got %s (%v)", code, typ, body, err)
 	}
 }

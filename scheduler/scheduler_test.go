@@ -474,22 +474,12 @@ func TestRun(t *testing.T) {
 		s.Run(ctx)
 	}()
 
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	waitFor("a first round", func() bool { return engine.hitCount("/server_info") >= 1 })
+	waitUntil(t, "a first round", func() bool { return engine.hitCount("/server_info") >= 1 })
 	if s.Ready() {
 		t.Error("Ready() before the engine answers")
 	}
 	engine.set(serverInfo200(info(2, "", -1)))
-	waitFor("readiness", s.Ready)
+	waitUntil(t, "readiness", s.Ready)
 	cancel()
 	select {
 	case <-done:
