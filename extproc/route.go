@@ -28,6 +28,11 @@ func (r Route) Inference() bool { return r != RouteOther }
 // route (it ignores it on /generate as of v0.5.19).
 func (r Route) OpenAI() bool { return r == RouteChat || r == RouteCompletions || r == RouteResponses }
 
+// HasRID reports whether SGLang's request model on the route has a rid
+// field (its responses API has none), so that duet can name the request
+// to /abort_request.
+func (r Route) HasRID() bool { return r == RouteChat || r == RouteCompletions || r == RouteGenerate }
+
 // ClassifyRoute maps a request method and :path (query included or not) to a Route.
 func ClassifyRoute(method, path string) Route {
 	if method != "POST" {

@@ -286,8 +286,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	common := &extprocv3.CommonResponse{HeaderMutation: mut}
 	if body != nil {
 		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank}
-		if req.route != RouteResponses {
-			// SGLang's responses API has no rid field; the others do.
+		if req.route.HasRID() {
 			pl.RID = req.duetID
 		}
 		if mirror {
@@ -316,7 +315,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		return s.reject(req, http.StatusInternalServerError, "metadata", err.Error())
 	}
 	s.count(req, "routed")
-	if mirror && body != nil && req.route != RouteResponses && s.opts.Legs != nil {
+	if mirror && body != nil && req.route.HasRID() && s.opts.Legs != nil {
 		s.opts.Legs.Track(req.duetID, body.Batch, decision)
 	}
 	if s.log.Core().Enabled(zap.DebugLevel) {
