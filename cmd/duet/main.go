@@ -6,7 +6,7 @@
 //	duet [serve] -config duet.yaml      run the ext_proc server (default);
 //	                                    SIGHUP reloads the endpoint lists
 //	duet envoy-config -config duet.yaml print the matching Envoy bootstrap
-//	duet version                        print the version
+//	duet version                        print the version, commit and Go version
 package main
 
 import (
@@ -21,9 +21,6 @@ import (
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -42,7 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "version":
-		fmt.Fprintln(stdout, version)
+		fmt.Fprintln(stdout, buildVersionLine())
 		return nil
 	case "serve", "envoy-config":
 	default:

@@ -32,7 +32,7 @@ func TestRunCommands(t *testing.T) {
 		wantOut []string
 		wantErr string
 	}{
-		{"version", []string{"version"}, []string{"dev"}, ""},
+		{"version", []string{"version"}, []string{"duet dev commit "}, ""},
 		{"envoy-config", []string{"envoy-config", "-config", cfg}, []string{"duet_prefill", "socket_address: {address: \"10.0.0.2\", port_value: 30000}"}, ""},
 		{"unknown command", []string{"launch"}, nil, `unknown command "launch"`},
 		{"missing config", []string{"envoy-config", "-config", "/nonexistent.yaml"}, nil, "read config"},
