@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
@@ -17,6 +19,32 @@ func writeEnvoyConfig(w io.Writer, cfg *config.Config) error {
 		return err
 	}
 	return envoy.Render(w, p)
+}
+
+// writeEnvoyConfigFile renders the bootstrap into path atomically: a reader
+// (Envoy starting next to an init container) sees the old file or the whole
+// new one, never a partial one.
+func writeEnvoyConfigFile(path string, cfg *config.Config) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".envoy-*.yaml")
+	if err != nil {
+		return fmt.Errorf("envoy-config: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // after a successful rename: a no-op error
+	if err := writeEnvoyConfig(tmp, cfg); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return fmt.Errorf("envoy-config: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("envoy-config: write %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("envoy-config: %w", err)
+	}
+	return nil
 }
 
 // envoyParams maps duet's configuration onto the bootstrap's inputs.

@@ -6,6 +6,7 @@
 //	duet [serve] -config duet.yaml      run the ext_proc server (default);
 //	                                    SIGHUP reloads the endpoint lists
 //	duet envoy-config -config duet.yaml print the matching Envoy bootstrap
+//	                  [-out envoy.yaml] (or write it to a file)
 //	duet version                        print the version, commit and Go version
 package main
 
@@ -48,6 +49,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("duet "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "duet.yaml", "path of duet's YAML configuration")
+	var out *string
+	if cmd == "envoy-config" {
+		out = fs.String("out", "", "write the bootstrap to this file instead of stdout (for images without a shell)")
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -62,6 +67,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if cmd == "envoy-config" {
+		if *out != "" {
+			return writeEnvoyConfigFile(*out, cfg)
+		}
 		return writeEnvoyConfig(stdout, cfg)
 	}
 	return serve(ctx, cfg, *path)

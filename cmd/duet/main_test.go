@@ -38,6 +38,8 @@ func TestRunCommands(t *testing.T) {
 		{"missing config", []string{"envoy-config", "-config", "/nonexistent.yaml"}, nil, "read config"},
 		{"bad config", []string{"envoy-config", "-config", writeConfig(t, "decode: []\n")}, nil, "decode: at least one endpoint"},
 		{"stray args", []string{"serve", "-config", cfg, "extra"}, nil, "unexpected arguments"},
+		{"out is envoy-config only", []string{"serve", "-config", cfg, "-out", "x.yaml"}, nil, "flag provided but not defined: -out"},
+		{"out in a missing directory", []string{"envoy-config", "-config", cfg, "-out", "/nonexistent/envoy.yaml"}, nil, "envoy-config:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,6 +60,44 @@ func TestRunCommands(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// envoy-config -out writes the same bootstrap as stdout, into the file alone.
+func TestEnvoyConfigOut(t *testing.T) {
+	cfg := writeConfig(t, "prefill: [{url: \"http://10.0.0.1:30000\"}]\ndecode: [{url: \"http://10.0.0.2:30000\"}]\n")
+	var want bytes.Buffer
+	if err := run(context.Background(), []string{"envoy-config", "-config", cfg}, &want, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(path, []byte("stale"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"envoy-config", "-config", cfg, "-out", path}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout got %d bytes, want none", out.Len())
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("file differs from stdout: %d bytes vs %d", len(got), want.Len())
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Errorf("mode = %v, want 0644", fi.Mode().Perm())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want the bootstrap alone", len(entries))
 	}
 }
 
