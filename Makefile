@@ -41,7 +41,7 @@ unit:
 e2e: build envoy
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
-# Envoy + duet + 1 prefill (dp 2) + 1 decode (dp 2) simulated SGLang engines,
+# Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
 # then streaming and non-streaming traffic. HOLD=1 keeps the stack up.
 demo: build envoy
 	$(GO) run ./e2e/demo $(if $(HOLD),-hold)

@@ -1,5 +1,6 @@
-// Command demo brings up the local stack (a real Envoy, duet, one prefill
-// and one decode simulated SGLang engine, each with two DP ranks), sends
+// Command demo brings up the local stack (a real Envoy, duet, two prefill
+// and two decode simulated SGLang engines, each with two DP ranks: the
+// topology of harness.DemoOptions, which deploy/compose runs too), sends
 // streaming and non-streaming requests through Envoy, and prints which
 // (engine, DP rank) served each leg. Run it with `make demo`; -hold keeps the
 // stack up for your own requests until Ctrl-C.
@@ -35,20 +36,22 @@ func main() {
 }
 
 func run(ctx context.Context, hold bool) error {
-	fmt.Println("Starting Envoy + duet + 1 prefill (dp 2) + 1 decode (dp 2) simulated SGLang engines ...")
-	s, err := harness.Start(ctx, harness.Options{
-		Prefill:          []harness.SimSpec{{DPSize: 2}},
-		Decode:           []harness.SimSpec{{DPSize: 2}},
-		DecodeMsPerToken: 25,
-		LogLevel:         "info",
-	})
+	opts := harness.DemoOptions()
+	fmt.Printf("Starting Envoy + duet + %d prefill + %d decode simulated SGLang engines ...\n", len(opts.Prefill), len(opts.Decode))
+	s, err := harness.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	version, _ := s.Tools.EnvoyVersion()
-	fmt.Printf("  Envoy %s   %s\n  duet admin   %s/metrics\n  prefill      %s (bootstrap port %d)\n  decode       %s\n  logs         %s\n\n",
-		version, s.EnvoyURL, s.DuetAdminURL, s.Prefill[0].Address, s.Prefill[0].BootstrapPort, s.Decode[0].Address, s.Dir)
+	fmt.Printf("  Envoy %s   %s\n  duet admin   %s/metrics\n", version, s.EnvoyURL, s.DuetAdminURL)
+	for _, sim := range s.Prefill {
+		fmt.Printf("  prefill      %s dp %d (bootstrap port %d)\n", sim.Address, sim.DPSize, sim.BootstrapPort)
+	}
+	for _, sim := range s.Decode {
+		fmt.Printf("  decode       %s dp %d\n", sim.Address, sim.DPSize)
+	}
+	fmt.Printf("  logs         %s\n\n", s.Dir)
 
 	requests := []struct {
 		name, path, body string

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -79,27 +78,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.MaxBodyBytes == 0 {
-		opts.MaxBodyBytes = 4 << 20
-	}
-	if opts.KVTimeout == 0 {
-		opts.KVTimeout = 5 * time.Second
-	}
-	if opts.DecodeMsPerToken == 0 {
-		opts.DecodeMsPerToken = 2
-	}
-	if opts.LogLevel == "" {
-		opts.LogLevel = "debug"
-	}
-	if opts.PrefillPolicy == "" {
-		opts.PrefillPolicy = "round_robin"
-	}
-	if opts.DecodePolicy == "" {
-		opts.DecodePolicy = "round_robin"
-	}
-	if opts.LoadInterval == 0 {
-		opts.LoadInterval = 200 * time.Millisecond
-	}
+	opts = opts.withDefaults()
 	if opts.Dir == "" {
 		if opts.Dir, err = os.MkdirTemp("", "duet-e2e-"); err != nil {
 			return nil, err
@@ -190,19 +169,7 @@ func StartSim(ctx context.Context, dir, name, mode string, spec SimSpec) (*Sim, 
 
 func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
 	dp := max(spec.DPSize, 1)
-	argv := []string{tools.Sim,
-		"--mode", mode,
-		"--listen", hostPort(port),
-		"--dp-size", strconv.Itoa(dp),
-		"--bootstrap-port", strconv.Itoa(bootstrapPort),
-		"--kv-timeout", opts.KVTimeout.String(),
-		"--decode-ms-per-token", strconv.Itoa(opts.DecodeMsPerToken),
-	}
-	if mode == "prefill" {
-		// As SGLang: a prefill answers once its decode took the KV.
-		argv = append(argv, "--await-transfer")
-	}
-	argv = append(argv, spec.Args...)
+	argv := append([]string{tools.Sim}, SimArgs(mode, spec, hostPort(port), bootstrapPort, opts)...)
 	p, err := startProcess(dir, name, argv...)
 	if err != nil {
 		return nil, err
@@ -226,8 +193,7 @@ func StartEnvoy(ctx context.Context, dir, configPath, adminURL string) (*Process
 }
 
 func startEnvoy(ctx context.Context, tools Tools, dir, configPath, adminURL string) (*Process, error) {
-	p, err := startProcess(dir, "envoy", tools.Envoy, "-c", configPath,
-		"--disable-hot-restart", "--concurrency", "1", "--log-level", "info")
+	p, err := startProcess(dir, "envoy", append([]string{tools.Envoy}, EnvoyArgs(configPath)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -242,33 +208,17 @@ func startEnvoy(ctx context.Context, tools Tools, dir, configPath, adminURL stri
 func FreePorts(n int) ([]int, error) { return freePorts(n) }
 
 func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAdminPort int) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "log_level: %s\nlisten:\n  grpc: %s\n  admin: %s\n", opts.LogLevel, hostPort(grpcPort), hostPort(adminPort))
-	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
-	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
-	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
-	if opts.CoverDelay > 0 {
-		fmt.Fprintf(&b, "  cover_delay: %s\n", opts.CoverDelay)
+	addrs := Addresses{
+		DuetGRPC: hostPort(grpcPort), DuetAdmin: hostPort(adminPort),
+		EnvoyListen: hostPort(envoyPort), EnvoyAdmin: hostPort(envoyAdminPort),
 	}
-	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
-	if opts.EngineRanks {
-		b.WriteString("engine_ranks: true\n")
+	for _, sim := range s.Prefill {
+		addrs.Prefill = append(addrs.Prefill, sim.URL)
 	}
-	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", hostPort(envoyPort), hostPort(envoyAdminPort))
-	if opts.DuetYAML != "" {
-		b.WriteString(strings.TrimSuffix(opts.DuetYAML, "\n") + "\n")
-	}
-	if len(s.Prefill) > 0 {
-		b.WriteString("prefill:\n")
-		for _, sim := range s.Prefill {
-			fmt.Fprintf(&b, "  - url: %s\n", sim.URL)
-		}
-	}
-	b.WriteString("decode:\n")
 	for _, sim := range s.Decode {
-		fmt.Fprintf(&b, "  - url: %s\n", sim.URL)
+		addrs.Decode = append(addrs.Decode, sim.URL)
 	}
-	return b.String()
+	return DuetConfig(opts, addrs)
 }
 
 // RestartDuet starts duet again after it stopped or was killed, with the

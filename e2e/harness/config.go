@@ -1,0 +1,126 @@
+package harness
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DemoOptions is the stack `make demo` runs: two prefill and two decode
+// simulated engines with two DP ranks each, tokens paced at 25 ms, duet
+// logging at info. The compose stack in deploy/compose runs the same
+// configuration (its test compares them).
+func DemoOptions() Options {
+	return Options{
+		Prefill:          []SimSpec{{DPSize: 2}, {DPSize: 2}},
+		Decode:           []SimSpec{{DPSize: 2}, {DPSize: 2}},
+		DecodeMsPerToken: 25,
+		LogLevel:         "info",
+	}
+}
+
+// withDefaults returns o with every unset field at its default.
+func (o Options) withDefaults() Options {
+	if o.MaxBodyBytes == 0 {
+		o.MaxBodyBytes = 4 << 20
+	}
+	if o.KVTimeout == 0 {
+		o.KVTimeout = 5 * time.Second
+	}
+	if o.DecodeMsPerToken == 0 {
+		o.DecodeMsPerToken = 2
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "debug"
+	}
+	if o.PrefillPolicy == "" {
+		o.PrefillPolicy = "round_robin"
+	}
+	if o.DecodePolicy == "" {
+		o.DecodePolicy = "round_robin"
+	}
+	if o.LoadInterval == 0 {
+		o.LoadInterval = 200 * time.Millisecond
+	}
+	return o
+}
+
+// Addresses place a stack's parts: where each listens and how the others
+// reach it. A Stack uses loopback ports; deploy/compose uses container
+// addresses.
+type Addresses struct {
+	// DuetGRPC and DuetAdmin are duet's listen.grpc and listen.admin.
+	DuetGRPC, DuetAdmin string
+	// EnvoyListen and EnvoyAdmin are duet's envoy.listen and envoy.admin.
+	EnvoyListen, EnvoyAdmin string
+	// EnvoyDuet is duet's envoy.duet (how Envoy dials duet); empty leaves
+	// duet's default, listen.grpc.
+	EnvoyDuet string
+	// Prefill and Decode are the engines' base URLs, in the order of
+	// Options.Prefill and Options.Decode.
+	Prefill, Decode []string
+}
+
+// DuetConfig renders duet's YAML configuration for opts (defaults applied)
+// with the parts at addrs.
+func DuetConfig(opts Options, addrs Addresses) string {
+	opts = opts.withDefaults()
+	var b strings.Builder
+	fmt.Fprintf(&b, "log_level: %s\nlisten:\n  grpc: %s\n  admin: %s\n", opts.LogLevel, addrs.DuetGRPC, addrs.DuetAdmin)
+	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
+	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
+	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
+	if opts.CoverDelay > 0 {
+		fmt.Fprintf(&b, "  cover_delay: %s\n", opts.CoverDelay)
+	}
+	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
+	if opts.EngineRanks {
+		b.WriteString("engine_ranks: true\n")
+	}
+	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", addrs.EnvoyListen, addrs.EnvoyAdmin)
+	if addrs.EnvoyDuet != "" {
+		fmt.Fprintf(&b, "  duet: %s\n", addrs.EnvoyDuet)
+	}
+	if opts.DuetYAML != "" {
+		b.WriteString(strings.TrimSuffix(opts.DuetYAML, "\n") + "\n")
+	}
+	if len(addrs.Prefill) > 0 {
+		b.WriteString("prefill:\n")
+		for _, u := range addrs.Prefill {
+			fmt.Fprintf(&b, "  - url: %s\n", u)
+		}
+	}
+	b.WriteString("decode:\n")
+	for _, u := range addrs.Decode {
+		fmt.Fprintf(&b, "  - url: %s\n", u)
+	}
+	return b.String()
+}
+
+// SimArgs returns the duet-sim flags (without the program name) of one
+// engine of opts (defaults applied) in mode (prefill, decode or null),
+// serving its API on listen and, for a prefill, its bootstrap server on
+// bootstrapPort.
+func SimArgs(mode string, spec SimSpec, listen string, bootstrapPort int, opts Options) []string {
+	opts = opts.withDefaults()
+	args := []string{
+		"--mode", mode,
+		"--listen", listen,
+		"--dp-size", strconv.Itoa(max(spec.DPSize, 1)),
+		"--bootstrap-port", strconv.Itoa(bootstrapPort),
+		"--kv-timeout", opts.KVTimeout.String(),
+		"--decode-ms-per-token", strconv.Itoa(opts.DecodeMsPerToken),
+	}
+	if mode == "prefill" {
+		// As SGLang: a prefill answers once its decode took the KV.
+		args = append(args, "--await-transfer")
+	}
+	return append(args, spec.Args...)
+}
+
+// EnvoyArgs returns the Envoy flags (without the program name) a stack runs
+// Envoy with, on the bootstrap at configPath.
+func EnvoyArgs(configPath string) []string {
+	return []string{"-c", configPath, "--disable-hot-restart", "--concurrency", "1", "--log-level", "info"}
+}
