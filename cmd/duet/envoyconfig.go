@@ -49,6 +49,10 @@ func writeEnvoyConfigFile(path string, cfg *config.Config) error {
 
 // envoyParams maps duet's configuration onto the bootstrap's inputs.
 func envoyParams(cfg *config.Config) (envoy.Params, error) {
+	if c := cfg.Envoy.Clusters; c.Decode != envoy.ClusterDecode || c.Prefill != envoy.ClusterPrefill {
+		return envoy.Params{}, fmt.Errorf("envoy.clusters: the bootstrap names its clusters %s and %s; other names are for a gateway that builds its own Envoy configuration (Envoy Gateway)",
+			envoy.ClusterDecode, envoy.ClusterPrefill)
+	}
 	p := envoy.Params{
 		MaxBodyBytes:      cfg.Request.MaxBodyBytes,
 		MessageTimeout:    cfg.Envoy.MessageTimeout,

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
+	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/scheduler"
 )
@@ -67,12 +68,18 @@ func abortsPartners(reason string) bool {
 	return reason == scheduler.ReasonUnreachable || reason == scheduler.ReasonProbe
 }
 
+// feedbackClusters names the engine clusters whose upstream access-log
+// entries are legs, as the configuration names them.
+func feedbackClusters(cfg *config.Config) accesslog.Clusters {
+	return accesslog.Clusters{Decode: cfg.Envoy.Clusters.Decode, Prefill: cfg.Envoy.Clusters.Prefill}
+}
+
 // registerFeedback serves Envoy's gRPC access-log streams on gs, delivering
-// completions to sink. The streams never end on their own, so they are
+// the completions of the legs of clusters to sink. The streams never end on their own, so they are
 // closed when ctx ends; otherwise the graceful stop of gs would wait for
 // them until its deadline.
-func registerFeedback(ctx context.Context, gs *grpc.Server, sink accesslog.Sink, log *zap.Logger, reg prometheus.Registerer) *accesslog.Server {
-	srv := accesslog.NewServer(sink, log, reg)
+func registerFeedback(ctx context.Context, gs *grpc.Server, sink accesslog.Sink, clusters accesslog.Clusters, log *zap.Logger, reg prometheus.Registerer) *accesslog.Server {
+	srv := accesslog.NewServer(sink, clusters, log, reg)
 	accesslogv3.RegisterAccessLogServiceServer(gs, srv)
 	context.AfterFunc(ctx, srv.Close)
 	return srv

@@ -52,7 +52,7 @@ func TestToFeedback(t *testing.T) {
 
 func TestFeedbackDebug(t *testing.T) {
 	discard := feedbackFunc(func(context.Context, accesslog.Completion) {})
-	srv := accesslog.NewServer(discard, zap.NewNop(), nil)
+	srv := accesslog.NewServer(discard, accesslog.DefaultClusters, zap.NewNop(), nil)
 	fallback := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
 	h := withFeedbackDebug(fallback, srv)
 	for _, tt := range []struct {

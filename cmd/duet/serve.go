@@ -24,7 +24,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
-	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/legs"
 	"github.com/duet-router/duet/scheduler"
@@ -71,7 +70,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	}
 	proc, err := extproc.NewServer(extproc.Options{
 		Picker:         sched,
-		PrefillCluster: envoy.ClusterPrefill,
+		PrefillCluster: cfg.Envoy.Clusters.Prefill,
 		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
 		Logger:         log.Named("extproc"),
 		Metrics:        extproc.NewMetrics(reg),
@@ -97,7 +96,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	feedback := registerFeedback(ctx, gs, fanout{schedulerFeedback(sched.Complete), tracker}, log.Named("feedback"), reg)
+	feedback := registerFeedback(ctx, gs, fanout{schedulerFeedback(sched.Complete), tracker}, feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}

@@ -20,18 +20,32 @@ const (
 	metadataPrefill = "prefill"
 )
 
+// Clusters names the engine pools' clusters in Envoy's configuration: an
+// upstream entry's cluster tells its leg.
+type Clusters struct {
+	// Decode is the decode (or aggregated) pool's cluster.
+	Decode string
+	// Prefill is the prefill pool's cluster, the mirror's target.
+	Prefill string
+}
+
+// DefaultClusters are the clusters of the bootstrap `duet envoy-config`
+// renders (package envoy). Gateways that name clusters themselves, such as
+// Envoy Gateway, need others.
+var DefaultClusters = Clusters{Decode: envoy.ClusterDecode, Prefill: envoy.ClusterPrefill}
+
 // legOf returns the leg an entry of the named log describes, or false when
 // the entry is not one duet asked for (another log, or an upstream entry of
 // a cluster that is not an engine pool).
-func legOf(logName, cluster string) (Leg, bool) {
+func (cl Clusters) legOf(logName, cluster string) (Leg, bool) {
 	switch logName {
 	case envoy.LogDownstream:
 		return LegRequest, true
 	case envoy.LogUpstream:
 		switch cluster {
-		case envoy.ClusterDecode:
+		case cl.Decode:
 			return LegDecode, true
-		case envoy.ClusterPrefill:
+		case cl.Prefill:
 			return LegPrefill, true
 		}
 	}
@@ -40,10 +54,10 @@ func legOf(logName, cluster string) (Leg, bool) {
 
 // completion converts one HTTP entry of the named log. ok is false when the
 // entry is not one duet asked for; the returned Leg is then empty.
-func completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Completion, ok bool) {
+func (cl Clusters) completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Completion, ok bool) {
 	common := e.GetCommonProperties()
 	c.Cluster = common.GetUpstreamCluster()
-	if c.Leg, ok = legOf(logName, c.Cluster); !ok {
+	if c.Leg, ok = cl.legOf(logName, c.Cluster); !ok {
 		return Completion{}, false
 	}
 	headers := e.GetRequest().GetRequestHeaders()

@@ -92,9 +92,41 @@ func TestCompletion(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := completion(tt.logName, tt.entry)
+			got, ok := DefaultClusters.completion(tt.logName, tt.entry)
 			if ok != tt.ok || got != tt.want {
 				t.Errorf("completion() = %+v, %v\nwant          %+v, %v", got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+// TestCompletionClusterNames: with the clusters a gateway names itself (here
+// as Envoy Gateway names an HTTPRoute's rule and its mirror filter), legs are
+// told apart by those names, and the default names are no legs.
+func TestCompletionClusterNames(t *testing.T) {
+	const egDecode, egPrefill = "httproute/inference/duet/rule/0", "httproute/inference/duet/rule/0-mirror-0"
+	eg := Clusters{Decode: egDecode, Prefill: egPrefill}
+	tests := []struct {
+		name     string
+		clusters Clusters
+		logName  string
+		cluster  string
+		leg      Leg
+		ok       bool
+	}{
+		{"gateway decode cluster", eg, "duet_upstream", egDecode, LegDecode, true},
+		{"gateway mirror cluster", eg, "duet_upstream", egPrefill, LegPrefill, true},
+		{"default decode name under gateway names", eg, "duet_upstream", "duet_decode", "", false},
+		{"default prefill name under gateway names", eg, "duet_upstream", "duet_prefill", "", false},
+		{"downstream entry whatever the cluster", eg, "duet_downstream", egDecode, LegRequest, true},
+		{"gateway name under default names", DefaultClusters, "duet_upstream", egDecode, "", false},
+		{"default names", DefaultClusters, "duet_upstream", "duet_prefill", LegPrefill, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := tt.clusters.completion(tt.logName, entry(tt.cluster, "127.0.0.2", 200, hdr("r1", "1")))
+			if ok != tt.ok || got.Leg != tt.leg {
+				t.Errorf("completion() leg = %q, %v; want %q, %v", got.Leg, ok, tt.leg, tt.ok)
 			}
 		})
 	}

@@ -31,23 +31,32 @@ const legUnknown = "unknown"
 type Server struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 
-	sink    Sink
-	log     *zap.Logger
-	entries *prometheus.CounterVec
-	streams prometheus.Gauge
-	recent  *recent
+	sink     Sink
+	clusters Clusters
+	log      *zap.Logger
+	entries  *prometheus.CounterVec
+	streams  prometheus.Gauge
+	recent   *recent
 
 	closeOnce sync.Once
 	done      chan struct{}
 }
 
-// NewServer returns a Server that delivers to sink. Its metrics,
-// duet_feedback_entries_total{leg,outcome} and duet_feedback_streams, are
-// registered with reg unless reg is nil.
-func NewServer(sink Sink, log *zap.Logger, reg prometheus.Registerer) *Server {
+// NewServer returns a Server that delivers to sink the legs of the engine
+// clusters named by clusters (DefaultClusters for a field left empty). Its
+// metrics, duet_feedback_entries_total{leg,outcome} and
+// duet_feedback_streams, are registered with reg unless reg is nil.
+func NewServer(sink Sink, clusters Clusters, log *zap.Logger, reg prometheus.Registerer) *Server {
+	if clusters.Decode == "" {
+		clusters.Decode = DefaultClusters.Decode
+	}
+	if clusters.Prefill == "" {
+		clusters.Prefill = DefaultClusters.Prefill
+	}
 	s := &Server{
-		sink: sink,
-		log:  log,
+		sink:     sink,
+		clusters: clusters,
+		log:      log,
 		entries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_feedback_entries_total",
 			Help: "Access-log entries received from Envoy, by leg (decode, prefill, request, unknown) and outcome (ok, failed, ignored).",
@@ -135,7 +144,7 @@ func (s *Server) receive(stream grpc.ClientStreamingServer[accesslogv3.StreamAcc
 
 // handle delivers one HTTP entry.
 func (s *Server) handle(ctx context.Context, logName string, e *accesslogdatav3.HTTPAccessLogEntry) {
-	c, ok := completion(logName, e)
+	c, ok := s.clusters.completion(logName, e)
 	if !ok {
 		s.entries.WithLabelValues(legUnknown, outcomeIgnored).Inc()
 		s.log.Debug("ignored access-log entry", zap.String("log_name", logName),

@@ -211,6 +211,20 @@ type Envoy struct {
 	MessageTimeout time.Duration `yaml:"message_timeout"`
 	// StreamIdleTimeout closes client streams idle for this long.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// Clusters names the engine pools' clusters in Envoy's configuration.
+	Clusters EnvoyClusters `yaml:"clusters"`
+}
+
+// EnvoyClusters names the clusters of the engine pools. `duet envoy-config`
+// renders the defaults; a gateway that names clusters itself (Envoy Gateway
+// names them after the HTTPRoute) needs its own names here.
+type EnvoyClusters struct {
+	// Decode is the decode (or aggregated) pool's cluster: duet tells the
+	// decode leg's access-log entries by it.
+	Decode string `yaml:"decode"`
+	// Prefill is the prefill pool's cluster: duet names it in x-duet-mirror
+	// and tells the prefill leg's access-log entries by it.
+	Prefill string `yaml:"prefill"`
 }
 
 // Defaults used where the file is silent.
@@ -224,6 +238,8 @@ const (
 	DefaultEnvoyAdmin        = "127.0.0.1:9901"
 	DefaultMessageTimeout    = 2 * time.Second
 	DefaultStreamIdleTimeout = 15 * time.Minute
+	DefaultDecodeCluster     = "duet_decode"
+	DefaultPrefillCluster    = "duet_prefill"
 	DefaultDiscoveryInterval = 10 * time.Second
 	DefaultDiscoveryTimeout  = 2 * time.Second
 
@@ -273,6 +289,8 @@ func (c *Config) applyDefaults() {
 	setDefault(&c.Policy.Decode.Name, DefaultDecodePolicy)
 	setDefault(&c.Envoy.Listen, DefaultEnvoyListen)
 	setDefault(&c.Envoy.Admin, DefaultEnvoyAdmin)
+	setDefault(&c.Envoy.Clusters.Decode, DefaultDecodeCluster)
+	setDefault(&c.Envoy.Clusters.Prefill, DefaultPrefillCluster)
 	if c.Envoy.Duet == "" {
 		c.Envoy.Duet = dialable(c.Listen.GRPC)
 	}
@@ -352,6 +370,9 @@ func (c *Config) Validate() error {
 	check("envoy.listen", validateHostPort(c.Envoy.Listen))
 	check("envoy.admin", validateHostPort(c.Envoy.Admin))
 	check("envoy.duet", validateHostPort(c.Envoy.Duet))
+	if c.Envoy.Clusters.Decode == c.Envoy.Clusters.Prefill {
+		errs = append(errs, fmt.Errorf("envoy.clusters: decode and prefill are both %q", c.Envoy.Clusters.Decode))
+	}
 	if len(c.Decode) == 0 {
 		errs = append(errs, errors.New("decode: at least one endpoint is required"))
 	}
