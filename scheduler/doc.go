@@ -35,6 +35,8 @@
 // reservations), scrape.go (the load-scraping loop), pick.go (choosing and
 // reserving), feedback.go, health.go (health records and ejection), probe.go
 // (the health-probe loop), tokens.go (the token estimate), metrics.go,
+// status.go (a read-only view for status pages, with the recent decisions:
+// [Scheduler.Status]),
 // policy.go (the policy interface and its registry) and one policy_*.go file
 // per policy. Subpackage load fetches and parses engine load reports;
 // subpackage prefix hashes prompts and keeps the prefix index.

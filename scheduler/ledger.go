@@ -59,6 +59,7 @@ type targetState struct {
 	waiting   int
 	scrapedAt int64 // when the last successful scrape finished, Unix ns; 0: never
 	reserved  int64
+	picked    uint64 // times chosen since the entry was created (Status)
 	holds     map[*hold]struct{}
 	removed   bool // dropped from the ledger; stale snapshots may still point here
 	// health is the target's own health record and endpoint its endpoint's

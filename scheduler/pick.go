@@ -32,10 +32,14 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	// Check both roles before asking any policy, so that a failed pick
 	// leaves the policies' state untouched.
 	if len(snap.decode.targets) == 0 {
-		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
+		err := fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
+		s.recordFailure(req, err)
+		return Decision{}, err
 	}
 	if pd && len(snap.prefill.targets) == 0 {
-		return Decision{}, fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
+		err := fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
+		s.recordFailure(req, err)
+		return Decision{}, err
 	}
 	id := req.ID
 	if id == "" {
@@ -64,40 +68,49 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	var prefillFiltered bool
 	s.ledger.mu.Lock()
 	now := s.now()
+	// The decision is recorded for Status in place, under the pick lock.
+	rec := s.decisions.slot()
+	*rec = decisionEntry{at: now, id: id, path: req.Path, model: req.Model}
+	fail := func(err error) (Decision, error) {
+		rec.err = err
+		s.ledger.mu.Unlock()
+		return Decision{}, err
+	}
 	if pd {
 		prefillCands, prefillFiltered = s.candidates(&snap.prefill, matches, now, &s.prefillScratch)
 		if len(prefillCands) == 0 {
-			s.ledger.mu.Unlock()
-			return Decision{}, allEjected(RolePrefill, len(snap.prefill.targets))
+			return fail(allEjected(RolePrefill, len(snap.prefill.targets)))
 		}
 	}
 	decodeCands, decodeFiltered := s.candidates(&snap.decode, matches, now, &s.decodeScratch)
 	if len(decodeCands) == 0 {
-		s.ledger.mu.Unlock()
-		return Decision{}, allEjected(RoleDecode, len(snap.decode.targets))
+		return fail(allEjected(RoleDecode, len(snap.decode.targets)))
 	}
 	if pd {
-		i, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
+		i, c, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
 		if err != nil {
-			s.ledger.mu.Unlock()
-			return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err)
+			return fail(fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err))
 		}
 		t := snap.prefill.targets[i]
 		d.Prefill = &t
 		chosen[0] = snap.prefill.states[i]
+		chosen[0].picked++
 		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
+		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: prefillTokens}
 	}
-	i, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
+	i, c, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
 	if err != nil {
 		if pd {
 			s.ledger.releaseLocked(id, RolePrefill)
 		}
-		s.ledger.mu.Unlock()
-		return Decision{}, fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err)
+		rec.prefill = choice{}
+		return fail(fmt.Errorf("scheduler: pick %s with %s: %w", RoleDecode, s.decodePolicy.Name(), err))
 	}
 	d.Decode = snap.decode.targets[i]
 	chosen[1] = snap.decode.states[i]
+	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
+	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: decodeTokens}
 	s.ledger.mu.Unlock()
 
 	for _, ts := range chosen {
@@ -195,17 +208,19 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, sc
 }
 
 // choose runs policy over cands, built from p by candidates, and returns
-// the chosen target's position in p. Caller holds s.ledger.mu.
-func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, cands []Candidate, filtered bool) (int, error) {
+// the chosen target's position in p and its candidate. Caller holds
+// s.ledger.mu.
+func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, cands []Candidate, filtered bool) (int, Candidate, error) {
 	i, err := policy.Pick(ctx, req, cands)
 	if err != nil {
-		return 0, err
+		return 0, Candidate{}, err
 	}
 	if i < 0 || i >= len(cands) {
-		return 0, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+		return 0, Candidate{}, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
 	}
+	c := cands[i]
 	if filtered {
-		i = p.index[cands[i].Key()]
+		i = p.index[c.Key()]
 	}
-	return i, nil
+	return i, c, nil
 }

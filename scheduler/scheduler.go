@@ -162,6 +162,8 @@ type Scheduler struct {
 	// Candidate scratch space, guarded by ledger.mu.
 	prefillScratch, decodeScratch []Candidate
 	posScratch                    []int32
+	// decisions keeps the latest picks for Status, guarded by ledger.mu.
+	decisions decisionRing
 }
 
 // New validates cfg and returns a Scheduler for it. No endpoint is ready

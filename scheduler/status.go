@@ -1,0 +1,304 @@
+package scheduler
+
+import (
+	"time"
+)
+
+// decisionHistory is how many recent decisions the scheduler keeps for
+// Status.
+const decisionHistory = 64
+
+// Health states in HealthStatus.State.
+const (
+	// HealthHealthy: picks use the endpoint or target.
+	HealthHealthy = "healthy"
+	// HealthEjected: picks skip it until HealthStatus.Until.
+	HealthEjected = "ejected"
+	// HealthHalfOpen: pickable again, on probation: the next failure
+	// ejects it again, the next success recovers it.
+	HealthHalfOpen = "half_open"
+)
+
+// Status is a read-only view of the scheduler at one instant, for status
+// pages. Nothing in it is shared with the scheduler: callers may keep and
+// modify it.
+type Status struct {
+	// At is when the view was taken (the scheduler's clock).
+	At time.Time
+	// Ready is Scheduler.Ready.
+	Ready bool
+	// PD reports whether a prefill pool is configured.
+	PD bool
+	// EngineRanks reports whether engines, not duet, choose DP ranks.
+	EngineRanks bool
+	// PrefillPolicy and DecodePolicy name the pools' policies;
+	// PrefillPolicy is empty in aggregated mode.
+	PrefillPolicy, DecodePolicy string
+	// Endpoints lists every configured endpoint: prefill first, then
+	// decode, each in configuration order.
+	Endpoints []EndpointStatus
+	// Decisions are the most recent picks, newest first; at most 64.
+	Decisions []DecisionStatus
+	// Reservations counts the requests the ledger holds (with tokens
+	// reserved, or recently finished).
+	Reservations int
+}
+
+// EndpointStatus is one endpoint and its schedulable targets.
+type EndpointStatus struct {
+	// Endpoint is the endpoint as discovery knows it.
+	Endpoint Endpoint
+	// Health is the health of the endpoint as a whole.
+	Health HealthStatus
+	// Targets are the endpoint's schedulable targets in rank order; none
+	// while the endpoint is not ready.
+	Targets []TargetStatus
+}
+
+// HealthStatus is the state of one health record.
+type HealthStatus struct {
+	// State is HealthHealthy, HealthEjected or HealthHalfOpen.
+	State string
+	// Reason is the last ejection's reason (ReasonUnreachable, ...) while
+	// State is not healthy; empty otherwise.
+	Reason string
+	// Until is when the ejection ends; zero unless State is HealthEjected.
+	Until time.Time
+	// Ejections counts the ejections in a row without a recovery.
+	Ejections int
+}
+
+// TargetStatus is one target's numbers.
+type TargetStatus struct {
+	// Rank is the DP rank, or NoRank when the engine picks it.
+	Rank int
+	// Name is Target.String(), e.g. "127.0.0.1:30001/dp1".
+	Name string
+	// Health is the target's own health; its endpoint's is in
+	// EndpointStatus.Health. Picks skip the target while either is ejected.
+	Health HealthStatus
+	// Load is what a policy would see now: the last fresh scrape plus
+	// duet's reservations not yet covered by one.
+	Load Load
+	// ScrapedAt is when the last successful scrape of the rank finished;
+	// zero if none has. Load carries its numbers only while they are fresh.
+	ScrapedAt time.Time
+	// Picks counts the requests sent to the target since it became
+	// schedulable (it starts over if the target leaves and comes back).
+	Picks uint64
+	// PrefixBlocks is the number of prompt blocks the prefix index
+	// believes the target caches.
+	PrefixBlocks int
+}
+
+// DecisionStatus is one recent pick, successful or not.
+type DecisionStatus struct {
+	// At is when the pick ran.
+	At time.Time
+	// RequestID is the request's ID as given to Pick.
+	RequestID string
+	// Path is the request's HTTP path; Model its model.
+	Path, Model string
+	// Prefill is the prefill choice; nil in aggregated mode, for requests
+	// that need no prefill, and when the pick failed before it.
+	Prefill *ChoiceStatus
+	// Decode is the decode choice; nil when the pick failed before it.
+	Decode *ChoiceStatus
+	// Err is why the pick failed; empty on success.
+	Err string
+}
+
+// ChoiceStatus is one role's part of a decision.
+type ChoiceStatus struct {
+	// URL is the chosen endpoint's URL; Target its Target.String().
+	URL, Target string
+	// Rank is the chosen rank, or NoRank.
+	Rank int
+	// Policy is the policy that chose.
+	Policy string
+	// Candidates is the number of targets the policy chose among (ejected
+	// targets are not candidates).
+	Candidates int
+	// LoadTokens is the chosen target's token load when the policy ran.
+	LoadTokens int64
+	// Prefix is the fraction of the prompt's blocks the prefix index
+	// believed the chosen target cached.
+	Prefix float64
+	// Tokens is what the pick reserved on the target (0 for requests that
+	// are not inference).
+	Tokens int64
+}
+
+// decisionRing keeps the latest decisionHistory decisions. It is guarded
+// by ledger.mu, which every pick holds anyway.
+type decisionRing struct {
+	entries [decisionHistory]decisionEntry
+	n       uint64 // decisions recorded so far
+}
+
+// decisionEntry is one recorded decision. It holds what the pick already
+// has at hand; formatting waits for Status, off the pick path.
+type decisionEntry struct {
+	at              time.Time
+	id, path, model string
+	prefill, decode choice // a role's Endpoint is nil when it has no choice
+	err             error
+}
+
+// choice is one role's part of a decisionEntry.
+type choice struct {
+	target     Target
+	candidates int
+	load       int64
+	prefix     float64
+	tokens     int64
+}
+
+// slot returns the entry to overwrite with the next decision. Caller holds
+// ledger.mu.
+func (r *decisionRing) slot() *decisionEntry {
+	e := &r.entries[r.n%decisionHistory]
+	r.n++
+	return e
+}
+
+// newest returns copies of the recorded entries, newest first. Caller
+// holds ledger.mu.
+func (r *decisionRing) newest() []decisionEntry {
+	k := min(r.n, decisionHistory)
+	out := make([]decisionEntry, 0, k)
+	for i := range k {
+		out = append(out, r.entries[(r.n-1-i)%decisionHistory])
+	}
+	return out
+}
+
+// recordFailure records a pick that failed before taking the pick lock.
+func (s *Scheduler) recordFailure(req *Request, err error) {
+	s.ledger.mu.Lock()
+	defer s.ledger.mu.Unlock()
+	*s.decisions.slot() = decisionEntry{at: s.now(), id: req.ID, path: req.Path, model: req.Model, err: err}
+}
+
+// Status returns a view of the endpoints, their targets' loads, health and
+// picks, and the recent decisions. It copies what it needs under the
+// scheduler's locks, one at a time, so it never holds up picks for long;
+// the view is consistent per lock, not across them.
+func (s *Scheduler) Status() Status {
+	snap := s.snap.Load()
+	st := Status{
+		Ready:        s.Ready(),
+		PD:           s.pd,
+		EngineRanks:  s.engineRanks,
+		DecodePolicy: s.decodePolicy.Name(),
+		Endpoints:    make([]EndpointStatus, len(snap.endpoints)),
+	}
+	if s.pd {
+		st.PrefillPolicy = s.prefillPolicy.Name()
+	}
+	byEndpoint := make(map[*Endpoint]int, len(snap.endpoints))
+	for i := range snap.endpoints {
+		st.Endpoints[i].Endpoint = snap.endpoints[i]
+		byEndpoint[&snap.endpoints[i]] = i
+	}
+
+	// Loads, picks and decisions, under the pick lock.
+	type pending struct {
+		ep, pos int
+		rec     *healthState
+	}
+	var targets []pending
+	var entries []decisionEntry
+	s.ledger.mu.Lock()
+	now := s.now()
+	st.At = now
+	since := s.ledger.freshSince(now)
+	for _, p := range []*pool{&snap.prefill, &snap.decode} {
+		for i, t := range p.targets {
+			ts := p.states[i]
+			e := byEndpoint[t.Endpoint]
+			ts2 := TargetStatus{Rank: t.Rank, Load: s.ledger.loadSince(ts, since), Picks: ts.picked}
+			if ts.scrapedAt != 0 {
+				ts2.ScrapedAt = time.Unix(0, ts.scrapedAt)
+			}
+			targets = append(targets, pending{ep: e, pos: len(st.Endpoints[e].Targets), rec: ts.health})
+			st.Endpoints[e].Targets = append(st.Endpoints[e].Targets, ts2)
+		}
+	}
+	st.Reservations = len(s.ledger.requests)
+	entries = s.decisions.newest()
+	s.ledger.mu.Unlock()
+
+	// Health, under the health lock.
+	at := now.UnixNano()
+	s.health.mu.Lock()
+	for i := range st.Endpoints {
+		st.Endpoints[i].Health = healthView(s.health.endpoint(st.Endpoints[i].Endpoint.URL), at)
+	}
+	for _, p := range targets {
+		st.Endpoints[p.ep].Targets[p.pos].Health = healthView(p.rec, at)
+	}
+	s.health.mu.Unlock()
+
+	// Names and prefix sizes, outside every scheduler lock but the index's.
+	for i := range st.Endpoints {
+		es := &st.Endpoints[i]
+		for j := range es.Targets {
+			t := Target{Endpoint: &es.Endpoint, Rank: es.Targets[j].Rank}
+			es.Targets[j].Name = t.String()
+			es.Targets[j].PrefixBlocks = s.index.Blocks(t.Key())
+		}
+		sortByRank(es.Targets)
+	}
+	st.Decisions = make([]DecisionStatus, len(entries))
+	for i, e := range entries {
+		st.Decisions[i] = s.decisionView(e)
+	}
+	return st
+}
+
+// healthView describes rec at now (Unix ns). Caller holds health.mu. A nil
+// record is healthy.
+func healthView(rec *healthState, now int64) HealthStatus {
+	if rec == nil || rec.phase == phaseHealthy {
+		return HealthStatus{State: HealthHealthy}
+	}
+	hs := HealthStatus{State: HealthHalfOpen, Reason: rec.reason.reason(), Ejections: rec.ejections}
+	if until := rec.until.Load(); until > now {
+		hs.State, hs.Until = HealthEjected, time.Unix(0, until)
+	}
+	return hs
+}
+
+// sortByRank sorts one endpoint's targets by rank (insertion sort: an
+// endpoint has few ranks, and buildTargets lists them nearly in order).
+func sortByRank(ts []TargetStatus) {
+	for i := 1; i < len(ts); i++ {
+		for j := i; j > 0 && ts[j].Rank < ts[j-1].Rank; j-- {
+			ts[j], ts[j-1] = ts[j-1], ts[j]
+		}
+	}
+}
+
+// decisionView formats a recorded decision.
+func (s *Scheduler) decisionView(e decisionEntry) DecisionStatus {
+	d := DecisionStatus{At: e.at, RequestID: e.id, Path: e.path, Model: e.model}
+	if e.err != nil {
+		d.Err = e.err.Error()
+	}
+	if e.prefill.target.Endpoint != nil {
+		d.Prefill = choiceView(e.prefill, s.prefillPolicy.Name())
+	}
+	if e.decode.target.Endpoint != nil {
+		d.Decode = choiceView(e.decode, s.decodePolicy.Name())
+	}
+	return d
+}
+
+// choiceView formats one role's choice.
+func choiceView(c choice, policy string) *ChoiceStatus {
+	return &ChoiceStatus{
+		URL: c.target.Endpoint.URL, Target: c.target.String(), Rank: c.target.Rank,
+		Policy: policy, Candidates: c.candidates, LoadTokens: c.load, Prefix: c.prefix, Tokens: c.tokens,
+	}
+}
