@@ -1,0 +1,252 @@
+package istio
+
+import (
+	"bytes"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/envoy"
+)
+
+// The addresses and parameters envoyfilter.yaml is written for.
+func bootstrapParams() envoy.Params {
+	return envoy.Params{
+		Listen: envoy.Address{Host: "0.0.0.0", Port: 8080}, Admin: envoy.Address{Host: "127.0.0.1", Port: 9901},
+		Duet:         envoy.Address{Host: "duet.inference.svc.cluster.local", Port: 9002},
+		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute,
+		Prefill: []envoy.Address{{Host: "sglang-prefill.inference.svc.cluster.local", Port: 30000}},
+		Decode:  []envoy.Address{{Host: "sglang-decode.inference.svc.cluster.local", Port: 30000}},
+	}
+}
+
+type obj = map[string]any
+
+// renderedBootstrap renders duet's bootstrap for bootstrapParams.
+func renderedBootstrap(t *testing.T) obj {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := envoy.Render(&buf, bootstrapParams()); err != nil {
+		t.Fatal(err)
+	}
+	var b obj
+	if err := yaml.Unmarshal(buf.Bytes(), &b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// patch is one configPatches entry of the EnvoyFilter.
+type patch struct {
+	ApplyTo string `yaml:"applyTo"`
+	Match   obj    `yaml:"match"`
+	Patch   struct {
+		Operation string `yaml:"operation"`
+		Value     obj    `yaml:"value"`
+	} `yaml:"patch"`
+}
+
+// envoyFilterPatches reads the patches of envoyfilter.yaml.
+func envoyFilterPatches(t *testing.T, path string) []patch {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ef struct {
+		Kind string `yaml:"kind"`
+		Spec struct {
+			ConfigPatches []patch `yaml:"configPatches"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(data, &ef); err != nil {
+		t.Fatal(err)
+	}
+	if ef.Kind != "EnvoyFilter" || len(ef.Spec.ConfigPatches) == 0 {
+		t.Fatalf("%s: not an EnvoyFilter with patches", path)
+	}
+	return ef.Spec.ConfigPatches
+}
+
+// get walks nested maps and lists: a string key indexes a map, an int a list.
+func get(t *testing.T, v any, path ...any) any {
+	t.Helper()
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, ok := v.(obj)
+			if !ok {
+				t.Fatalf("at %q: not a map", k)
+			}
+			v = m[k]
+		case int:
+			l, ok := v.([]any)
+			if !ok || k >= len(l) {
+				t.Fatalf("at [%d]: not a list that long", k)
+			}
+			v = l[k]
+		}
+	}
+	return v
+}
+
+// grpcOnly keeps the gRPC access loggers of a logger list: the rendered
+// bootstrap's stdout loggers are for local runs; in a mesh, Istio's own
+// access logging (Telemetry, meshConfig.accessLogFile) takes their place.
+func grpcOnly(loggers any) []any {
+	var out []any
+	for _, l := range loggers.([]any) {
+		if l.(obj)["name"] == "envoy.access_loggers.http_grpc" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// The EnvoyFilter must carry exactly what `duet envoy-config` renders, field
+// for field, with the exceptions named here: a change to the template that
+// the Istio fragments do not follow fails this test.
+func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
+	boot := renderedBootstrap(t)
+	listener := get(t, boot, "static_resources", "listeners", 0).(obj)
+	hcm := get(t, listener, "filter_chains", 0, "filters", 0, "typed_config").(obj)
+	bootFilters := hcm["http_filters"].([]any)
+	router := bootFilters[len(bootFilters)-1].(obj)
+	bootRoute := get(t, hcm, "route_config", "virtual_hosts", 0, "routes", 0).(obj)
+	bootClusters := map[string]any{}
+	for _, c := range get(t, boot, "static_resources", "clusters").([]any) {
+		bootClusters[c.(obj)["name"].(string)] = c
+	}
+
+	// HCM fields that are not the EnvoyFilter's business: Istio owns the
+	// stat prefix and the routes; the filters and loggers are checked apart.
+	hcmOwnedElsewhere := map[string]bool{"@type": true, "stat_prefix": true, "route_config": true, "http_filters": true, "access_log": true}
+
+	var inserted []any
+	added := map[string]bool{}
+	var sawHCM, sawRouter, sawRoute, sawListener bool
+	for i, p := range envoyFilterPatches(t, "envoyfilter.yaml") {
+		v := p.Patch.Value
+		switch {
+		case p.ApplyTo == "CLUSTER" && p.Patch.Operation == "ADD":
+			name, _ := v["name"].(string)
+			want, ok := bootClusters[name]
+			if !ok {
+				t.Errorf("patch %d adds cluster %q, which the bootstrap does not have", i, name)
+				continue
+			}
+			if !reflect.DeepEqual(any(v), want) {
+				t.Errorf("cluster %s differs from the bootstrap's:\n got %v\nwant %v", name, v, want)
+			}
+			added[name] = true
+		case p.ApplyTo == "LISTENER" && p.Patch.Operation == "MERGE":
+			sawListener = true
+			if !reflect.DeepEqual(v, obj{"per_connection_buffer_limit_bytes": listener["per_connection_buffer_limit_bytes"]}) {
+				t.Errorf("listener patch %v, want the bootstrap's per_connection_buffer_limit_bytes %v", v, listener["per_connection_buffer_limit_bytes"])
+			}
+		case p.ApplyTo == "NETWORK_FILTER" && p.Patch.Operation == "MERGE":
+			sawHCM = true
+			tc := v["typed_config"].(obj)
+			if tc["@type"] != hcm["@type"] {
+				t.Errorf("HCM patch type %v, want %v", tc["@type"], hcm["@type"])
+			}
+			for k, want := range hcm {
+				if hcmOwnedElsewhere[k] {
+					continue
+				}
+				if !reflect.DeepEqual(tc[k], want) {
+					t.Errorf("HCM field %s: got %v, want the bootstrap's %v", k, tc[k], want)
+				}
+			}
+			for k := range tc {
+				if _, ok := hcm[k]; !ok {
+					t.Errorf("HCM patch sets %s, which the bootstrap does not", k)
+				}
+			}
+			if got, want := tc["access_log"], grpcOnly(hcm["access_log"]); !reflect.DeepEqual(got, any(want)) {
+				t.Errorf("HCM access_log:\n got %v\nwant %v", got, want)
+			}
+		case p.ApplyTo == "HTTP_FILTER" && p.Patch.Operation == "INSERT_BEFORE":
+			if sub := get(t, p.Match, "listener", "filterChain", "filter", "subFilter", "name"); sub != "envoy.filters.http.router" {
+				t.Errorf("patch %d inserts before %v, want the router", i, sub)
+			}
+			inserted = append(inserted, any(v))
+		case p.ApplyTo == "HTTP_FILTER" && p.Patch.Operation == "MERGE":
+			sawRouter = true
+			tc := v["typed_config"].(obj)
+			want := router["typed_config"].(obj)
+			for k, w := range want {
+				if k == "upstream_log" {
+					w = grpcOnly(w)
+				}
+				if !reflect.DeepEqual(tc[k], w) {
+					t.Errorf("router field %s: got %v, want the bootstrap's %v", k, tc[k], w)
+				}
+			}
+		case p.ApplyTo == "HTTP_ROUTE" && p.Patch.Operation == "MERGE":
+			sawRoute = true
+			if name := get(t, p.Match, "routeConfiguration", "vhost", "route", "name"); name != "duet-inference" {
+				t.Errorf("route patch matches %v, want the VirtualService route duet-inference", name)
+			}
+			if !reflect.DeepEqual(v["route"], bootRoute["route"]) {
+				t.Errorf("route action:\n got %v\nwant %v", v["route"], bootRoute["route"])
+			}
+		default:
+			t.Errorf("patch %d: unexpected %s %s", i, p.Patch.Operation, p.ApplyTo)
+		}
+	}
+	if want := bootFilters[:len(bootFilters)-1]; !reflect.DeepEqual(inserted, want) {
+		t.Errorf("HTTP filters inserted before the router:\n got %v\nwant %v", inserted, want)
+	}
+	for name := range bootClusters {
+		if !added[name] {
+			t.Errorf("the EnvoyFilter does not add the bootstrap's cluster %s", name)
+		}
+	}
+	if !sawHCM || !sawRouter || !sawRoute || !sawListener {
+		t.Errorf("missing patches: HCM %v, router %v, route %v, listener %v", sawHCM, sawRouter, sawRoute, sawListener)
+	}
+}
+
+// The VirtualService route the EnvoyFilter patches must exist under that
+// name, and must not bring an Istio retry policy or timeout of its own.
+func TestVirtualServiceRoute(t *testing.T) {
+	data, err := os.ReadFile("gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var found bool
+	for {
+		var doc obj
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		if doc["kind"] != "VirtualService" {
+			continue
+		}
+		for _, r := range get(t, doc, "spec", "http").([]any) {
+			r := r.(obj)
+			if r["name"] != "duet-inference" {
+				continue
+			}
+			found = true
+			if got := get(t, r, "retries", "attempts"); got != 0 {
+				t.Errorf("retries.attempts = %v, want 0 (Istio's default retries would replay requests)", got)
+			}
+			if got := r["timeout"]; got != "0s" {
+				t.Errorf("timeout = %v, want 0s", got)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("gateway.yaml has no VirtualService route named duet-inference")
+	}
+	if !strings.Contains(string(data), "istio: duet-gateway") {
+		t.Error("the Gateway does not select istio: duet-gateway, the EnvoyFilter's workload")
+	}
+}
