@@ -14,7 +14,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality soak
+.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality soak image
 
 all: build
 
@@ -57,6 +57,15 @@ bench-quality: build envoy
 # SOAK_FLAGS passes flags, e.g. SOAK_FLAGS=-duration=2m.
 soak: build envoy
 	$(GO) run ./e2e/soak $(SOAK_FLAGS)
+
+# Container images duet:$(IMAGE_TAG) and duet-sim:$(IMAGE_TAG) from
+# deploy/docker; skipped (exit 0) where no Docker engine answers.
+IMAGE_TAG ?= $(VERSION)
+image:
+	@if ! docker info >/dev/null 2>&1; then echo "make image: skipped: no Docker engine (docker info failed)"; exit 0; fi; \
+	set -e; \
+	docker build -f deploy/docker/duet.Dockerfile --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) -t duet:$(IMAGE_TAG) .; \
+	docker build -f deploy/docker/duet-sim.Dockerfile -t duet-sim:$(IMAGE_TAG) .
 
 # Pinned tools and schemas of the Helm chart tests (deploy/helm), in .tools/:
 # helm and kubeconform built from their Go modules, Kubernetes' OpenAPI v3

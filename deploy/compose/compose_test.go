@@ -1,0 +1,591 @@
+// Package compose holds the Docker Compose demo stack (compose.yaml and the
+// configuration files it mounts). Its tests validate the stack without a
+// Docker engine: the compose file loads with the Compose Specification's
+// own loader, every mounted file and Dockerfile exists, every service runs
+// as a non-root user with a health check, no host port is published twice,
+// and the configurations are exactly those `make demo` runs, apart from the
+// addresses (duet.yaml is rendered by harness.DuetConfig from
+// harness.DemoOptions, envoy.yaml by `duet envoy-config` from duet.yaml).
+//
+// After changing the demo's options or an address in compose.yaml,
+// regenerate the two files with
+//
+//	go test ./deploy/compose -run TestConfigs -update
+package compose
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+var update = flag.Bool("update", false, "rewrite duet.yaml and envoy.yaml from the demo's options")
+
+// Ports inside the containers. The compose file, duet.yaml and
+// prometheus.yml must agree with them (the tests check each).
+const (
+	duetGRPCPort   = 9002
+	duetAdminPort  = 9003
+	envoyPort      = 8080
+	envoyAdminPort = 9901
+	simPort        = 30000
+	bootstrapPort  = 8998
+	prometheusPort = 9090
+	grafanaPort    = 3000
+)
+
+// Paths inside the containers.
+const (
+	duetConfigPath  = "/etc/duet/duet.yaml"
+	envoyConfigPath = "/etc/envoy/envoy.yaml"
+)
+
+// networkName is the compose network every service is attached to.
+const networkName = "duet"
+
+// loadProject loads compose.yaml as `docker compose` does.
+func loadProject(t *testing.T) *types.Project {
+	t.Helper()
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	details, err := loader.LoadConfigFiles(ctx, []string{filepath.Join(dir, "compose.yaml")}, dir)
+	if err != nil {
+		t.Fatalf("compose.yaml: %v", err)
+	}
+	details.Environment = types.Mapping{} // the file must not depend on the caller's environment
+	p, err := loader.LoadWithContext(ctx, *details)
+	if err != nil {
+		t.Fatalf("compose.yaml: %v", err)
+	}
+	return p
+}
+
+// service returns the named service or fails the test.
+func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
+	t.Helper()
+	s, ok := p.Services[name]
+	if !ok {
+		t.Fatalf("compose.yaml: no service %q", name)
+	}
+	return s
+}
+
+// ipOf returns the service's fixed address on the duet network.
+func ipOf(t *testing.T, p *types.Project, name string) string {
+	t.Helper()
+	n := service(t, p, name).Networks[networkName]
+	if n == nil || n.Ipv4Address == "" {
+		t.Fatalf("compose.yaml: service %s has no ipv4_address on network %s", name, networkName)
+	}
+	return n.Ipv4Address
+}
+
+func hostPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// engines returns the compose services of the demo's engines, in the order of
+// harness.DemoOptions.
+func engines(role string, n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", role, i)
+	}
+	return names
+}
+
+// demoAddresses places the demo's parts at their compose addresses: every
+// server listens on all interfaces, and Envoy reaches duet, and duet and
+// Envoy reach the engines, at their fixed IPs.
+func demoAddresses(t *testing.T, p *types.Project, opts harness.Options) harness.Addresses {
+	a := harness.Addresses{
+		DuetGRPC:    hostPort("0.0.0.0", duetGRPCPort),
+		DuetAdmin:   hostPort("0.0.0.0", duetAdminPort),
+		EnvoyListen: hostPort("0.0.0.0", envoyPort),
+		EnvoyAdmin:  hostPort("0.0.0.0", envoyAdminPort),
+		EnvoyDuet:   hostPort(ipOf(t, p, "duet"), duetGRPCPort),
+	}
+	for _, name := range engines("prefill", len(opts.Prefill)) {
+		a.Prefill = append(a.Prefill, "http://"+hostPort(ipOf(t, p, name), simPort))
+	}
+	for _, name := range engines("decode", len(opts.Decode)) {
+		a.Decode = append(a.Decode, "http://"+hostPort(ipOf(t, p, name), simPort))
+	}
+	return a
+}
+
+// TestConfigs proves that the compose stack runs what `make demo` runs: the
+// same duet configuration, engine flags and Envoy flags, with only the
+// addresses changed, and an Envoy bootstrap that is exactly duet's rendering
+// of duet.yaml.
+func TestConfigs(t *testing.T) {
+	p := loadProject(t)
+	opts := harness.DemoOptions()
+
+	wantDuet := harness.DuetConfig(opts, demoAddresses(t, p, opts))
+	if *update {
+		if err := os.WriteFile("duet.yaml", []byte(duetYAMLHeader+wantDuet), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile("duet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != duetYAMLHeader+wantDuet {
+		t.Errorf("duet.yaml is not the demo's configuration at the compose addresses; run `go test ./deploy/compose -run TestConfigs -update`.\ngot:\n%s\nwant:\n%s", got, duetYAMLHeader+wantDuet)
+	}
+
+	wantEnvoy := renderEnvoy(t, "duet.yaml")
+	if *update {
+		if err := os.WriteFile("envoy.yaml", wantEnvoy, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := os.ReadFile("envoy.yaml"); err != nil {
+		t.Fatal(err)
+	} else if !bytes.Equal(got, wantEnvoy) {
+		t.Errorf("envoy.yaml differs from `duet envoy-config -config duet.yaml`; run `go test ./deploy/compose -run TestConfigs -update`")
+	}
+
+	for i, spec := range opts.Prefill {
+		name := fmt.Sprintf("prefill-%d", i)
+		want := harness.SimArgs("prefill", spec, hostPort("0.0.0.0", simPort), bootstrapPort, opts)
+		if got := service(t, p, name).Command; !slices.Equal(got, want) {
+			t.Errorf("%s: command %q, want the demo's %q", name, got, want)
+		}
+	}
+	for i, spec := range opts.Decode {
+		name := fmt.Sprintf("decode-%d", i)
+		want := harness.SimArgs("decode", spec, hostPort("0.0.0.0", simPort), bootstrapPort, opts)
+		if got := service(t, p, name).Command; !slices.Equal(got, want) {
+			t.Errorf("%s: command %q, want the demo's %q", name, got, want)
+		}
+	}
+	var prefills, decodes int
+	for _, name := range p.ServiceNames() {
+		switch {
+		case strings.HasPrefix(name, "prefill-"):
+			prefills++
+		case strings.HasPrefix(name, "decode-"):
+			decodes++
+		}
+	}
+	if prefills != len(opts.Prefill) || decodes != len(opts.Decode) {
+		t.Errorf("compose.yaml runs %d prefill and %d decode engines, the demo %d and %d",
+			prefills, decodes, len(opts.Prefill), len(opts.Decode))
+	}
+
+	envoy := service(t, p, "envoy")
+	if want := harness.EnvoyArgs(envoyConfigPath); !slices.Equal(envoy.Command, want) {
+		t.Errorf("envoy: command %q, want the demo's %q", envoy.Command, want)
+	}
+	if want := []string{"serve", "-config", duetConfigPath}; !slices.Equal(service(t, p, "duet").Command, want) {
+		t.Errorf("duet: command %q, want %q", service(t, p, "duet").Command, want)
+	}
+	for svc, mounts := range map[string]map[string]string{
+		"duet":  {duetConfigPath: "duet.yaml"},
+		"envoy": {envoyConfigPath: "envoy.yaml"},
+	} {
+		for target, source := range mounts {
+			if got := mountSource(service(t, p, svc), target); filepath.Base(got) != source {
+				t.Errorf("%s: %s is mounted from %q, want %s", svc, target, got, source)
+			}
+		}
+	}
+}
+
+// duetYAMLHeader opens the generated duet.yaml.
+const duetYAMLHeader = `# duet's configuration in the compose stack: the one ` + "`make demo`" + ` runs
+# (harness.DemoOptions), at the compose network's addresses. Generated by
+# ` + "`go test ./deploy/compose -run TestConfigs -update`" + `; envoy.yaml is
+# ` + "`duet envoy-config -config duet.yaml`" + `.
+`
+
+// renderEnvoy runs the real `duet envoy-config` on the file at path.
+func renderEnvoy(t *testing.T, path string) []byte {
+	t.Helper()
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := exec.Command(tools.Duet, "envoy-config", "-config", path)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("duet envoy-config: %v: %s", err, stderr.String())
+	}
+	return out
+}
+
+// mountSource returns the host path mounted at target, or "".
+func mountSource(s types.ServiceConfig, target string) string {
+	for _, v := range s.Volumes {
+		if v.Target == target {
+			return v.Source
+		}
+	}
+	return ""
+}
+
+// TestServices checks each service on its own: images pinned or built from
+// an existing Dockerfile, a non-root user, a health check, bind mounts that
+// exist and are read-only, a fixed address inside the subnet.
+func TestServices(t *testing.T) {
+	p := loadProject(t)
+	subnet := projectSubnet(t, p)
+	ips := map[string]string{}
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		t.Run(name, func(t *testing.T) {
+			switch {
+			case s.Build != nil:
+				df := filepath.Join(s.Build.Context, s.Build.Dockerfile)
+				if _, err := os.Stat(df); err != nil {
+					t.Errorf("build: %v", err)
+				}
+				if !strings.HasPrefix(s.Image, "duet") || strings.HasSuffix(s.Image, ":latest") {
+					t.Errorf("image %q: a built image is named duet* with a tag other than latest", s.Image)
+				}
+			case s.Image == "":
+				t.Error("neither image nor build")
+			default:
+				ref, tag, ok := strings.Cut(s.Image, ":")
+				if !ok || tag == "latest" || !strings.ContainsAny(tag, "0123456789") || ref == "" {
+					t.Errorf("image %q is not pinned to a version", s.Image)
+				}
+			}
+			if user, _, _ := strings.Cut(s.User, ":"); user == "" || user == "0" || user == "root" {
+				t.Errorf("user %q: every service runs as a non-root user", s.User)
+			}
+			if s.HealthCheck == nil || s.HealthCheck.Disable || len(s.HealthCheck.Test) < 2 {
+				t.Errorf("no health check")
+			}
+			for dep, d := range s.DependsOn {
+				if d.Condition != types.ServiceConditionHealthy {
+					t.Errorf("depends_on %s: condition %q, want service_healthy", dep, d.Condition)
+				}
+			}
+			for _, v := range s.Volumes {
+				if v.Type != types.VolumeTypeBind {
+					continue
+				}
+				if _, err := os.Stat(v.Source); err != nil {
+					t.Errorf("mount %s: %v", v.Target, err)
+				}
+				if !v.ReadOnly {
+					t.Errorf("mount %s: configuration is mounted read-only", v.Target)
+				}
+			}
+			ip := ipOf(t, p, name)
+			addr, err := netip.ParseAddr(ip)
+			if err != nil || !subnet.Contains(addr) || addr == subnet.Addr().Next() {
+				t.Errorf("ipv4_address %s is not a host address of %s", ip, subnet)
+			}
+			if other, dup := ips[ip]; dup {
+				t.Errorf("ipv4_address %s is also %s's", ip, other)
+			}
+			ips[ip] = name
+		})
+	}
+}
+
+// projectSubnet returns the duet network's subnet.
+func projectSubnet(t *testing.T, p *types.Project) netip.Prefix {
+	t.Helper()
+	n, ok := p.Networks[networkName]
+	if !ok || len(n.Ipam.Config) != 1 {
+		t.Fatalf("compose.yaml: network %s needs exactly one ipam subnet", networkName)
+	}
+	prefix, err := netip.ParsePrefix(n.Ipam.Config[0].Subnet)
+	if err != nil {
+		t.Fatalf("compose.yaml: network %s: %v", networkName, err)
+	}
+	return prefix
+}
+
+// TestPorts checks that no host port is published twice, that only loopback
+// is published to, and that each published port and health check names the
+// port its service really listens on.
+func TestPorts(t *testing.T) {
+	p := loadProject(t)
+	listens := map[string][]int{
+		"duet":       {duetAdminPort},
+		"envoy":      {envoyPort, envoyAdminPort},
+		"prometheus": {prometheusPort},
+		"grafana":    {grafanaPort},
+	}
+	for _, name := range p.ServiceNames() {
+		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
+			listens[name] = []int{simPort}
+		}
+	}
+	published := map[string]string{}
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		for _, port := range s.Ports {
+			key := port.HostIP + ":" + port.Published + "/" + port.Protocol
+			if other, dup := published[key]; dup {
+				t.Errorf("%s publishes %s, as %s does", name, key, other)
+			}
+			published[key] = name
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s publishes port %s on %q, want 127.0.0.1", name, port.Published, port.HostIP)
+			}
+			if !slices.Contains(listens[name], int(port.Target)) {
+				t.Errorf("%s publishes container port %d, which it does not listen on (%v)", name, port.Target, listens[name])
+			}
+		}
+		if s.HealthCheck != nil {
+			check := strings.Join(s.HealthCheck.Test, " ")
+			found := false
+			for _, port := range listens[name] {
+				found = found || strings.Contains(check, "127.0.0.1:"+strconv.Itoa(port)+"/") ||
+					strings.Contains(check, "127.0.0.1/"+strconv.Itoa(port)+" ")
+			}
+			if !found {
+				t.Errorf("%s: health check %q probes none of its ports %v", name, check, listens[name])
+			}
+		}
+	}
+	// duet.yaml must serve where the compose file expects.
+	var cfg struct {
+		Listen struct{ GRPC, Admin string }
+		Envoy  struct{ Listen, Admin string }
+	}
+	data, err := os.ReadFile("duet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatalf("duet.yaml: %v", err)
+	}
+	for field, got := range map[string]string{
+		"listen.grpc": cfg.Listen.GRPC, "listen.admin": cfg.Listen.Admin,
+		"envoy.listen": cfg.Envoy.Listen, "envoy.admin": cfg.Envoy.Admin,
+	} {
+		want := map[string]int{"listen.grpc": duetGRPCPort, "listen.admin": duetAdminPort,
+			"envoy.listen": envoyPort, "envoy.admin": envoyAdminPort}[field]
+		if _, port, _ := net.SplitHostPort(got); port != strconv.Itoa(want) {
+			t.Errorf("duet.yaml %s = %q, want port %d", field, got, want)
+		}
+	}
+}
+
+// TestEnvoyImageVersion checks that the compose stack runs the Envoy
+// version the end-to-end tests prove the bootstrap on.
+func TestEnvoyImageVersion(t *testing.T) {
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, err := tools.EnvoyVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := service(t, loadProject(t), "envoy").Image, "envoyproxy/envoy:v"+version; got != want {
+		t.Errorf("envoy image %q, want %q (the Envoy the tests run)", got, want)
+	}
+}
+
+// TestPrometheusTargets checks that Prometheus scrapes duet and every engine
+// at the addresses and ports where they serve /metrics, and Envoy's stats.
+func TestPrometheusTargets(t *testing.T) {
+	p := loadProject(t)
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			MetricsPath   string `yaml:"metrics_path"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	data, err := os.ReadFile("prometheus.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&cfg); err != nil {
+		t.Fatalf("prometheus.yml: %v", err)
+	}
+	want := map[string]string{ // target -> metrics path
+		hostPort("duet", duetAdminPort):   "",
+		hostPort("envoy", envoyAdminPort): "/stats/prometheus",
+	}
+	for _, name := range p.ServiceNames() {
+		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
+			want[hostPort(name, simPort)] = ""
+		}
+	}
+	got := map[string]string{}
+	for _, sc := range cfg.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			for _, target := range st.Targets {
+				if _, dup := got[target]; dup {
+					t.Errorf("prometheus.yml scrapes %s twice", target)
+				}
+				got[target] = sc.MetricsPath
+			}
+		}
+	}
+	for target, path := range want {
+		if gotPath, ok := got[target]; !ok {
+			t.Errorf("prometheus.yml does not scrape %s", target)
+		} else if gotPath != path {
+			t.Errorf("prometheus.yml scrapes %s at metrics_path %q, want %q", target, gotPath, path)
+		}
+	}
+	for target := range got {
+		if _, ok := want[target]; !ok {
+			t.Errorf("prometheus.yml scrapes %s, which is not a compose service's metrics port", target)
+		}
+	}
+}
+
+// TestEnvoyHealthCheck runs the envoy service's health check command (the
+// image has no curl or wget, so it speaks HTTP through bash) against a real
+// Envoy admin port, moved to a free loopback port.
+func TestEnvoyHealthCheck(t *testing.T) {
+	check := service(t, loadProject(t), "envoy").HealthCheck.Test
+	if len(check) != 4 || check[0] != "CMD" || check[1] != "bash" || check[2] != "-c" {
+		t.Fatalf("envoy health check %q: want [CMD bash -c <script>]", check)
+	}
+	ports, err := harness.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := strings.ReplaceAll(check[3], "/"+strconv.Itoa(envoyAdminPort), "/"+strconv.Itoa(ports[0]))
+	if script == check[3] {
+		t.Fatalf("envoy health check %q does not name the admin port %d", check[3], envoyAdminPort)
+	}
+	dir := t.TempDir()
+	bootstrap := filepath.Join(dir, "envoy.yaml")
+	adminOnly := fmt.Sprintf("admin:\n  address: {socket_address: {address: 127.0.0.1, port_value: %d}}\n", ports[0])
+	if err := os.WriteFile(bootstrap, []byte(adminOnly), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "bash", "-c", script).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := run(); err == nil {
+		t.Fatal("the health check passed with no Envoy running")
+	}
+	envoy, err := harness.StartEnvoy(context.Background(), dir, bootstrap, "http://"+hostPort("127.0.0.1", ports[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer envoy.Stop(5 * time.Second)
+	if err := run(); err != nil {
+		t.Fatalf("health check against a ready Envoy: %v", err)
+	}
+	// Draining: /ready answers 503 DRAINING, which must fail the check.
+	resp, err := http.Post("http://"+hostPort("127.0.0.1", ports[0])+"/healthcheck/fail", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := run(); err == nil {
+		t.Error("the health check passed on an Envoy that fails its health checks")
+	}
+}
+
+// TestEnvoyValidates runs the Envoy the tests prove (the image's version,
+// see TestEnvoyImageVersion) in validate mode on the compose bootstrap.
+func TestEnvoyValidates(t *testing.T) {
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, tools.Envoy, "--mode", "validate", "-c", "envoy.yaml").CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("OK")) {
+		t.Fatalf("envoy --mode validate: %v\n%s", err, out)
+	}
+}
+
+// TestGrafanaProvisioning checks that Grafana gets Prometheus as its default
+// data source and loads the dashboard from where compose.yaml mounts it.
+func TestGrafanaProvisioning(t *testing.T) {
+	grafana := service(t, loadProject(t), "grafana")
+	var dashboard string
+	for _, v := range grafana.Volumes {
+		if filepath.Base(v.Source) == "duet-dashboard.json" {
+			dashboard = v.Target
+			if want, _ := filepath.Abs("../grafana/duet-dashboard.json"); v.Source != want {
+				t.Errorf("dashboard mounted from %s, want %s", v.Source, want)
+			}
+		}
+	}
+	if dashboard == "" {
+		t.Fatal("grafana: duet-dashboard.json is not mounted")
+	}
+	if got := grafana.Environment["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]; got == nil || *got != dashboard {
+		t.Errorf("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH = %v, want %s", got, dashboard)
+	}
+	if got := mountSource(grafana, "/etc/grafana/provisioning"); got == "" {
+		t.Error("grafana: the provisioning directory is not mounted at /etc/grafana/provisioning")
+	}
+
+	var providers struct {
+		Providers []struct {
+			Type    string
+			Options struct{ Path string }
+		}
+	}
+	readYAML(t, "grafana/provisioning/dashboards/duet.yaml", &providers)
+	if len(providers.Providers) != 1 || providers.Providers[0].Type != "file" || providers.Providers[0].Options.Path != filepath.Dir(dashboard) {
+		t.Errorf("dashboard providers %+v: want one file provider of %s", providers.Providers, filepath.Dir(dashboard))
+	}
+
+	var sources struct {
+		Datasources []struct {
+			Type, URL string
+			IsDefault bool `yaml:"isDefault"`
+		}
+	}
+	readYAML(t, "grafana/provisioning/datasources/prometheus.yaml", &sources)
+	want := "http://" + hostPort("prometheus", prometheusPort)
+	if len(sources.Datasources) != 1 || sources.Datasources[0].Type != "prometheus" || sources.Datasources[0].URL != want || !sources.Datasources[0].IsDefault {
+		t.Errorf("datasources %+v: want one default prometheus at %s", sources.Datasources, want)
+	}
+}
+
+// readYAML decodes the YAML file at path into v.
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
