@@ -228,7 +228,7 @@ func analyze(expr string) ([]use, []string, error) {
 			}
 		}
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName {
+			if m.Name == model.MetricNameLabel {
 				continue
 			}
 			u.labels = append(u.labels, m.Name)
