@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/legs"
 	"github.com/duet-router/duet/scheduler"
@@ -99,7 +100,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	feedback := registerFeedback(ctx, gs, fanout{schedulerFeedback(sched.Complete), tracker}, feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
-	admin := &http.Server{Handler: adminMux(reg, sched, &stopping), ReadHeaderTimeout: 5 * time.Second}
+	mux := adminMux(reg, sched, &stopping)
+	status.New(sched, status.Options{Version: version}).Register(mux) // GET /status, /status.json
+	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	admin.Handler = withFeedbackDebug(admin.Handler, feedback)
 
 	runCtx, cancel := context.WithCancel(ctx)

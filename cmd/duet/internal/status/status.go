@@ -1,0 +1,453 @@
+// Package status serves duet's live status page on the admin port:
+// GET /status, a self-contained HTML page (inline CSS and JavaScript, no
+// external resource), which polls GET /status.json, the scheduler's state
+// per endpoint and DP rank, the balance of each role and the recent
+// decisions. docs/status-page.md describes the page and the JSON.
+package status
+
+import (
+	_ "embed"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+// Source is the state the page shows; *scheduler.Scheduler implements it.
+type Source interface {
+	Status() scheduler.Status
+}
+
+// DefaultRateWindow is the window of the pick rates when Options.RateWindow
+// is zero.
+const DefaultRateWindow = 5 * time.Second
+
+// Options configure a Handler.
+type Options struct {
+	// Version is shown on the page; empty shows none.
+	Version string
+	// RateWindow is the span over which picks per second are averaged
+	// (default DefaultRateWindow).
+	RateWindow time.Duration
+}
+
+// Handler serves the status page and its JSON. It keeps the pick counts of
+// the last RateWindow, sampled when /status.json is fetched, to turn them
+// into rates; the first fetch after an idle window has no rates yet.
+type Handler struct {
+	src     Source
+	version string
+	window  time.Duration
+
+	mu      sync.Mutex
+	samples []sample // oldest first, spanning at most window
+}
+
+// sample is the cumulative pick count of every target at one instant.
+type sample struct {
+	at    time.Time
+	picks map[targetID]uint64
+}
+
+// targetID names a target across snapshots: endpoint URLs are unique
+// across roles.
+type targetID struct {
+	url  string
+	rank int
+}
+
+// New returns a Handler that shows src.
+func New(src Source, opts Options) *Handler {
+	if opts.RateWindow <= 0 {
+		opts.RateWindow = DefaultRateWindow
+	}
+	return &Handler{src: src, version: opts.Version, window: opts.RateWindow}
+}
+
+// Register adds GET /status and GET /status.json to mux.
+func (h *Handler) Register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /status", h.servePage)
+	mux.HandleFunc("GET /status.json", h.serveJSON)
+}
+
+//go:embed page.html
+var page []byte
+
+func (h *Handler) servePage(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	// The page loads nothing from anywhere: not even from duet.
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:")
+	_, _ = w.Write(page)
+}
+
+func (h *Handler) serveJSON(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(h.Page())
+}
+
+// Page is the document GET /status.json serves.
+type Page struct {
+	// Time is when the scheduler's state was read.
+	Time time.Time `json:"time"`
+	// Version is duet's version, when known.
+	Version string `json:"version,omitempty"`
+	// Ready is what /readyz reports about the scheduler.
+	Ready bool `json:"ready"`
+	// Mode is "pd" (a prefill pool is configured) or "aggregated".
+	Mode string `json:"mode"`
+	// EngineRanks reports that engines, not duet, choose DP ranks.
+	EngineRanks bool `json:"engine_ranks"`
+	// RateWindowSeconds is the span over which pick rates are averaged.
+	RateWindowSeconds float64 `json:"rate_window_seconds"`
+	// Reservations counts the requests in duet's reservation ledger.
+	Reservations int `json:"reservations"`
+	// Roles summarizes each pool: prefill (PD mode only), then decode.
+	Roles []Role `json:"roles"`
+	// Endpoints lists every configured endpoint with its ranks.
+	Endpoints []Endpoint `json:"endpoints"`
+	// Decisions are the latest picks, newest first.
+	Decisions []Decision `json:"decisions"`
+}
+
+// Role is one pool's summary and balance.
+type Role struct {
+	// Role is "prefill" or "decode".
+	Role string `json:"role"`
+	// Policy is the pool's policy.
+	Policy string `json:"policy"`
+	// Endpoints and ReadyEndpoints count the pool's endpoints.
+	Endpoints      int `json:"endpoints"`
+	ReadyEndpoints int `json:"ready_endpoints"`
+	// Ranks counts the schedulable targets; PickableRanks those that are
+	// neither ejected nor on an ejected endpoint.
+	Ranks         int `json:"ranks"`
+	PickableRanks int `json:"pickable_ranks"`
+	// Tokens is the pool's total token load (scraped plus reserved).
+	Tokens int64 `json:"tokens"`
+	// TokenImbalance is max/mean of the token load over the pickable
+	// ranks: 1 is perfectly balanced. Null when the pool is idle.
+	TokenImbalance *float64 `json:"token_imbalance"`
+	// PicksPerSecond is the pool's pick rate over the rate window; null
+	// until two samples span some time.
+	PicksPerSecond *float64 `json:"picks_per_second"`
+	// PickImbalance is max/mean of the pick rates over the pickable
+	// ranks; null without rates or picks.
+	PickImbalance *float64 `json:"pick_imbalance"`
+}
+
+// Endpoint is one engine.
+type Endpoint struct {
+	Role    string `json:"role"`
+	URL     string `json:"url"`
+	Address string `json:"address"`
+	// Ready reports whether discovery made the endpoint schedulable.
+	Ready bool `json:"ready"`
+	// DPSize is the data-parallel size; 0 while unknown.
+	DPSize int `json:"dp_size"`
+	// BootstrapPort is a prefill engine's bootstrap port; 0 for decode.
+	BootstrapPort int `json:"bootstrap_port"`
+	// Source names where DPSize and BootstrapPort came from.
+	Source string `json:"source"`
+	// LastError is the last discovery error, if any.
+	LastError string `json:"last_error,omitempty"`
+	// Health is the endpoint's own health (all its ranks).
+	Health Health `json:"health"`
+	// Ranks are the endpoint's targets, in rank order.
+	Ranks []Rank `json:"ranks"`
+}
+
+// Health is one health record.
+type Health struct {
+	// State is "healthy", "ejected" or "half_open".
+	State string `json:"state"`
+	// Reason is the ejection's reason while not healthy.
+	Reason string `json:"reason,omitempty"`
+	// Until is when an ejection ends.
+	Until *time.Time `json:"until,omitempty"`
+	// Ejections counts the ejections in a row without a recovery.
+	Ejections int `json:"ejections,omitempty"`
+}
+
+// Rank is one (endpoint, DP rank) target.
+type Rank struct {
+	// Rank is the DP rank; null when the engine picks it.
+	Rank *int `json:"rank"`
+	// Target is the target's name, e.g. "127.0.0.1:30001/dp1".
+	Target string `json:"target"`
+	// Health is the target's own health.
+	Health Health `json:"health"`
+	// Pickable reports that neither the target nor its endpoint is ejected.
+	Pickable bool `json:"pickable"`
+	// Tokens is the load policies compare: ScrapedTokens + ReservedTokens.
+	Tokens int64 `json:"tokens"`
+	// ScrapedTokens is what the engine last reported (0 when stale).
+	ScrapedTokens int64 `json:"scraped_tokens"`
+	// ReservedTokens is what duet reserved since the last scrape.
+	ReservedTokens int64 `json:"reserved_tokens"`
+	// CapacityTokens is the rank's KV capacity; 0 when unknown.
+	CapacityTokens int64 `json:"capacity_tokens"`
+	// Running and Waiting are the engine-reported request counts.
+	Running int `json:"running"`
+	Waiting int `json:"waiting"`
+	// LoadFresh reports that a recent scrape backs the scraped numbers.
+	LoadFresh bool `json:"load_fresh"`
+	// LoadAgeSeconds is the age of the last successful scrape; null
+	// before the first.
+	LoadAgeSeconds *float64 `json:"load_age_seconds"`
+	// Picks counts the requests sent to the target since it became
+	// schedulable.
+	Picks uint64 `json:"picks"`
+	// PicksPerSecond is the pick rate over the rate window; null until two
+	// samples span some time.
+	PicksPerSecond *float64 `json:"picks_per_second"`
+	// PrefixBlocks is the size of the target's prefix-index entry, in
+	// prompt blocks.
+	PrefixBlocks int `json:"prefix_blocks"`
+}
+
+// Decision is one recent pick.
+type Decision struct {
+	Time time.Time `json:"time"`
+	// RequestID is duet's request id (x-duet-request-id).
+	RequestID string `json:"request_id"`
+	// Path is the request's path without its query.
+	Path  string `json:"path"`
+	Model string `json:"model,omitempty"`
+	// Prefill and Decode are the choices; null when not made.
+	Prefill *Choice `json:"prefill"`
+	Decode  *Choice `json:"decode"`
+	// Error is why the pick failed.
+	Error string `json:"error,omitempty"`
+}
+
+// Choice is one role's part of a decision: where, and why.
+type Choice struct {
+	Target string `json:"target"`
+	URL    string `json:"url"`
+	// Rank is the chosen rank; null when the engine picks it.
+	Rank   *int   `json:"rank"`
+	Policy string `json:"policy"`
+	// Candidates is how many ranks the policy chose among.
+	Candidates int `json:"candidates"`
+	// LoadTokens is the chosen rank's load when the policy ran.
+	LoadTokens int64 `json:"load_tokens"`
+	// Prefix is the share of the prompt the prefix index believed cached
+	// on the chosen rank (0 to 1).
+	Prefix float64 `json:"prefix"`
+	// Tokens is what duet reserved there for the request.
+	Tokens int64 `json:"tokens"`
+}
+
+// Page reads the scheduler's state and builds the document.
+func (h *Handler) Page() Page {
+	st := h.src.Status()
+	p := Page{
+		Time:              st.At,
+		Version:           h.version,
+		Ready:             st.Ready,
+		Mode:              "aggregated",
+		EngineRanks:       st.EngineRanks,
+		RateWindowSeconds: h.window.Seconds(),
+		Reservations:      st.Reservations,
+		Endpoints:         make([]Endpoint, 0, len(st.Endpoints)),
+		Decisions:         make([]Decision, 0, len(st.Decisions)),
+	}
+	if st.PD {
+		p.Mode = "pd"
+	}
+	rates := h.rates(st)
+	for _, es := range st.Endpoints {
+		p.Endpoints = append(p.Endpoints, endpointOf(es, st.At, rates))
+	}
+	if st.PD {
+		p.Roles = append(p.Roles, roleOf(scheduler.RolePrefill, st.PrefillPolicy, p.Endpoints))
+	}
+	p.Roles = append(p.Roles, roleOf(scheduler.RoleDecode, st.DecodePolicy, p.Endpoints))
+	for _, d := range st.Decisions {
+		p.Decisions = append(p.Decisions, decisionOf(d))
+	}
+	return p
+}
+
+// rates records st's pick counts and returns each target's pick rate over
+// the window, against the oldest sample in it that knows the target. A
+// target no earlier sample knows has no rate yet.
+func (h *Handler) rates(st scheduler.Status) map[targetID]float64 {
+	cur := sample{at: st.At, picks: map[targetID]uint64{}}
+	for _, es := range st.Endpoints {
+		for _, t := range es.Targets {
+			cur.picks[targetID{es.Endpoint.URL, t.Rank}] = t.Picks
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// Forget samples out of the window, and all of them if the clock went
+	// back.
+	keep := 0
+	for keep < len(h.samples) && st.At.Sub(h.samples[keep].at) > h.window {
+		keep++
+	}
+	h.samples = h.samples[keep:]
+	if n := len(h.samples); n > 0 && h.samples[n-1].at.After(st.At) {
+		h.samples = nil
+	}
+	out := make(map[targetID]float64, len(cur.picks))
+	for id, n := range cur.picks {
+		// Against the oldest sample that has the target with a count not
+		// above the current one (a target that left and came back starts
+		// over from zero).
+		for _, base := range h.samples {
+			b, ok := base.picks[id]
+			if dt := st.At.Sub(base.at).Seconds(); ok && n >= b && dt > 0 {
+				out[id] = float64(n-b) / dt
+				break
+			}
+		}
+	}
+	// Keep at most about ten samples per window, however often the page is
+	// fetched.
+	if n := len(h.samples); n == 0 || st.At.Sub(h.samples[n-1].at) >= h.window/10 {
+		h.samples = append(h.samples, cur)
+	}
+	return out
+}
+
+// endpointOf converts one endpoint's status.
+func endpointOf(es scheduler.EndpointStatus, now time.Time, rates map[targetID]float64) Endpoint {
+	ep := es.Endpoint
+	e := Endpoint{
+		Role: string(ep.Role), URL: ep.URL, Address: ep.Address, Ready: ep.Ready,
+		DPSize: ep.DPSize, BootstrapPort: ep.BootstrapPort, Source: ep.Source, LastError: ep.LastError,
+		Health: healthOf(es.Health),
+		Ranks:  make([]Rank, 0, len(es.Targets)),
+	}
+	if ep.Role != scheduler.RolePrefill {
+		e.BootstrapPort = 0
+	}
+	for _, t := range es.Targets {
+		r := Rank{
+			Rank:           rankOf(t.Rank),
+			Target:         t.Name,
+			Health:         healthOf(t.Health),
+			Pickable:       t.Health.State != scheduler.HealthEjected && es.Health.State != scheduler.HealthEjected,
+			Tokens:         t.Load.Tokens,
+			ScrapedTokens:  t.Load.Tokens - t.Load.Reserved,
+			ReservedTokens: t.Load.Reserved,
+			CapacityTokens: t.Load.Capacity,
+			Running:        t.Load.Running,
+			Waiting:        t.Load.Waiting,
+			LoadFresh:      t.Load.Fresh,
+			Picks:          t.Picks,
+			PrefixBlocks:   t.PrefixBlocks,
+		}
+		if !t.ScrapedAt.IsZero() {
+			age := max(now.Sub(t.ScrapedAt).Seconds(), 0)
+			r.LoadAgeSeconds = &age
+		}
+		if rate, ok := rates[targetID{ep.URL, t.Rank}]; ok {
+			r.PicksPerSecond = &rate
+		}
+		e.Ranks = append(e.Ranks, r)
+	}
+	return e
+}
+
+// roleOf summarizes role's endpoints among eps.
+func roleOf(role scheduler.Role, policy string, eps []Endpoint) Role {
+	r := Role{Role: string(role), Policy: policy}
+	var tokens, rates []float64
+	var rateSum float64
+	rated := false
+	for _, e := range eps {
+		if e.Role != string(role) {
+			continue
+		}
+		r.Endpoints++
+		if e.Ready {
+			r.ReadyEndpoints++
+		}
+		for _, rk := range e.Ranks {
+			r.Ranks++
+			r.Tokens += rk.Tokens
+			if rk.PicksPerSecond != nil {
+				rated = true
+				rateSum += *rk.PicksPerSecond
+			}
+			if !rk.Pickable {
+				continue
+			}
+			r.PickableRanks++
+			tokens = append(tokens, float64(rk.Tokens))
+			if rk.PicksPerSecond != nil {
+				rates = append(rates, *rk.PicksPerSecond)
+			}
+		}
+	}
+	r.TokenImbalance = imbalance(tokens)
+	if rated {
+		r.PicksPerSecond = &rateSum
+		r.PickImbalance = imbalance(rates)
+	}
+	return r
+}
+
+// imbalance returns max/mean of xs, or nil when xs is empty or all zero.
+func imbalance(xs []float64) *float64 {
+	var sum, hi float64
+	for _, x := range xs {
+		sum += x
+		hi = max(hi, x)
+	}
+	if sum <= 0 {
+		return nil
+	}
+	v := hi / (sum / float64(len(xs)))
+	return &v
+}
+
+// healthOf converts a health record.
+func healthOf(hs scheduler.HealthStatus) Health {
+	h := Health{State: hs.State, Reason: hs.Reason, Ejections: hs.Ejections}
+	if !hs.Until.IsZero() {
+		until := hs.Until
+		h.Until = &until
+	}
+	return h
+}
+
+// rankOf returns rank, or nil for NoRank.
+func rankOf(rank int) *int {
+	if rank == scheduler.NoRank {
+		return nil
+	}
+	return &rank
+}
+
+// decisionOf converts one decision. The path loses its query: it may carry
+// what a client would not want shown.
+func decisionOf(d scheduler.DecisionStatus) Decision {
+	path := d.Path
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	return Decision{
+		Time: d.At, RequestID: d.RequestID, Path: path, Model: d.Model,
+		Prefill: choiceOf(d.Prefill), Decode: choiceOf(d.Decode), Error: d.Err,
+	}
+}
+
+// choiceOf converts one role's choice; nil stays nil.
+func choiceOf(c *scheduler.ChoiceStatus) *Choice {
+	if c == nil {
+		return nil
+	}
+	return &Choice{
+		Target: c.Target, URL: c.URL, Rank: rankOf(c.Rank), Policy: c.Policy,
+		Candidates: c.Candidates, LoadTokens: c.LoadTokens, Prefix: c.Prefix, Tokens: c.Tokens,
+	}
+}

@@ -1,0 +1,346 @@
+package status
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/scheduler"
+)
+
+// fakeSource returns the status it holds.
+type fakeSource struct {
+	mu sync.Mutex
+	st scheduler.Status
+}
+
+func (f *fakeSource) Status() scheduler.Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.st
+}
+
+func (f *fakeSource) set(st scheduler.Status) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.st = st
+}
+
+var t0 = time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+
+func healthy() scheduler.HealthStatus { return scheduler.HealthStatus{State: scheduler.HealthHealthy} }
+
+// target builds a target's status with the given tokens and picks.
+func target(name string, rank int, scraped, reserved int64, picks uint64) scheduler.TargetStatus {
+	return scheduler.TargetStatus{
+		Rank: rank, Name: name, Health: healthy(), Picks: picks, PrefixBlocks: int(picks) * 3,
+		Load:      scheduler.Load{Tokens: scraped + reserved, Reserved: reserved, Capacity: 100000, Running: 1, Waiting: 2, Fresh: true},
+		ScrapedAt: t0.Add(-500 * time.Millisecond),
+	}
+}
+
+// pdStatus is a PD scheduler's status: one prefill engine (dp 2), two
+// decode engines (dp 2 and dp 1).
+func pdStatus() scheduler.Status {
+	return scheduler.Status{
+		At: t0, Ready: true, PD: true, PrefillPolicy: "round_robin", DecodePolicy: "least_tokens", Reservations: 3,
+		Endpoints: []scheduler.EndpointStatus{
+			{
+				Endpoint: scheduler.Endpoint{Role: scheduler.RolePrefill, URL: "http://p:1", Address: "10.0.0.1:1", BootstrapPort: 8998, DPSize: 2, Source: "server_info", Ready: true},
+				Health:   healthy(),
+				Targets:  []scheduler.TargetStatus{target("10.0.0.1:1/dp0", 0, 100, 50, 4), target("10.0.0.1:1/dp1", 1, 100, 50, 4)},
+			},
+			{
+				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:1", Address: "10.0.1.1:1", BootstrapPort: 8998, DPSize: 2, Source: "server_info", Ready: true},
+				Health:   healthy(),
+				Targets:  []scheduler.TargetStatus{target("10.0.1.1:1/dp0", 0, 300, 0, 2), target("10.0.1.1:1/dp1", 1, 100, 0, 2)},
+			},
+			{
+				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:2", Address: "10.0.1.2:1", DPSize: 1, Source: "config", Ready: true},
+				Health:   healthy(),
+				Targets:  []scheduler.TargetStatus{target("10.0.1.2:1/dp-", scheduler.NoRank, 200, 0, 4)},
+			},
+		},
+		Decisions: []scheduler.DecisionStatus{
+			{
+				At: t0, RequestID: "r2", Path: "/v1/chat/completions?api_key=secret", Model: "m",
+				Prefill: &scheduler.ChoiceStatus{URL: "http://p:1", Target: "10.0.0.1:1/dp1", Rank: 1, Policy: "round_robin", Candidates: 2, LoadTokens: 10, Tokens: 50},
+				Decode:  &scheduler.ChoiceStatus{URL: "http://d:2", Target: "10.0.1.2:1/dp-", Rank: scheduler.NoRank, Policy: "least_tokens", Candidates: 3, LoadTokens: 20, Prefix: 0.5, Tokens: 306},
+			},
+			{At: t0.Add(-time.Second), RequestID: "r1", Path: "/generate", Err: "scheduler: pick decode: no ready endpoint"},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestPage(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*scheduler.Status)
+		check  func(t *testing.T, p Page)
+	}{
+		{"modes and roles", nil, func(t *testing.T, p Page) {
+			if p.Mode != "pd" || !p.Ready || p.Version != "v1" || p.Reservations != 3 || p.RateWindowSeconds != 5 || !p.Time.Equal(t0) {
+				t.Errorf("header = %+v", p)
+			}
+			want := []Role{
+				{Role: "prefill", Policy: "round_robin", Endpoints: 1, ReadyEndpoints: 1, Ranks: 2, PickableRanks: 2, Tokens: 300, TokenImbalance: ptr(1.0)},
+				{Role: "decode", Policy: "least_tokens", Endpoints: 2, ReadyEndpoints: 2, Ranks: 3, PickableRanks: 3, Tokens: 600, TokenImbalance: ptr(1.5)},
+			}
+			if got, _ := json.Marshal(p.Roles); string(got) != mustJSON(t, want) {
+				t.Errorf("roles = %s, want %s", got, mustJSON(t, want))
+			}
+		}},
+		{"ranks", nil, func(t *testing.T, p Page) {
+			if len(p.Endpoints) != 3 {
+				t.Fatalf("%d endpoints", len(p.Endpoints))
+			}
+			pre, dec := p.Endpoints[0], p.Endpoints[2]
+			if pre.BootstrapPort != 8998 || pre.DPSize != 2 || pre.Address != "10.0.0.1:1" || pre.Source != "server_info" || pre.Health.State != "healthy" {
+				t.Errorf("prefill endpoint = %+v", pre)
+			}
+			if p.Endpoints[1].BootstrapPort != 0 {
+				t.Errorf("decode endpoint shows bootstrap port %d", p.Endpoints[1].BootstrapPort)
+			}
+			r := pre.Ranks[1]
+			if *r.Rank != 1 || r.Target != "10.0.0.1:1/dp1" || r.Tokens != 150 || r.ScrapedTokens != 100 || r.ReservedTokens != 50 ||
+				r.CapacityTokens != 100000 || r.Running != 1 || r.Waiting != 2 || !r.LoadFresh || *r.LoadAgeSeconds != 0.5 ||
+				r.Picks != 4 || r.PrefixBlocks != 12 || !r.Pickable || r.PicksPerSecond != nil {
+				t.Errorf("prefill rank 1 = %+v", r)
+			}
+			if dec.Ranks[0].Rank != nil {
+				t.Errorf("a single-rank decode engine shows rank %d", *dec.Ranks[0].Rank)
+			}
+		}},
+		{"decisions", nil, func(t *testing.T, p Page) {
+			want := `[{"time":"2026-11-23T12:00:00Z","request_id":"r2","path":"/v1/chat/completions","model":"m",` +
+				`"prefill":{"target":"10.0.0.1:1/dp1","url":"http://p:1","rank":1,"policy":"round_robin","candidates":2,"load_tokens":10,"prefix":0,"tokens":50},` +
+				`"decode":{"target":"10.0.1.2:1/dp-","url":"http://d:2","rank":null,"policy":"least_tokens","candidates":3,"load_tokens":20,"prefix":0.5,"tokens":306}},` +
+				`{"time":"2026-11-23T11:59:59Z","request_id":"r1","path":"/generate","prefill":null,"decode":null,"error":"scheduler: pick decode: no ready endpoint"}]`
+			if got, _ := json.Marshal(p.Decisions); string(got) != want {
+				t.Errorf("decisions = %s\nwant %s", got, want)
+			}
+		}},
+		{"ejected ranks leave the balance", func(st *scheduler.Status) {
+			until := t0.Add(30 * time.Second)
+			st.Endpoints[1].Targets[0].Health = scheduler.HealthStatus{State: scheduler.HealthEjected, Reason: scheduler.ReasonFailures, Until: until, Ejections: 1}
+		}, func(t *testing.T, p Page) {
+			r := p.Endpoints[1].Ranks[0]
+			if r.Pickable || r.Health.State != "ejected" || r.Health.Reason != "failures" || !r.Health.Until.Equal(t0.Add(30*time.Second)) || r.Health.Ejections != 1 {
+				t.Errorf("ejected rank = %+v", r)
+			}
+			d := p.Roles[1]
+			if d.PickableRanks != 2 || d.Tokens != 600 || *d.TokenImbalance != 200.0/150 {
+				t.Errorf("decode role = %+v (imbalance %v), want 2 pickable ranks, imbalance 200/150", d, *d.TokenImbalance)
+			}
+		}},
+		{"an ejected endpoint makes its ranks unpickable", func(st *scheduler.Status) {
+			st.Endpoints[0].Health = scheduler.HealthStatus{State: scheduler.HealthEjected, Reason: scheduler.ReasonProbe, Until: t0.Add(time.Second)}
+		}, func(t *testing.T, p Page) {
+			if p.Endpoints[0].Ranks[0].Pickable || p.Endpoints[0].Ranks[1].Pickable || p.Roles[0].PickableRanks != 0 || p.Roles[0].TokenImbalance != nil {
+				t.Errorf("prefill role = %+v, ranks %+v", p.Roles[0], p.Endpoints[0].Ranks)
+			}
+		}},
+		{"aggregated and idle", func(st *scheduler.Status) {
+			st.PD, st.PrefillPolicy = false, ""
+			st.Endpoints = st.Endpoints[1:]
+			for i := range st.Endpoints {
+				for j := range st.Endpoints[i].Targets {
+					st.Endpoints[i].Targets[j].Load = scheduler.Load{}
+					st.Endpoints[i].Targets[j].ScrapedAt = time.Time{}
+				}
+			}
+		}, func(t *testing.T, p Page) {
+			if p.Mode != "aggregated" || len(p.Roles) != 1 || p.Roles[0].Role != "decode" || p.Roles[0].TokenImbalance != nil {
+				t.Errorf("page = %+v", p)
+			}
+			if r := p.Endpoints[0].Ranks[0]; r.LoadAgeSeconds != nil || r.LoadFresh {
+				t.Errorf("never-scraped rank = %+v", r)
+			}
+		}},
+		{"a not-ready endpoint has no ranks", func(st *scheduler.Status) {
+			st.Endpoints[2].Endpoint.Ready, st.Endpoints[2].Endpoint.LastError = false, "connection refused"
+			st.Endpoints[2].Targets = nil
+		}, func(t *testing.T, p Page) {
+			e := p.Endpoints[2]
+			if e.Ready || e.LastError != "connection refused" || e.Ranks == nil || len(e.Ranks) != 0 || p.Roles[1].ReadyEndpoints != 1 || p.Roles[1].Ranks != 2 {
+				t.Errorf("endpoint = %+v, decode role = %+v", e, p.Roles[1])
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := pdStatus()
+			if tt.modify != nil {
+				tt.modify(&st)
+			}
+			h := New(&fakeSource{st: st}, Options{Version: "v1"})
+			tt.check(t, h.Page())
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestRates follows one target's pick rate over a sequence of fetches.
+func TestRates(t *testing.T) {
+	steps := []struct {
+		name  string
+		at    time.Duration // since t0
+		picks uint64
+		want  *float64 // the target's picks per second
+	}{
+		{"first fetch: no rate yet", 0, 10, nil},
+		{"one second later", time.Second, 20, ptr(10.0)},
+		{"against the oldest sample in the window", 4 * time.Second, 50, ptr(10.0)},
+		{"older samples leave the window", 6 * time.Second, 50, ptr(30.0 / 5)}, // base: the sample at 1s
+		{"a counter that went down has no rate", 7 * time.Second, 3, nil},
+		{"it has one again from the next sample", 8 * time.Second, 7, ptr(4.0)},
+		{"until older samples leave the window", 13 * time.Second, 7, ptr(0.0)},
+		{"the clock went back: start over", 2 * time.Second, 9, nil},
+		{"and go on", 3 * time.Second, 11, ptr(2.0)},
+	}
+	src := &fakeSource{}
+	h := New(src, Options{RateWindow: 5 * time.Second})
+	for _, s := range steps {
+		st := pdStatus()
+		st.At = t0.Add(s.at)
+		st.Endpoints[2].Targets[0].Picks = s.picks
+		src.set(st)
+		p := h.Page()
+		got := p.Endpoints[2].Ranks[0].PicksPerSecond
+		switch {
+		case (got == nil) != (s.want == nil):
+			t.Fatalf("%s: rate = %v, want %v", s.name, deref(got), deref(s.want))
+		case got != nil && *got != *s.want:
+			t.Fatalf("%s: rate = %v, want %v", s.name, *got, *s.want)
+		}
+		// The other targets' counts never change: their rates are 0 once known.
+		if got != nil && (p.Roles[1].PicksPerSecond == nil || *p.Roles[1].PicksPerSecond != *got || *p.Roles[0].PicksPerSecond != 0) {
+			t.Fatalf("%s: role rates = %v, %v", s.name, deref(p.Roles[0].PicksPerSecond), deref(p.Roles[1].PicksPerSecond))
+		}
+	}
+	if n := len(h.samples); n > 11 {
+		t.Errorf("%d samples kept", n)
+	}
+}
+
+func deref(p *float64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestPickImbalance(t *testing.T) {
+	src := &fakeSource{}
+	h := New(src, Options{})
+	st := pdStatus()
+	src.set(st)
+	h.Page()
+	// One second later the decode ranks took 6, 2 and 4 picks.
+	st.At = t0.Add(time.Second)
+	for i, n := range []uint64{6, 2} {
+		st.Endpoints[1].Targets[i].Picks += n
+	}
+	st.Endpoints[2].Targets[0].Picks += 4
+	src.set(st)
+	d := h.Page().Roles[1]
+	if d.PicksPerSecond == nil || *d.PicksPerSecond != 12 || d.PickImbalance == nil || *d.PickImbalance != 1.5 {
+		t.Errorf("decode role = %+v, want 12 picks/s, pick imbalance 1.5", d)
+	}
+}
+
+func TestImbalance(t *testing.T) {
+	tests := []struct {
+		xs   []float64
+		want *float64
+	}{
+		{nil, nil},
+		{[]float64{0, 0}, nil},
+		{[]float64{5}, ptr(1.0)},
+		{[]float64{2, 2, 2}, ptr(1.0)},
+		{[]float64{3, 1}, ptr(1.5)},
+		{[]float64{4, 0, 0, 0}, ptr(4.0)},
+	}
+	for _, tt := range tests {
+		got := imbalance(tt.xs)
+		if (got == nil) != (tt.want == nil) || (got != nil && *got != *tt.want) {
+			t.Errorf("imbalance(%v) = %v, want %v", tt.xs, deref(got), deref(tt.want))
+		}
+	}
+}
+
+func TestHandler(t *testing.T) {
+	mux := http.NewServeMux()
+	New(&fakeSource{st: pdStatus()}, Options{Version: "v1"}).Register(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	tests := []struct {
+		method, path string
+		status       int
+		contentType  string
+		check        func(t *testing.T, body string)
+	}{
+		{"GET", "/status", 200, "text/html; charset=utf-8", func(t *testing.T, body string) {
+			for _, want := range []string{"<title>duet status</title>", `fetch("status.json"`, "setTimeout(poll, 1000)"} {
+				if !strings.Contains(body, want) {
+					t.Errorf("page lacks %q", want)
+				}
+			}
+			// Self-contained: no external script, style sheet, image or font.
+			if m := regexp.MustCompile(`(?i)(src|href)\s*=|@import|url\(|https?://`).FindString(body); m != "" {
+				t.Errorf("page references an external resource: %q", m)
+			}
+		}},
+		{"GET", "/status.json", 200, "application/json", func(t *testing.T, body string) {
+			var p Page
+			if err := json.Unmarshal([]byte(body), &p); err != nil {
+				t.Fatal(err)
+			}
+			if p.Mode != "pd" || len(p.Endpoints) != 3 || len(p.Decisions) != 2 || len(p.Roles) != 2 {
+				t.Errorf("status.json = %s", body)
+			}
+		}},
+		{"POST", "/status.json", 405, "", nil},
+		{"GET", "/status/", 404, "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			req, err := http.NewRequest(tt.method, srv.URL+tt.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tt.status, body)
+			}
+			if tt.contentType != "" && resp.Header.Get("Content-Type") != tt.contentType {
+				t.Errorf("content type %q, want %q", resp.Header.Get("Content-Type"), tt.contentType)
+			}
+			if tt.check != nil {
+				tt.check(t, string(body))
+			}
+		})
+	}
+}
