@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image"
 	"image/png"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,7 +22,9 @@ import (
 	"github.com/duet-router/duet/e2e/harness"
 )
 
-// screenshotPath is where TestStatusPage saves the page (gitignored).
+// screenshotPath is where TestStatusPage saves the page under load
+// (gitignored); the page with an engine ejected goes next to it, as
+// status-page-ejected.png.
 const screenshotPath = "../.artifacts/status-page.png"
 
 // chromium returns the path of a headless-capable Chromium or Chrome:
@@ -54,8 +57,11 @@ type statusJSON struct {
 		PicksPerSecond *float64 `json:"picks_per_second"`
 	} `json:"roles"`
 	Endpoints []struct {
-		Role          string     `json:"role"`
-		URL           string     `json:"url"`
+		Role   string `json:"role"`
+		URL    string `json:"url"`
+		Health struct {
+			State string `json:"state"`
+		} `json:"health"`
 		Address       string     `json:"address"`
 		DPSize        int        `json:"dp_size"`
 		BootstrapPort int        `json:"bootstrap_port"`
@@ -142,7 +148,8 @@ const readView = `(() => {
 // rates, decisions), checks the DOM against the JSON it was rendered from,
 // checks a screenshot's pixels where the DOM says the rank bars are, and
 // once the traffic stopped, checks the page against a /status.json of its
-// own.
+// own. Then a decode engine dies (the page shows it ejected), and duet
+// stops (the page says it lost the connection).
 func TestStatusPage(t *testing.T) {
 	browser := chromium(t)
 	s := startStack(t, harness.Options{
@@ -163,7 +170,7 @@ func TestStatusPage(t *testing.T) {
 	for c := range 8 {
 		clients.Go(func() {
 			for i := 0; load.Err() == nil; i++ {
-				harness.Chat(load, httpClient, s.EnvoyURL, c*100000+i, true, 300)
+				statusChat(load, s.EnvoyURL, c*100000+i)
 			}
 		})
 	}
@@ -187,7 +194,7 @@ func TestStatusPage(t *testing.T) {
   if (!s || Number(document.body.dataset.updates) < 3 || document.querySelectorAll("tr.decision").length < 4) return false;
   const ranks = s.endpoints.flatMap(e => e.ranks);
   return s.roles.length === 2 && s.roles.every(r => r.picks_per_second > 0) &&
-    ranks.some(r => r.scraped_tokens > 0) && ranks.some(r => r.reserved_tokens > 0) &&
+    ranks.some(r => r.scraped_tokens > 0) && ranks.some(r => r.reserved_tokens > 0) && ranks.some(r => r.prefix_blocks > 0) &&
     ranks.filter(r => r.picks_per_second > 0).length >= 4;
 })()`
 	var view pageView
@@ -251,6 +258,69 @@ func TestStatusPage(t *testing.T) {
 	}
 	checkRendering(t, view)
 	checkAgainst(t, view, fetched)
+
+	// A decode engine dies: its failing scrapes and legs eject it, and the
+	// page shows it ejected and its ranks out of the balance.
+	dead := s.Decode[1]
+	dead.Kill()
+	for i := range 4 {
+		harness.Chat(ctx, httpClient, s.EnvoyURL, 900000+i, false, 5)
+	}
+	ejected := fmt.Sprintf(`(() => {
+  const row = document.querySelector('tr.endpoint[data-url=%q]');
+  const ranks = [...document.querySelectorAll("#role-decode tr.rank")];
+  const stat = [...document.querySelectorAll("#role-decode .stat")].find(e => e.textContent.startsWith("pickable ranks"));
+  return row && row.classList.contains("ejected") && row.textContent.includes("ejected") &&
+    ranks.filter(r => r.classList.contains("ejected")).length === 2 &&
+    stat && stat.textContent.endsWith("2 / 4") && stat.querySelector(".value").classList.contains("bad");
+})()`, dead.URL)
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](ejected, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		v, _ := chromedp.Run(bctx, chromedp.Evaluate[pageView](readView))
+		t.Fatalf("the page never showed %s ejected: %v; endpoint rows %q", dead.URL, err, v.Endpoints)
+	}
+	if shot, err := chromedp.Run(bctx, chromedp.CaptureScreenshot()); err == nil {
+		_ = os.WriteFile(strings.Replace(screenshotPath, ".png", "-ejected.png", 1), shot, 0o644)
+	}
+	if err := getJSON(ctx, s.DuetAdminURL+"/status.json", &fetched); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range fetched.Endpoints {
+		if e.URL == dead.URL && e.Health.State != "ejected" {
+			t.Errorf("/status.json: %s health %+v while the page shows it ejected", e.URL, e.Health)
+		}
+	}
+
+	// duet goes away: the page says so instead of showing stale numbers as
+	// live.
+	if err := s.Duet.Stop(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const down = `document.getElementById("conn").className === "down" && document.getElementById("conn").textContent.startsWith("disconnected")`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](down, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Fatalf("the page did not report the lost connection: %v", err)
+	}
+}
+
+// systemPrompt is shared by the test's chats, so that the prefix index
+// fills and decisions show prefix matches.
+var systemPrompt = strings.Repeat("You are a concise assistant who explains disaggregated LLM serving. ", 8)
+
+// statusChat streams one 300-token chat with the shared system prompt and
+// reads the answer to its end (or until ctx ends).
+func statusChat(ctx context.Context, baseURL string, i int) {
+	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"system","content":%q},{"role":"user","content":"Question %d"}],"max_tokens":300,"stream":true}`,
+		systemPrompt, i)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
 }
 
 // checkRendering checks that the DOM shows the JSON the page rendered.
