@@ -186,14 +186,16 @@ func TestStatusPage(t *testing.T) {
 		t.Fatalf("open the page: %v", err)
 	}
 
-	// Live data: both roles have pick rates, some rank has scraped tokens
-	// and some reserved ones, and decisions are listed. The screenshot is
-	// kept only if no poll re-rendered the page while it was taken.
+	// Live data: both roles have pick rates, some rank has scraped tokens,
+	// some reserved ones and prefix blocks, each bar colour covers at least
+	// 10 px, and decisions are listed. The screenshot is kept only if no
+	// poll re-rendered the page while it was taken.
 	const live = `(() => {
   const s = window.duetStatus;
   if (!s || Number(document.body.dataset.updates) < 3 || document.querySelectorAll("tr.decision").length < 4) return false;
   const ranks = s.endpoints.flatMap(e => e.ranks);
-  return s.roles.length === 2 && s.roles.every(r => r.picks_per_second > 0) &&
+  const width = sel => [...document.querySelectorAll(sel)].reduce((w, e) => w + e.getBoundingClientRect().width, 0);
+  return width(".bar .scraped") >= 10 && width(".bar .reserved") >= 10 && width(".bar .rate") >= 10 && s.roles.length === 2 && s.roles.every(r => r.picks_per_second > 0) &&
     ranks.some(r => r.scraped_tokens > 0) && ranks.some(r => r.reserved_tokens > 0) && ranks.some(r => r.prefix_blocks > 0) &&
     ranks.filter(r => r.picks_per_second > 0).length >= 4;
 })()`
