@@ -15,10 +15,11 @@ import (
 var ErrModeChange = errors.New("PD and aggregated mode cannot change without a restart")
 
 // SetEndpoints replaces the configured endpoints of both roles, as New
-// validates them: at least one decode endpoint, valid URLs and sizes, no two
-// entries naming the same engine. The prefill list must stay empty or stay
-// non-empty: switching between PD and aggregated mode is an error wrapping
-// ErrModeChange. On any error nothing changes.
+// validates them: at least one decode endpoint (unless Config.EmptyPools),
+// valid URLs and sizes, no two entries naming the same engine. The prefill
+// list must stay empty or stay non-empty (with EmptyPools, a PD scheduler
+// accepts an empty one): switching between PD and aggregated mode is an
+// error wrapping ErrModeChange. On any error nothing changes.
 //
 // An endpoint is the same across the change when its role and its URL (as
 // in Endpoint.URL) are: it keeps its discovered state, its health record,
@@ -37,10 +38,11 @@ var ErrModeChange = errors.New("PD and aggregated mode cannot change without a r
 // retry, as at startup), only the context's if ctx ends. Each addition,
 // removal and change is logged at info level.
 func (s *Scheduler) SetEndpoints(ctx context.Context, prefill, decode []EndpointSpec) error {
-	if len(decode) == 0 {
+	if len(decode) == 0 && !s.emptyPools {
 		return errors.New("scheduler: no decode endpoint configured")
 	}
-	if pd := len(prefill) > 0; pd != s.pd {
+	// With EmptyPools an empty prefill list leaves PD mode as it is.
+	if pd := len(prefill) > 0; pd != s.pd && (pd || !s.emptyPools) {
 		return fmt.Errorf("scheduler: a prefill pool is configured: %v, was %v: %w", pd, s.pd, ErrModeChange)
 	}
 	fresh, err := newMembers(prefill, decode)

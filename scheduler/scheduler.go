@@ -36,8 +36,19 @@ type Config struct {
 	// prefill leg, the decode pool serves whole requests.
 	Prefill []EndpointSpec
 	// Decode lists the decode engines (or, in aggregated mode, the
-	// engines). At least one is required.
+	// engines). At least one is required, unless EmptyPools is set.
 	Decode []EndpointSpec
+	// EmptyPools lets New and SetEndpoints accept empty endpoint lists, for
+	// lists that service discovery fills and empties as engines come and go
+	// (see package scheduler/kubernetes). A role without endpoints has no
+	// target: Ready is false and Pick fails with ErrNoEndpoints until
+	// SetEndpoints lists some. Whether a prefill pool is configured then
+	// comes from PD, not from whether Prefill is empty.
+	EmptyPools bool
+	// PD, with EmptyPools, says that a prefill pool is configured: requests
+	// are served disaggregated even while the pool has no endpoint.
+	// Without EmptyPools it must be false.
+	PD bool
 	// PrefillPolicy is the prefill pool's policy; default round_robin.
 	PrefillPolicy PolicySpec
 	// DecodePolicy is the decode pool's policy; default round_robin.
@@ -135,6 +146,7 @@ type Scheduler struct {
 	prefillPolicy Policy
 	decodePolicy  Policy
 	pd            bool
+	emptyPools    bool // Config.EmptyPools
 
 	discoverMu sync.Mutex // serializes discovery rounds and SetEndpoints; guards members and their discovery state
 	members    []*member  // prefill first, then decode, in configuration order
@@ -173,17 +185,24 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	if len(cfg.Decode) == 0 {
+	if len(cfg.Decode) == 0 && !cfg.EmptyPools {
 		return nil, errors.New("scheduler: no decode endpoint configured")
 	}
+	if cfg.PD && !cfg.EmptyPools {
+		return nil, errors.New("scheduler: PD is set without EmptyPools (the prefill list says whether a prefill pool is configured)")
+	}
+	if cfg.EmptyPools && !cfg.PD && len(cfg.Prefill) > 0 {
+		return nil, errors.New("scheduler: prefill endpoints listed, but PD is not set")
+	}
 	s := &Scheduler{
-		log:      log,
-		client:   cfg.HTTPClient,
-		interval: cfg.DiscoveryInterval,
-		timeout:  cfg.DiscoveryTimeout,
-		pd:       len(cfg.Prefill) > 0,
-		onEject:  cfg.OnEject,
-		now:      time.Now,
+		log:        log,
+		client:     cfg.HTTPClient,
+		interval:   cfg.DiscoveryInterval,
+		timeout:    cfg.DiscoveryTimeout,
+		pd:         len(cfg.Prefill) > 0 || cfg.PD,
+		emptyPools: cfg.EmptyPools,
+		onEject:    cfg.OnEject,
+		now:        time.Now,
 	}
 	if s.client == nil {
 		s.client = &http.Client{}
