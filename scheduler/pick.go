@@ -69,8 +69,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	s.ledger.mu.Lock()
 	now := s.now()
 	// The decision is recorded for Status in place, under the pick lock.
-	rec := s.decisions.slot()
-	*rec = decisionEntry{at: now, id: id, path: req.Path, model: req.Model}
+	rec := s.decisions.record(now, id, req.Path, req.Model)
 	fail := func(err error) (Decision, error) {
 		rec.err = err
 		s.ledger.mu.Unlock()

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"strings"
 	"time"
 )
 
@@ -154,12 +155,36 @@ type choice struct {
 	tokens     int64
 }
 
-// slot returns the entry to overwrite with the next decision. Caller holds
-// ledger.mu.
-func (r *decisionRing) slot() *decisionEntry {
+// maxShownBytes bounds the path and model a decision keeps.
+const maxShownBytes = 256
+
+// record starts the entry of the next decision, overwriting the oldest,
+// and returns it for the pick to fill in. Caller holds ledger.mu.
+//
+// The entry keeps its own copies of path and model, cut to maxShownBytes:
+// the request's strings may share memory with its whole body, which the
+// ring must not keep alive. A copy is made only when the string differs
+// from the previous decision's, so a steady stream of requests for one
+// model and path records without allocating.
+func (r *decisionRing) record(at time.Time, id, path, model string) *decisionEntry {
+	var prevPath, prevModel string
+	if r.n > 0 {
+		prev := &r.entries[(r.n-1)%decisionHistory]
+		prevPath, prevModel = prev.path, prev.model
+	}
 	e := &r.entries[r.n%decisionHistory]
 	r.n++
+	*e = decisionEntry{at: at, id: id, path: kept(path, prevPath), model: kept(model, prevModel)}
 	return e
+}
+
+// kept returns s cut to maxShownBytes: prev if that is equal, else a copy.
+func kept(s, prev string) string {
+	s = s[:min(len(s), maxShownBytes)]
+	if s == prev {
+		return prev
+	}
+	return strings.Clone(s)
 }
 
 // newest returns copies of the recorded entries, newest first. Caller
@@ -177,7 +202,7 @@ func (r *decisionRing) newest() []decisionEntry {
 func (s *Scheduler) recordFailure(req *Request, err error) {
 	s.ledger.mu.Lock()
 	defer s.ledger.mu.Unlock()
-	*s.decisions.slot() = decisionEntry{at: s.now(), id: req.ID, path: req.Path, model: req.Model, err: err}
+	s.decisions.record(s.now(), req.ID, req.Path, req.Model).err = err
 }
 
 // Status returns a view of the endpoints, their targets' loads, health and

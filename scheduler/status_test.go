@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // statusScheduler returns a PD scheduler, built without discovery, with
@@ -282,5 +283,36 @@ func TestStatusDecisionRingKeepsTheNewest(t *testing.T) {
 		if d.Prefill != nil || d.Decode == nil || d.Decode.Tokens != 0 {
 			t.Errorf("decode-only decision %d = %+v %+v", i, d.Prefill, d.Decode)
 		}
+	}
+}
+
+// The ring keeps its own short copies of the request's strings, which may
+// share memory with a whole request body, and copies nothing while they
+// repeat.
+func TestStatusDecisionStringsAreCopies(t *testing.T) {
+	body := `{"model":"` + strings.Repeat("m", 300) + `","path":"/v1/chat/completions?x=1"}`
+	model := body[len(`{"model":"`):][:300]
+	path := body[strings.Index(body, "/v1"):][:len("/v1/chat/completions?x=1")]
+	tests := []struct {
+		name, model, path string
+		wantModel         string
+	}{
+		{"short", "llama", "/generate", "llama"},
+		{"long model cut", model, path, strings.Repeat("m", maxShownBytes)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var r decisionRing
+			e := r.record(time.Time{}, "id", tt.path, tt.model)
+			if e.model != tt.wantModel || e.path != tt.path {
+				t.Errorf("recorded %q %q, want %q %q", e.model, e.path, tt.wantModel, tt.path)
+			}
+			if unsafe.StringData(e.model) == unsafe.StringData(tt.model) || unsafe.StringData(e.path) == unsafe.StringData(tt.path) {
+				t.Error("the entry shares memory with the request's strings")
+			}
+			if n := testing.AllocsPerRun(100, func() { r.record(time.Time{}, "id", tt.path, tt.model) }); n != 0 {
+				t.Errorf("recording repeated strings allocates %v times", n)
+			}
+		})
 	}
 }
