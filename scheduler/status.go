@@ -241,13 +241,16 @@ func (s *Scheduler) Status() Status {
 	for _, p := range []*pool{&snap.prefill, &snap.decode} {
 		for i, t := range p.targets {
 			ts := p.states[i]
-			e := byEndpoint[t.Endpoint]
-			ts2 := TargetStatus{Rank: t.Rank, Load: s.ledger.loadSince(ts, since), Picks: ts.picked}
+			e, ok := byEndpoint[t.Endpoint] // targets point into their snapshot's endpoints
+			if !ok {
+				continue
+			}
+			view := TargetStatus{Rank: t.Rank, Load: s.ledger.loadSince(ts, since), Picks: ts.picked}
 			if ts.scrapedAt != 0 {
-				ts2.ScrapedAt = time.Unix(0, ts.scrapedAt)
+				view.ScrapedAt = time.Unix(0, ts.scrapedAt)
 			}
 			targets = append(targets, pending{ep: e, pos: len(st.Endpoints[e].Targets), rec: ts.health})
-			st.Endpoints[e].Targets = append(st.Endpoints[e].Targets, ts2)
+			st.Endpoints[e].Targets = append(st.Endpoints[e].Targets, view)
 		}
 	}
 	st.Reservations = len(s.ledger.requests)
