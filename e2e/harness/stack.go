@@ -46,6 +46,16 @@ type Options struct {
 	CoverDelay time.Duration
 	// DuetYAML is appended to duet's configuration, e.g. a health section.
 	DuetYAML string
+	// DecodeCluster and PrefillCluster are duet's envoy.clusters, for a
+	// Bootstrap whose clusters have other names than duet's (empty: duet's
+	// defaults).
+	DecodeCluster, PrefillCluster string
+	// Bootstrap, when set, makes Envoy's bootstrap instead of `duet
+	// envoy-config`, e.g. from a gateway controller's translation: it gets
+	// the stack's addresses (Envoy must listen on EnvoyListen, serve its
+	// admin on EnvoyAdmin and dial duet at DuetGRPC) and returns the
+	// bootstrap, YAML or JSON.
+	Bootstrap func(ctx context.Context, addrs Addresses) ([]byte, error)
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
 }
@@ -122,7 +132,8 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 	grpcPort, adminPort, envoyPort, envoyAdminPort := next(), next(), next(), next()
 	cfgPath := filepath.Join(s.Dir, "duet.yaml")
-	if err := os.WriteFile(cfgPath, []byte(s.duetConfig(opts, grpcPort, adminPort, envoyPort, envoyAdminPort)), 0o644); err != nil {
+	addrs := s.addresses(grpcPort, adminPort, envoyPort, envoyAdminPort)
+	if err := os.WriteFile(cfgPath, []byte(DuetConfig(opts, addrs)), 0o644); err != nil {
 		return nil, err
 	}
 	s.DuetAdminURL = "http://" + hostPort(adminPort)
@@ -134,8 +145,12 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 
 	s.EnvoyConfig = filepath.Join(s.Dir, "envoy.yaml")
-	rendered, err := exec.CommandContext(ctx, tools.Duet, "envoy-config", "-config", cfgPath).Output()
-	if err != nil {
+	var rendered []byte
+	if opts.Bootstrap != nil {
+		if rendered, err = opts.Bootstrap(ctx, addrs); err != nil {
+			return nil, fmt.Errorf("envoy bootstrap: %w", err)
+		}
+	} else if rendered, err = exec.CommandContext(ctx, tools.Duet, "envoy-config", "-config", cfgPath).Output(); err != nil {
 		return nil, fmt.Errorf("duet envoy-config: %w", exitDetail(err))
 	}
 	if err := os.WriteFile(s.EnvoyConfig, rendered, 0o644); err != nil {
@@ -207,7 +222,8 @@ func startEnvoy(ctx context.Context, tools Tools, dir, configPath, adminURL stri
 // FreePorts reserves n free loopback ports (see freePorts).
 func FreePorts(n int) ([]int, error) { return freePorts(n) }
 
-func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAdminPort int) string {
+// addresses places the stack's parts on loopback ports.
+func (s *Stack) addresses(grpcPort, adminPort, envoyPort, envoyAdminPort int) Addresses {
 	addrs := Addresses{
 		DuetGRPC: hostPort(grpcPort), DuetAdmin: hostPort(adminPort),
 		EnvoyListen: hostPort(envoyPort), EnvoyAdmin: hostPort(envoyAdminPort),
@@ -218,7 +234,7 @@ func (s *Stack) duetConfig(opts Options, grpcPort, adminPort, envoyPort, envoyAd
 	for _, sim := range s.Decode {
 		addrs.Decode = append(addrs.Decode, sim.URL)
 	}
-	return DuetConfig(opts, addrs)
+	return addrs
 }
 
 // RestartDuet starts duet again after it stopped or was killed, with the

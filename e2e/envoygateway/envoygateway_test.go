@@ -1,0 +1,496 @@
+package envoygateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/extproc/accesslog"
+)
+
+var httpClient = &http.Client{Timeout: 30 * time.Second}
+
+var fastPrefill = []string{"--prefill-ms-per-1k-tokens", "1"}
+
+// startGateway starts two prefill engines (dp 2 and dp 4), two decode
+// engines (dp 2 each) and duet (with the ConfigMap's envoy.clusters), and
+// Envoy 1.40 on the bootstrap made from egctl's translation of
+// deploy/envoy-gateway. The translation must be accepted whole: every
+// route and policy Accepted, every reference resolved, every patch
+// applied.
+func startGateway(t *testing.T) *harness.Stack {
+	t.Helper()
+	egctl, err := egctlPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := loadManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeCluster, prefillCluster, err := duetClusters(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The translation's input and output stay for a failure report.
+	dir, err := os.MkdirTemp("", "duet-envoygateway-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		}
+	})
+	s, err := harness.Start(context.Background(), harness.Options{
+		// Fast prefill, so that the 2 MiB body stays within the KV timeout.
+		Prefill:        []harness.SimSpec{{DPSize: 2, Args: fastPrefill}, {DPSize: 4, Args: fastPrefill}},
+		Decode:         []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		DecodeCluster:  decodeCluster,
+		PrefillCluster: prefillCluster,
+		Dir:            dir,
+		Bootstrap: func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
+			input, err := translationInput(objs, addrs)
+			if err != nil {
+				return nil, err
+			}
+			tr, err := translate(ctx, egctl, dir, input)
+			if err != nil {
+				return nil, err
+			}
+			if p := tr.problems(); len(p) > 0 {
+				return nil, fmt.Errorf("Envoy Gateway did not take the manifests whole:\n  %s", strings.Join(p, "\n  "))
+			}
+			m, err := remap(addrs)
+			if err != nil {
+				return nil, err
+			}
+			return tr.bootstrap(addrs, m, decodeCluster, prefillCluster)
+		},
+	})
+	if err != nil {
+		t.Fatalf("start the Envoy Gateway stack (files in %s): %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(s.Logs())
+		}
+		s.Close()
+	})
+	return s
+}
+
+// TestEnvoyGateway runs duet's core claims through the Envoy that Envoy
+// Gateway's translation of deploy/envoy-gateway configures.
+func TestEnvoyGateway(t *testing.T) {
+	s := startGateway(t)
+
+	// Claims 1, 3, 4 of docs/envoy-contract.md: each leg reaches the engine
+	// duet named, the mirror carries the rewritten body, and each leg its
+	// own DP rank.
+	t.Run("legs reach the engines duet named with their own ranks", func(t *testing.T) {
+		usedPrefill, usedDecode := map[string]bool{}, map[string]bool{}
+		differ := 0
+		for i := range 8 {
+			id := requestID(t, i)
+			resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			decSim, dec := only(t, legs(t, s.Decode, id, 1))
+			preSim, pre := only(t, legs(t, s.Prefill, id, 1))
+			if !bytes.Equal(dec.Body, pre.Body) {
+				t.Errorf("legs got different bodies:\ndecode:  %s\nprefill: %s", dec.Body, pre.Body)
+			}
+			if named, _, _ := strings.Cut(dec.Headers["x-duet-decode-endpoint"], ","); named != decSim.Address {
+				t.Errorf("decode leg reached %s, duet named %s", decSim.Address, named)
+			}
+			if named := pre.Headers["x-duet-prefill-endpoint"]; named != preSim.Address {
+				t.Errorf("mirror reached %s, duet named %s", preSim.Address, named)
+			}
+			host, _, _ := net.SplitHostPort(preSim.Address)
+			if dec.Host() != host || dec.BootstrapPort == nil || *dec.BootstrapPort != preSim.BootstrapPort {
+				t.Errorf("bootstrap %s:%v does not name the prefill that got the mirror (%s, bootstrap port %d)",
+					dec.Host(), dec.BootstrapPort, preSim.Address, preSim.BootstrapPort)
+			}
+			if dec.DPRank == nil || dec.Source() != "header" || dec.Headers["x-data-parallel-rank"] != strconv.Itoa(*dec.DPRank) {
+				t.Fatalf("decode leg not pinned by its header: rank %v source %q header %q", dec.DPRank, dec.Source(), dec.Headers["x-data-parallel-rank"])
+			}
+			if pre.DPRank == nil || pre.Source() != "header" || pre.Headers["x-data-parallel-rank"] != pre.Headers["x-duet-prefill-dp-rank"] {
+				t.Fatalf("prefill leg not pinned by its own header: rank %v source %q header %q, duet's prefill rank %q",
+					pre.DPRank, pre.Source(), pre.Headers["x-data-parallel-rank"], pre.Headers["x-duet-prefill-dp-rank"])
+			}
+			if room := pre.Rooms()[0]; int(room%uint64(preSim.DPSize)) != *pre.DPRank {
+				t.Errorf("prefill rank %d, but room %d %% %d = %d", *pre.DPRank, room, preSim.DPSize, room%uint64(preSim.DPSize))
+			}
+			if dec.PrefillDPRank == nil || *dec.PrefillDPRank != *pre.DPRank {
+				t.Errorf("decode looked for KV on prefill rank %v, prefill ran on %d", dec.PrefillDPRank, *pre.DPRank)
+			}
+			for _, leg := range []harness.Record{dec, pre} {
+				if leg.Status != http.StatusOK || leg.Error != "" {
+					t.Errorf("%s leg failed: %d %s", leg.Mode, leg.Status, leg.Error)
+				}
+			}
+			if *dec.DPRank != *pre.DPRank {
+				differ++
+			}
+			usedPrefill[preSim.Name], usedDecode[decSim.Name] = true, true
+		}
+		if len(usedPrefill) != 2 || len(usedDecode) != 2 {
+			t.Errorf("duet's choices did not reach every engine: prefill %v decode %v", usedPrefill, usedDecode)
+		}
+		if differ == 0 {
+			t.Error("decode and prefill ranks never differed: per-leg rank headers not exercised")
+		}
+	})
+
+	// Claim 9: clients cannot choose hosts, mirrors, ranks or duet's id.
+	t.Run("spoofed routing headers are ignored", func(t *testing.T) {
+		decodeCluster, _, _ := duetClustersOf(t)
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/v1/chat/completions", map[string]string{
+			"x-request-id":            id,
+			"x-duet-mirror":           decodeCluster, // a second decode request, if it stuck
+			"x-duet-decode-endpoint":  "127.0.0.1:1",
+			"x-duet-prefill-endpoint": "127.0.0.1:1",
+			"x-duet-prefill-dp-rank":  "7",
+			"x-duet-request-id":       "spoofed",
+			"x-duet-decode-body-rank": "1",
+			"X-Data-Parallel-Rank":    "7",
+		}, chatBody(false))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		decSim, dec := only(t, legs(t, s.Decode, id, 1))
+		_, pre := only(t, legs(t, s.Prefill, id, 1))
+		time.Sleep(200 * time.Millisecond) // a spoofed second decode leg would show up by now
+		legs(t, s.Decode, id, 1)
+		for _, leg := range []harness.Record{dec, pre} {
+			if leg.Headers["x-duet-request-id"] == "spoofed" || leg.Headers["x-duet-request-id"] == "" {
+				t.Errorf("%s leg: x-duet-request-id %q, want duet's own", leg.Mode, leg.Headers["x-duet-request-id"])
+			}
+			if leg.DPRank == nil || *leg.DPRank == 7 {
+				t.Errorf("%s leg: rank %v, the client's 7 stuck", leg.Mode, leg.DPRank)
+			}
+			if strings.Contains(leg.Headers["x-duet-decode-endpoint"], "127.0.0.1:1") {
+				t.Errorf("%s leg: the client's decode endpoint stuck: %q", leg.Mode, leg.Headers["x-duet-decode-endpoint"])
+			}
+		}
+		if named, _, _ := strings.Cut(dec.Headers["x-duet-decode-endpoint"], ","); named != decSim.Address {
+			t.Errorf("decode leg reached %s, duet named %s", decSim.Address, named)
+		}
+		// Headers duet does not set on a request must not pass either: the
+		// decode body rank of /generate on a chat request, a mirror on a
+		// request duet does not mirror.
+		if bytes.Contains(dec.Body, []byte("routed_dp_rank")) {
+			t.Errorf("a client x-duet-decode-body-rank reached the decode cluster's Lua filter: %s", dec.Body)
+		}
+		id = requestID(t, 1)
+		_, prefillCluster, _ := duetClustersOf(t)
+		resp, body = send(t, s, "/v1/models", map[string]string{
+			"x-request-id": id, "x-duet-mirror": prefillCluster, "x-duet-prefill-endpoint": s.Prefill[0].Address,
+		}, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /v1/models: status %d: %s", resp.StatusCode, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+		legs(t, s.Prefill, id, 0)
+	})
+
+	// Claim 23: a PD /generate gets the decode rank in the decode leg's body
+	// (the decode cluster's upstream Lua filter); the mirror keeps the
+	// shared body.
+	t.Run("generate carries the decode rank in the decode leg's body", func(t *testing.T) {
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/generate", map[string]string{"x-request-id": id},
+			[]byte(`{"text":"hello","sampling_params":{"max_new_tokens":4}}`))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		_, dec := only(t, legs(t, s.Decode, id, 1))
+		_, pre := only(t, legs(t, s.Prefill, id, 1))
+		if dec.DPRank == nil || dec.Source() != "body" || strconv.Itoa(*dec.DPRank) != dec.Headers["x-duet-decode-body-rank"] {
+			t.Errorf("decode leg: rank %v from %q, duet's decode rank %q", dec.DPRank, dec.Source(), dec.Headers["x-duet-decode-body-rank"])
+		}
+		if bytes.Contains(pre.Body, []byte("routed_dp_rank")) {
+			t.Errorf("the mirror's body carries routed_dp_rank: %s", pre.Body)
+		}
+	})
+
+	// Claim 5: a stream reaches the client as it is generated.
+	t.Run("streaming", func(t *testing.T) {
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(true))
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("content-type"), "text/event-stream") {
+			t.Fatalf("status %d, content-type %q: %s", resp.StatusCode, resp.Header.Get("content-type"), body)
+		}
+		events := 0
+		sc := bufio.NewScanner(bytes.NewReader(body))
+		last := ""
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				events++
+				last = data
+			}
+		}
+		if events < 3 || last != "[DONE]" {
+			t.Errorf("%d events, last %q: %s", events, last, body)
+		}
+		legs(t, s.Prefill, id, 1)
+	})
+
+	// Claim 6: a request duet does not mirror has no prefill leg.
+	t.Run("non-inference paths are not mirrored", func(t *testing.T) {
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/v1/models", map[string]string{"x-request-id": id}, nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+		legs(t, s.Prefill, id, 0)
+	})
+
+	// Claim 7: bodies above Envoy Gateway's default 32 KiB buffer pass
+	// whole to both legs (ClientTrafficPolicy and BackendTrafficPolicy
+	// bufferLimit).
+	t.Run("large bodies pass to both legs", func(t *testing.T) {
+		id := requestID(t, 0)
+		prompt := strings.Repeat("many tokens ", (2<<20)/12)
+		req, err := json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt, "max_tokens": 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, body := send(t, s, "/v1/completions", map[string]string{"x-request-id": id}, req)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %.300s", resp.StatusCode, body)
+		}
+		_, dec := only(t, legs(t, s.Decode, id, 1))
+		_, pre := only(t, legs(t, s.Prefill, id, 1))
+		if len(dec.Body) < len(prompt) || !bytes.Equal(dec.Body, pre.Body) {
+			t.Errorf("legs got %d and %d bytes, want the same body of more than %d", len(dec.Body), len(pre.Body), len(prompt))
+		}
+	})
+
+	// Claims 14, 16, 17: the access logs reach duet, and duet tells the legs
+	// apart by Envoy Gateway's cluster names.
+	t.Run("access-log feedback reaches duet for every leg", func(t *testing.T) {
+		for i, stream := range []bool{false, true} {
+			id := requestID(t, i)
+			resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(stream))
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			decSim, dec := only(t, legs(t, s.Decode, id, 1))
+			preSim, pre := only(t, legs(t, s.Prefill, id, 1))
+			got := completions(t, s, id, 3)
+			for leg, want := range map[accesslog.Leg]struct {
+				upstream, rank string
+			}{
+				accesslog.LegDecode:  {decSim.Address, dec.Headers["x-data-parallel-rank"]},
+				accesslog.LegPrefill: {preSim.Address, pre.Headers["x-data-parallel-rank"]},
+				accesslog.LegRequest: {decSim.Address, dec.Headers["x-data-parallel-rank"]},
+			} {
+				c, ok := got[leg]
+				if !ok {
+					t.Errorf("stream=%v: no %s entry: %+v", stream, leg, got)
+					continue
+				}
+				if c.Failed || c.Status != http.StatusOK || c.Upstream != want.upstream || strconv.Itoa(c.DPRank) != want.rank {
+					t.Errorf("stream=%v: %s entry %+v, want status 200 from %s with rank %s", stream, leg, c, want.upstream, want.rank)
+				}
+				if c.RequestID != dec.Headers["x-duet-request-id"] {
+					t.Errorf("stream=%v: %s entry has request id %q, want duet's %q", stream, leg, c.RequestID, dec.Headers["x-duet-request-id"])
+				}
+			}
+			if req := got[accesslog.LegRequest]; req.DecodeTarget == "" || req.PrefillTarget == "" {
+				t.Errorf("stream=%v: the request's entry lacks duet's metadata: %+v", stream, req)
+			}
+		}
+	})
+
+	// Claim 8, last because it stops duet: without duet nothing reaches an
+	// engine, and the client gets 503.
+	t.Run("fails closed without duet", func(t *testing.T) {
+		if err := s.Duet.Stop(10 * time.Second); err != nil {
+			t.Logf("stop duet: %v", err)
+		}
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false))
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+		legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
+	})
+}
+
+// TestManifestLuaMatchesEnvoyPackage: the Lua sources the patch policy
+// carries are the ones duet's own bootstrap renders, so a fix in one cannot
+// miss the other.
+func TestManifestLuaMatchesEnvoyPackage(t *testing.T) {
+	objs, err := loadManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sources []string
+	for _, o := range objs {
+		if o["kind"] != "EnvoyPatchPolicy" {
+			continue
+		}
+		walk(o, func(m map[string]any) {
+			if s := str(m, "inlineString"); s != "" {
+				sources = append(sources, s)
+			}
+			if s := str(m, "inline_string"); s != "" {
+				sources = append(sources, s)
+			}
+		})
+	}
+	for name, want := range map[string]string{"body rank": envoy.BodyRankLua(), "error envelope": envoy.ErrorEnvelopeLua()} {
+		found := false
+		for _, s := range sources {
+			if strings.TrimSpace(s) == strings.TrimSpace(want) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no EnvoyPatchPolicy carries the %s Lua of package envoy", name)
+		}
+	}
+}
+
+func duetClustersOf(t *testing.T) (decode, prefill string, objs []object) {
+	t.Helper()
+	objs, err := loadManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode, prefill, err = duetClusters(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decode, prefill, objs
+}
+
+func chatBody(stream bool) []byte {
+	return fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"stream":%v}`, stream)
+}
+
+// requestID is a client request id unique to the test and i.
+func requestID(t *testing.T, i int) string {
+	return fmt.Sprintf("%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "-"), i, time.Now().UnixNano())
+}
+
+// send posts body (GET when nil) to the gateway and returns the response
+// with its whole body.
+func send(t *testing.T, s *harness.Stack, path string, hdr map[string]string, body []byte) (*http.Response, []byte) {
+	t.Helper()
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != nil {
+		method, rd = http.MethodPost, bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.EnvoyURL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("content-type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read response: %v", err)
+	}
+	return resp, data
+}
+
+// legs waits until the engines hold want records of request id (a mirror
+// may end after the client's response) and returns them by engine.
+func legs(t *testing.T, sims []*harness.Sim, id string, want int) map[*harness.Sim][]harness.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		found, n := map[*harness.Sim][]harness.Record{}, 0
+		for _, sim := range sims {
+			recs, err := sim.Requests(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if r.RequestID() == id {
+					found[sim] = append(found[sim], r)
+					n++
+				}
+			}
+		}
+		if n >= want || time.Now().After(deadline) {
+			if n != want {
+				t.Fatalf("request %s: %d engine records, want %d", id, n, want)
+			}
+			return found
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// only returns the one engine and record of found.
+func only(t *testing.T, found map[*harness.Sim][]harness.Record) (*harness.Sim, harness.Record) {
+	t.Helper()
+	for sim, recs := range found {
+		if len(recs) == 1 && len(found) == 1 {
+			return sim, recs[0]
+		}
+	}
+	t.Fatalf("want one record on one engine, got %v", found)
+	return nil, harness.Record{}
+}
+
+// completions waits until duet's /debug/completions holds want entries for
+// request id and returns them by leg.
+func completions(t *testing.T, s *harness.Stack, id string, want int) map[accesslog.Leg]accesslog.Completion {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := httpClient.Get(s.DuetAdminURL + "/debug/completions?request_id=" + url.QueryEscape(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []accesslog.Completion
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("/debug/completions: %v", err)
+		}
+		if len(got) >= want || time.Now().After(deadline) {
+			if len(got) != want {
+				t.Fatalf("request %s: %d completions, want %d: %+v", id, len(got), want, got)
+			}
+			byLeg := map[accesslog.Leg]accesslog.Completion{}
+			for _, c := range got {
+				byLeg[c.Leg] = c
+			}
+			return byLeg
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
