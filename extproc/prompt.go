@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"strings"
+
 	"github.com/tidwall/gjson"
 
 	"github.com/duet-router/duet/scheduler"
@@ -13,7 +15,9 @@ import (
 // scaled by Items.
 func describe(route Route, b *Body, req *scheduler.Request) {
 	root := gjson.ParseBytes(b.raw)
-	req.Model = root.Get("model").String()
+	// A clone: gjson's string would share the memory of the whole body, and
+	// the model outlives the request (reservations, per-model estimates).
+	req.Model = strings.Clone(root.Get("model").String())
 	req.Items = max(b.Batch, 1)
 	for _, path := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "sampling_params.max_new_tokens"} {
 		if v := root.Get(path); v.Type == gjson.Number && v.Int() > 0 {

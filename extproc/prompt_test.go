@@ -2,7 +2,9 @@ package extproc
 
 import (
 	"bytes"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/duet-router/duet/scheduler"
@@ -61,4 +63,27 @@ func TestRenderMessagesGrowsAsPrefix(t *testing.T) {
 	if !bytes.HasPrefix(r2.Prompt, r1.Prompt) {
 		t.Errorf("turn 2 %q does not extend turn 1 %q", r2.Prompt, r1.Prompt)
 	}
+}
+
+// The model name outlives the request (the ledger and the token estimator
+// keep it); it must not keep the request's body alive.
+func TestDescribeModelDoesNotPinBody(t *testing.T) {
+	const size = 16 << 20
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", size) + `"}]}`)
+	b, err := ParseBody(RouteChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var req scheduler.Request
+	describe(RouteChat, b, &req)
+	model := req.Model
+	b, body, req = nil, nil, scheduler.Request{}
+	_, _ = b, body
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if ms.HeapAlloc > size/2 {
+		t.Errorf("heap holds %d MiB after the request: the model %q pins its body", ms.HeapAlloc>>20, model)
+	}
+	runtime.KeepAlive(model)
 }
