@@ -321,6 +321,36 @@ func TestEnvoyGateway(t *testing.T) {
 		}
 	})
 
+	// Claim 24, near the end because it kills a decode engine: a decode
+	// engine that refuses the connection gets the request retried on the
+	// next host duet listed (BackendTrafficPolicy retry, override_host).
+	// Only the retry is asserted, not the answer: duet's legs tracker reads
+	// the refused attempt's access-log entry as a failed decode leg and
+	// aborts the prefill leg, so the retried decode may find no KV (500).
+	t.Run("a refused decode connection is retried on the next listed engine", func(t *testing.T) {
+		dead, alive := s.Decode[1], s.Decode[0]
+		dead.Kill()
+		retried := false
+		for i := 0; i < 8 && !retried; i++ {
+			id := requestID(t, i)
+			resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false))
+			if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusInternalServerError {
+				t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+			}
+			recs := legs(t, []*harness.Sim{alive}, id, 1)[alive]
+			named, fallback, _ := strings.Cut(recs[0].Headers["x-duet-decode-endpoint"], ",")
+			if named == dead.Address {
+				retried = true
+				if fallback != alive.Address {
+					t.Errorf("duet listed %q after the dead engine, want %s", fallback, alive.Address)
+				}
+			}
+		}
+		if !retried {
+			t.Fatal("duet never named the killed decode engine first, so no retry was exercised")
+		}
+	})
+
 	// Claim 8, last because it stops duet: without duet nothing reaches an
 	// engine, and the client gets 503.
 	t.Run("fails closed without duet", func(t *testing.T) {
@@ -333,7 +363,13 @@ func TestEnvoyGateway(t *testing.T) {
 			t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
 		}
 		time.Sleep(200 * time.Millisecond)
-		legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
+		var running []*harness.Sim
+		for _, sim := range append(append([]*harness.Sim{}, s.Decode...), s.Prefill...) {
+			if !sim.Exited() {
+				running = append(running, sim)
+			}
+		}
+		legs(t, running, id, 0)
 	})
 }
 
