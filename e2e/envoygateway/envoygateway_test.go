@@ -373,6 +373,27 @@ func TestEnvoyGateway(t *testing.T) {
 	})
 }
 
+// TestManifestPinsTheProvedEnvoy: the EnvoyProxy runs the Envoy release
+// these tests run on.
+func TestManifestPinsTheProvedEnvoy(t *testing.T) {
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, err := tools.EnvoyVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := loadManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := str(find(objs, "EnvoyProxy", "duet"), "spec", "provider", "kubernetes", "envoyDeployment", "container", "image")
+	if !strings.HasSuffix(image, ":distroless-v"+version) {
+		t.Errorf("EnvoyProxy duet runs image %q, want Envoy %s, the release proved here", image, version)
+	}
+}
+
 // TestManifestLuaMatchesEnvoyPackage: the Lua sources the patch policy
 // carries are the ones duet's own bootstrap renders, so a fix in one cannot
 // miss the other.
