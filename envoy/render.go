@@ -91,7 +91,17 @@ type Params struct {
 	Prefill []Address
 	// Decode engines (or the aggregated pool).
 	Decode []Address
+	// Headless says that Prefill and Decode are DNS names that resolve to
+	// every engine of their pool (Kubernetes headless Services), not one
+	// engine each: the engine clusters then take every address of both
+	// families and re-resolve every DNSRefreshRate, so that override_host
+	// finds an engine soon after it becomes ready.
+	Headless bool
 }
+
+// DNSRefreshRate is how often the engine clusters of a Headless bootstrap
+// resolve their names again.
+const DNSRefreshRate = time.Second
 
 //go:embed bootstrap.yaml.tmpl
 var bootstrapTemplate string
@@ -129,6 +139,9 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	},
 	"engine": func(name string, hosts []Address, header string, p Params) engineCluster {
 		c := engineCluster{Name: name, Hosts: hosts, Header: header, MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
+		if p.Headless {
+			c.DNSRefreshRate = DNSRefreshRate
+		}
 		if name == ClusterDecode && len(p.Prefill) > 0 {
 			c.BodyRankLua = BodyRankLua()
 		}
@@ -157,6 +170,9 @@ type engineCluster struct {
 	StreamIdleTimeout time.Duration
 	// BodyRankLua, when set, is the upstream Lua filter of the PD decode cluster.
 	BodyRankLua string
+	// DNSRefreshRate, when set, makes Hosts headless Services (see
+	// Params.Headless).
+	DNSRefreshRate time.Duration
 }
 
 // grpcLog is what the template needs to render one gRPC access logger.
@@ -218,6 +234,13 @@ func Render(w io.Writer, p Params) error {
 	for _, a := range append(append([]Address{p.Listen, p.Admin, p.Duet}, p.Prefill...), p.Decode...) {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
 			return fmt.Errorf("render envoy bootstrap: bad host %q", a.Host)
+		}
+	}
+	if p.Headless {
+		for _, a := range append(append([]Address(nil), p.Prefill...), p.Decode...) {
+			if a.IsIP() {
+				return fmt.Errorf("render envoy bootstrap: %s is an IP address, not a headless Service's name", a.Host)
+			}
 		}
 	}
 	data := templateData{

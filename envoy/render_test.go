@@ -45,7 +45,22 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"aggregated", func(p *Params) { p.Prefill = nil },
 			[]string{"name: duet_decode", "log_name: duet_downstream", "log_name: duet_upstream"},
 			[]string{"request_mirror_policies", "duet_prefill"}},
-		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} }, []string{"type: STRICT_DNS"}, nil},
+		{"headless services", func(p *Params) {
+			p.Headless = true
+			p.Prefill = []Address{{"sglang-prefill.inference.svc.cluster.local", 30000}}
+			p.Decode = []Address{{"sglang-decode.inference.svc.cluster.local", 30000}}
+		}, []string{"type: STRICT_DNS", "dns_lookup_family: ALL", "dns_refresh_rate: 1s",
+			`address: "sglang-decode.inference.svc.cluster.local", port_value: 30000`,
+			`address: "sglang-prefill.inference.svc.cluster.local", port_value: 30000`},
+			[]string{"type: STATIC\n    dns"}},
+		{"headless aggregated", func(p *Params) {
+			p.Headless = true
+			p.Prefill = nil
+			p.Decode = []Address{{"sglang.inference.svc.cluster.local", 8000}}
+		}, []string{"dns_lookup_family: ALL", `address: "sglang.inference.svc.cluster.local", port_value: 8000`},
+			[]string{"duet_prefill"}},
+		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} },
+			[]string{"type: STRICT_DNS"}, []string{"dns_lookup_family", "dns_refresh_rate"}},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
 	}
 	for _, tt := range tests {
@@ -89,6 +104,7 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"no timeout", func(p *Params) { p.MessageTimeout = 0 }},
 		{"yaml injection", func(p *Params) { p.Decode = []Address{{"a\"}\n- x", 1}} }},
 		{"empty host", func(p *Params) { p.Duet = Address{"", 1} }},
+		{"headless IP", func(p *Params) { p.Headless = true }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -71,6 +71,9 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 			return p, fmt.Errorf("%s: %w", a.field, err)
 		}
 	}
+	if cfg.Kubernetes != nil {
+		return p, kubernetesEnvoyParams(&p, cfg.Kubernetes, osEnv)
+	}
 	if p.Prefill, err = engineAddresses("prefill", cfg.Prefill); err != nil {
 		return p, err
 	}

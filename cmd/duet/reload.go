@@ -72,6 +72,16 @@ func (r *reloader) reload(ctx context.Context) string {
 		return r.reject(log, err)
 	}
 	restart := restartFields(r.running, next)
+	if r.running.Kubernetes != nil {
+		// Kubernetes discovery owns the endpoint lists.
+		r.reloads.WithLabelValues(reloadOK).Inc()
+		if len(restart) > 0 {
+			log.Warn("configuration reloaded, except fields that need a restart: they keep their running values",
+				zap.Strings("fields", restart))
+		}
+		log.Info("configuration reloaded; the endpoints come from Kubernetes discovery")
+		return reloadOK
+	}
 	if err := r.sched.SetEndpoints(ctx, endpointSpecs(next.Prefill), endpointSpecs(next.Decode)); err != nil {
 		if ctx.Err() == nil {
 			return r.reject(log, err)

@@ -69,6 +69,10 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
+	runDiscovery, err := newDiscovery(cfg, sched, osEnv, log.Named("kubernetes"), reg)
+	if err != nil {
+		return err
+	}
 	proc, err := extproc.NewServer(extproc.Options{
 		Picker:         sched,
 		PrefillCluster: cfg.Envoy.Clusters.Prefill,
@@ -109,6 +113,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	defer cancel()
 	go sched.Run(runCtx)
 	go tracker.Run(runCtx)
+	go runDiscovery(runCtx)
 	reloads := newReloader(path, cfg, sched, log.Named("reload"), reg)
 	var reloading sync.WaitGroup
 	defer func() { cancel(); reloading.Wait() }()
@@ -197,6 +202,8 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 	return scheduler.Config{
 		Prefill:           endpointSpecs(cfg.Prefill),
 		Decode:            endpointSpecs(cfg.Decode),
+		EmptyPools:        cfg.Kubernetes != nil, // discovery fills the lists
+		PD:                cfg.Kubernetes != nil && cfg.Kubernetes.Prefill != nil,
 		PrefillPolicy:     policySpec(cfg.Policy.Prefill),
 		DecodePolicy:      policySpec(cfg.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,

@@ -30,6 +30,9 @@ type Config struct {
 	Prefill []Endpoint `yaml:"prefill"`
 	// Decode lists the decode engines (or the aggregated pool).
 	Decode []Endpoint `yaml:"decode"`
+	// Kubernetes, when set, discovers the engines of both roles from
+	// Kubernetes EndpointSlices; Prefill and Decode must then be empty.
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
 	// Policy names the scheduling policy of each role.
 	Policy Policy `yaml:"policy"`
 	// EngineRanks makes duet choose engines only and leave DP ranks to the
@@ -310,6 +313,9 @@ func (c *Config) applyDefaults() {
 		c.Discovery.Timeout = DefaultDiscoveryTimeout
 	}
 	c.Health.applyDefaults()
+	if c.Kubernetes != nil {
+		c.Kubernetes.applyDefaults()
+	}
 }
 
 func (h *HealthOptions) applyDefaults() {
@@ -373,8 +379,10 @@ func (c *Config) Validate() error {
 	if c.Envoy.Clusters.Decode == c.Envoy.Clusters.Prefill {
 		errs = append(errs, fmt.Errorf("envoy.clusters: decode and prefill are both %q", c.Envoy.Clusters.Decode))
 	}
-	if len(c.Decode) == 0 {
-		errs = append(errs, errors.New("decode: at least one endpoint is required"))
+	if c.Kubernetes != nil {
+		errs = append(errs, c.Kubernetes.validate(c)...)
+	} else if len(c.Decode) == 0 {
+		errs = append(errs, errors.New("decode: at least one endpoint is required (or a kubernetes section)"))
 	}
 	seen := map[string]string{}
 	for _, pool := range []struct {

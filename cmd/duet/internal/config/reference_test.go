@@ -27,9 +27,13 @@ func keyPaths(t reflect.Type, prefix string, nodes, leaves map[string]reflect.Ty
 		}
 		path := prefix + name
 		nodes[path] = f.Type
+		typ := f.Type
+		if typ.Kind() == reflect.Pointer && typ.Elem().Kind() == reflect.Struct {
+			typ = typ.Elem() // an optional section
+		}
 		switch {
-		case f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]():
-			keyPaths(f.Type, path+".", nodes, leaves)
+		case typ.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]():
+			keyPaths(typ, path+".", nodes, leaves)
 		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct:
 			keyPaths(f.Type.Elem(), path+"[].", nodes, leaves)
 		case f.Type.Kind() == reflect.Map:
@@ -64,9 +68,16 @@ func yamlBlocks(doc string) []string {
 	return regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllString(doc, -1)
 }
 
-// leafValue returns the field at a dotted key path of v (no lists or maps).
+// leafValue returns the field at a dotted key path of v (no lists or maps);
+// an absent optional section reads as its zero value.
 func leafValue(v reflect.Value, path string) reflect.Value {
 	for _, name := range strings.Split(path, ".") {
+		if v.Kind() == reflect.Pointer {
+			if v.IsNil() {
+				v = reflect.New(v.Type().Elem())
+			}
+			v = v.Elem()
+		}
 		t := v.Type()
 		for i := range t.NumField() {
 			if strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0] == name {
@@ -137,6 +148,11 @@ func TestReferenceListsEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The kubernetes section's defaults apply when it is present.
+	kdefaults, err := Parse([]byte("kubernetes: {decode: {service: sglang}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	token := regexp.MustCompile("`([^`]*)`")
 	for key, cell := range rows {
 		typ, leaf := leaves[key]
@@ -144,8 +160,17 @@ func TestReferenceListsEveryKey(t *testing.T) {
 			continue
 		}
 		v := leafValue(reflect.ValueOf(*defaults), key)
+		if strings.HasPrefix(key, "kubernetes.") {
+			v = leafValue(reflect.ValueOf(*kdefaults), key)
+		}
 		m := token.FindStringSubmatch(cell)
 		switch {
+		case strings.HasPrefix(cell, "required"):
+			// No default.
+		case strings.HasPrefix(cell, "empty"):
+			if !v.IsZero() {
+				t.Errorf("%s: the default of %s is empty, but the loader sets %v", referenceDoc, key, v)
+			}
 		case m == nil:
 			t.Errorf("%s: the default of %s (%q) names no value in backquotes", referenceDoc, key, cell)
 		case v.IsZero() && strings.Contains(cell, "(scheduler default)"):
