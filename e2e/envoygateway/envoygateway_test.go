@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/e2e/sim"
 	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/extproc/accesslog"
 )
@@ -45,6 +46,10 @@ func startGateway(t *testing.T) *harness.Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	maxBody, err := duetMaxBody(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The translation's input and output stay for a failure report.
 	dir, err := os.MkdirTemp("", "duet-envoygateway-")
 	if err != nil {
@@ -59,6 +64,7 @@ func startGateway(t *testing.T) *harness.Stack {
 		// Fast prefill, so that the 2 MiB body stays within the KV timeout.
 		Prefill:        []harness.SimSpec{{DPSize: 2, Args: fastPrefill}, {DPSize: 4, Args: fastPrefill}},
 		Decode:         []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		MaxBodyBytes:   maxBody,
 		DecodeCluster:  decodeCluster,
 		PrefillCluster: prefillCluster,
 		Dir:            dir,
@@ -284,6 +290,48 @@ func TestEnvoyGateway(t *testing.T) {
 		}
 	})
 
+	// Claim 7's other half and claim 12: a body above the buffer limit gets
+	// Envoy's 413 before duet or an engine sees it, in the OpenAI error
+	// envelope (local_reply_config).
+	t.Run("a body above the limit gets 413 in the error envelope", func(t *testing.T) {
+		id := requestID(t, 0)
+		big := append([]byte(`{"model":"sim-model","prompt":"`), bytes.Repeat([]byte("x"), 33<<20)...)
+		big = append(big, `","max_tokens":2}`...)
+		resp, body := send(t, s, "/v1/completions", map[string]string{"x-request-id": id}, big)
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("status %d, want 413: %.300s", resp.StatusCode, body)
+		}
+		if msg, typ := openAIError(t, body); typ != "invalid_request_error" || !strings.Contains(msg, "(request_payload_too_large)") {
+			t.Errorf("error %q of type %q, want Envoy's request_payload_too_large as invalid_request_error", msg, typ)
+		}
+		legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
+	})
+
+	// Claim 25: every path passes duet, which refuses engine administration.
+	t.Run("engine administration is refused", func(t *testing.T) {
+		resp, body := send(t, s, "/flush_cache", nil, []byte(`{}`))
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("POST /flush_cache: status %d, want 403: %s", resp.StatusCode, body)
+		}
+		openAIError(t, body)
+	})
+
+	// Claim 28: an engine's own JSON error reaches the client in the
+	// OpenAI error envelope (the connection manager's Lua filter).
+	t.Run("engine errors get the error envelope", func(t *testing.T) {
+		setErrorRate(t, s.Decode, 1)
+		defer setErrorRate(t, s.Decode, 0)
+		id := requestID(t, 0)
+		resp, body := send(t, s, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false))
+		if resp.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("status %d, want the engine's 500: %s", resp.StatusCode, body)
+		}
+		if _, typ := openAIError(t, body); typ != "server_error" || bytes.Contains(body, []byte(`"object"`)) {
+			t.Errorf("the engine's error was not rewritten: %s", body)
+		}
+		legs(t, s.Decode, id, 1)
+	})
+
 	// Claims 14, 16, 17: the access logs reach duet, and duet tells the legs
 	// apart by Envoy Gateway's cluster names.
 	t.Run("access-log feedback reaches duet for every leg", func(t *testing.T) {
@@ -317,6 +365,11 @@ func TestEnvoyGateway(t *testing.T) {
 			}
 			if req := got[accesslog.LegRequest]; req.DecodeTarget == "" || req.PrefillTarget == "" {
 				t.Errorf("stream=%v: the request's entry lacks duet's metadata: %+v", stream, req)
+			}
+			// Claims 18, 19: the token usage (json_to_metadata, or
+			// sse_to_metadata on the include_usage event) rides along.
+			if req := got[accesslog.LegRequest]; req.PromptTokens <= 0 || req.CompletionTokens != 4 {
+				t.Errorf("stream=%v: the request's entry has %v prompt and %v completion tokens, want some and 4", stream, req.PromptTokens, req.CompletionTokens)
 			}
 		}
 	})
@@ -442,8 +495,29 @@ func duetClustersOf(t *testing.T) (decode, prefill string, objs []object) {
 	return decode, prefill, objs
 }
 
+// chatBody is a chat request for 4 tokens; a stream asks for the usage event.
 func chatBody(stream bool) []byte {
-	return fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"stream":%v}`, stream)
+	usage := ""
+	if stream {
+		usage = `,"stream_options":{"include_usage":true}`
+	}
+	return fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"stream":%v%s}`, stream, usage)
+}
+
+// openAIError parses an OpenAI error envelope, failing the test unless body
+// is one with a message.
+func openAIError(t *testing.T, body []byte) (message, typ string) {
+	t.Helper()
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error == nil || e.Error.Message == "" {
+		t.Fatalf("not an OpenAI error envelope (%v): %s", err, body)
+	}
+	return e.Error.Message, e.Error.Type
 }
 
 // requestID is a client request id unique to the test and i.
@@ -507,6 +581,16 @@ func legs(t *testing.T, sims []*harness.Sim, id string, want int) map[*harness.S
 			return found
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// setErrorRate makes the engines fail that share of requests with 500.
+func setErrorRate(t *testing.T, sims []*harness.Sim, rate float64) {
+	t.Helper()
+	for _, e := range sims {
+		if _, err := e.SetFaults(context.Background(), sim.FaultUpdate{ErrorRate: &rate}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -133,6 +133,23 @@ func str(v any, path ...any) string {
 	return s
 }
 
+// duetMaxBody reads request.max_body_bytes from the duet.yaml of duet's
+// ConfigMap.
+func duetMaxBody(objs []object) (int, error) {
+	var cfg struct {
+		Request struct {
+			MaxBodyBytes int `yaml:"max_body_bytes"`
+		} `yaml:"request"`
+	}
+	if err := yaml.Unmarshal([]byte(str(find(objs, "ConfigMap", duetService), "data", "duet.yaml")), &cfg); err != nil {
+		return 0, fmt.Errorf("ConfigMap duet: duet.yaml: %w", err)
+	}
+	if cfg.Request.MaxBodyBytes <= 0 {
+		return 0, errors.New("ConfigMap duet: duet.yaml sets no request.max_body_bytes")
+	}
+	return cfg.Request.MaxBodyBytes, nil
+}
+
 // duetClusters reads envoy.clusters from the duet.yaml of duet's ConfigMap.
 func duetClusters(objs []object) (decode, prefill string, err error) {
 	cm := find(objs, "ConfigMap", duetService)
