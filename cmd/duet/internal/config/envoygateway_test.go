@@ -1,0 +1,53 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The duet.yaml that deploy/envoy-gateway's ConfigMap carries loads, with
+// Kubernetes discovery and Envoy Gateway's cluster names (the names
+// e2e/envoygateway proves against egctl's translation).
+func TestEnvoyGatewayConfigMap(t *testing.T) {
+	data, err := os.ReadFile("../../../../deploy/envoy-gateway/duet.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text string
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var o struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind == "ConfigMap" {
+			text = o.Data["duet.yaml"]
+		}
+	}
+	if text == "" {
+		t.Fatal("deploy/envoy-gateway/duet.yaml has no ConfigMap with duet.yaml")
+	}
+	cfg, err := Parse([]byte(text))
+	if err != nil {
+		t.Fatalf("the ConfigMap's duet.yaml: %v", err)
+	}
+	if cfg.Kubernetes == nil || cfg.Kubernetes.Prefill == nil || cfg.Kubernetes.Decode == nil {
+		t.Errorf("kubernetes section = %+v, want both pools", cfg.Kubernetes)
+	}
+	if c := cfg.Envoy.Clusters; c.Decode == DefaultDecodeCluster || c.Prefill == DefaultPrefillCluster {
+		t.Errorf("envoy.clusters = %+v, want Envoy Gateway's names", c)
+	}
+	if cfg.Listen.GRPC != "0.0.0.0:9002" {
+		t.Errorf("listen.grpc = %q, want 0.0.0.0:9002 (the Service's port)", cfg.Listen.GRPC)
+	}
+}
