@@ -97,6 +97,19 @@ func loadManifests() ([]object, error) {
 	return objs, nil
 }
 
+// marshalYAML renders one resource as YAML.
+func marshalYAML(o object) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	if err := enc.Encode(o); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
 // find returns the resource of kind and name, or nil.
 func find(objs []object, kind, name string) object {
 	for _, o := range objs {
