@@ -1,0 +1,832 @@
+package helm
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/deploy/helm/internal/kubeschema"
+)
+
+const (
+	chartDir = "duet"
+	release  = "duet"
+	// namespace is the release's namespace in every rendering.
+	namespace = "duet-system"
+	// kubeVersion is the cluster version helm renders for; the schemas come
+	// from the same minor (K8S_OPENAPI_VERSION in the Makefile).
+	kubeVersion = "1.37.2"
+)
+
+// tools are the executables and schema sources the tests use, all pinned
+// and installed by `make helm-tools` (part of `make test`).
+type tools struct {
+	helm, kubeconform, openAPIDir, crdDir, duet, envoy string
+}
+
+// findTools reads the tools' paths from the environment the Makefile
+// exports. A missing tool fails the test (it is never a reason to skip).
+func findTools(t *testing.T) tools {
+	t.Helper()
+	tk := tools{
+		helm:        os.Getenv("DUET_HELM_BIN"),
+		kubeconform: os.Getenv("DUET_KUBECONFORM_BIN"),
+		openAPIDir:  os.Getenv("DUET_K8S_OPENAPI_DIR"),
+		crdDir:      os.Getenv("DUET_K8S_CRD_DIR"),
+		envoy:       os.Getenv("DUET_ENVOY_BIN"),
+	}
+	if dir := os.Getenv("DUET_BIN_DIR"); dir != "" {
+		tk.duet = filepath.Join(dir, "duet")
+	}
+	var missing []string
+	for _, p := range []struct{ env, path string }{
+		{"DUET_HELM_BIN", tk.helm}, {"DUET_KUBECONFORM_BIN", tk.kubeconform},
+		{"DUET_K8S_OPENAPI_DIR", tk.openAPIDir}, {"DUET_K8S_CRD_DIR", tk.crdDir},
+		{"DUET_BIN_DIR", tk.duet}, {"DUET_ENVOY_BIN", tk.envoy},
+	} {
+		if p.path == "" {
+			missing = append(missing, p.env+" unset")
+		} else if _, err := os.Stat(p.path); err != nil {
+			missing = append(missing, p.path)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("missing %s: run `make test` (it builds duet, installs Envoy and the pinned helm tools)", strings.Join(missing, ", "))
+	}
+	return tk
+}
+
+// writeSchemas generates the strict JSON schemas of every Kubernetes kind
+// and of the ServiceMonitor CRD into a temporary directory, and returns
+// kubeconform's schema location for them.
+func writeSchemas(t *testing.T, tk tools) string {
+	t.Helper()
+	docs, err := filepath.Glob(filepath.Join(tk.openAPIDir, "*.json"))
+	if err != nil || len(docs) == 0 {
+		t.Fatalf("no OpenAPI documents in %s (%v)", tk.openAPIDir, err)
+	}
+	var data [][]byte
+	for _, d := range docs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data = append(data, b)
+	}
+	set, err := kubeschema.FromOpenAPI(data...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd, err := os.ReadFile(filepath.Join(tk.crdDir, "monitoring.coreos.com_servicemonitors.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	monitors, err := kubeschema.FromCRD(crd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := set.Merge(monitors); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := set.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "{{ .ResourceKind }}{{ .KindSuffix }}.json")
+}
+
+// command runs a tool and returns its combined output.
+func command(name string, args ...string) (string, error) {
+	stdout, stderr, err := command2(name, args...)
+	return stdout + stderr, err
+}
+
+// command2 runs a tool and returns its standard output and error apart; an
+// error carries both.
+func command2(name string, args ...string) (string, string, error) {
+	cmd := exec.Command(name, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("%s %s: %w\n%s%s", filepath.Base(name), strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String(), stderr.String(), err
+}
+
+// helmArgs are the arguments common to helm lint and helm template.
+func helmArgs(chart string, files []string, set []string) []string {
+	args := []string{chart, "--namespace", namespace, "--kube-version", kubeVersion}
+	for _, f := range files {
+		args = append(args, "--values", filepath.Join("examples", f))
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+// render runs helm template and returns the manifest. Anything helm
+// prints on its standard error (coalescing warnings, deprecations) is an
+// error: the chart's own values must render cleanly.
+func render(tk tools, chart string, files, set []string) (string, error) {
+	stdout, stderr, err := command2(tk.helm, append([]string{"template", release}, helmArgs(chart, files, set)...)...)
+	if err == nil && stderr != "" {
+		err = fmt.Errorf("helm template warns:\n%s", stderr)
+	}
+	return stdout, err
+}
+
+// object is one rendered Kubernetes object.
+type object struct {
+	APIVersion string
+	Kind       string
+	Metadata   struct {
+		Name, Namespace     string
+		Labels, Annotations map[string]string
+	}
+	// doc is the whole object, for decoding into a kind's own shape.
+	doc any
+}
+
+func (o object) id() string { return o.Kind + "/" + o.Metadata.Namespace + "/" + o.Metadata.Name }
+
+// into decodes the object into v; encoding/json matches field names case
+// insensitively, so v's fields need no tags.
+func (o object) into(t *testing.T, v any) {
+	t.Helper()
+	data, err := json.Marshal(o.doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", o.id(), err)
+	}
+}
+
+func parseObjects(t *testing.T, manifest string) map[string]object {
+	t.Helper()
+	out := map[string]object{}
+	dec := yaml.NewDecoder(strings.NewReader(manifest))
+	for {
+		var doc any
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("rendered YAML: %v", err)
+		}
+		if doc == nil {
+			continue
+		}
+		o := object{doc: doc}
+		o.into(t, &o)
+		if _, dup := out[o.id()]; dup {
+			t.Errorf("%s rendered twice", o.id())
+		}
+		out[o.id()] = o
+	}
+	return out
+}
+
+type labelSelector struct{ MatchLabels map[string]string }
+
+type container struct {
+	Name, Image, ImagePullPolicy string
+	Args                         []string
+	Ports                        []struct {
+		Name          string
+		ContainerPort int
+	}
+	LivenessProbe, ReadinessProbe *struct {
+		HTTPGet *struct {
+			Path string
+			Port any
+		}
+		TCPSocket *struct{ Port any }
+	}
+	SecurityContext struct {
+		ReadOnlyRootFilesystem, AllowPrivilegeEscalation *bool
+		Capabilities                                     struct{ Drop []string }
+	}
+	Resources struct {
+		Requests map[string]any
+	}
+	VolumeMounts []struct {
+		Name, MountPath string
+		ReadOnly        bool
+	}
+}
+
+type deployment struct {
+	Spec struct {
+		Replicas int
+		Selector labelSelector
+		Template struct {
+			Metadata struct{ Labels, Annotations map[string]string }
+			Spec     struct {
+				ServiceAccountName           string
+				AutomountServiceAccountToken *bool
+				SecurityContext              struct {
+					RunAsNonRoot *bool
+					RunAsUser    int
+				}
+				InitContainers, Containers []container
+				Volumes                    []struct {
+					Name      string
+					ConfigMap *struct{ Name string }
+					EmptyDir  *struct{}
+				}
+			}
+		}
+	}
+}
+
+type service struct {
+	Spec struct {
+		Selector map[string]string
+		Ports    []struct {
+			Name       string
+			Port       int
+			TargetPort any
+		}
+	}
+}
+
+// valueSet is one way of installing the chart, and what it must render.
+type valueSet struct {
+	name  string
+	files []string // under examples/
+	// objects are the Kind/namespace/name of every object rendered.
+	objects []string
+	// replicas, envoy and pd are what the Deployment and configuration must say.
+	replicas int
+	envoy    bool
+	pd       bool
+}
+
+var valueSets = []valueSet{
+	{
+		name: "default", replicas: 1, envoy: true, pd: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
+		},
+	},
+	{
+		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Role/inference/duet-endpointslices", "RoleBinding/inference/duet-endpointslices",
+			"PodDisruptionBudget/duet-system/duet", "ServiceMonitor/duet-system/duet",
+		},
+	},
+	{
+		name: "pd-static", files: []string{"pd-static.yaml"}, replicas: 1, envoy: true, pd: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+		},
+	},
+	{
+		name: "aggregated-static", files: []string{"aggregated-static.yaml"}, replicas: 1,
+		objects: []string{"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet"},
+	},
+	{
+		name: "aggregated-discovery", files: []string{"aggregated-discovery.yaml"}, replicas: 1, envoy: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
+		},
+	},
+}
+
+// TestChart lints and renders the chart for every value set and checks what
+// it renders: the Kubernetes schemas (kubeconform), how the objects refer to
+// each other, duet's configuration (loaded by duet) and Envoy's bootstrap
+// (rendered by duet as the init container does, validated by Envoy).
+func TestChart(t *testing.T) {
+	tk := findTools(t)
+	schemas := writeSchemas(t, tk)
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			if out, err := command(tk.helm, append([]string{"lint", "--strict"}, helmArgs(chartDir, vs.files, nil)...)...); err != nil {
+				t.Fatal(err)
+			} else if !strings.Contains(out, "0 chart(s) failed") {
+				t.Fatalf("helm lint:\n%s", out)
+			}
+			manifest, err := render(tk, chartDir, vs.files, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Run("kubeconform", func(t *testing.T) {
+				if out, err := kubeconform(t, tk, schemas, manifest); err != nil {
+					t.Fatal(err)
+				} else if want := fmt.Sprintf("Valid: %d,", len(vs.objects)); !strings.Contains(out, want) {
+					t.Fatalf("kubeconform summary lacks %q:\n%s", want, out)
+				}
+			})
+			objs := parseObjects(t, manifest)
+			if got := slices.Sorted(maps.Keys(objs)); !slices.Equal(got, slices.Sorted(slices.Values(vs.objects))) {
+				t.Fatalf("objects = %v\nwant      %v", got, vs.objects)
+			}
+			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
+			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
+		})
+	}
+	t.Run("engine example", func(t *testing.T) { testEngineExample(t, tk, schemas) })
+	t.Run("broken templates fail", func(t *testing.T) { testBrokenTemplates(t, tk, schemas) })
+	t.Run("invalid values fail", func(t *testing.T) { testInvalidValues(t, tk) })
+	t.Run("config change rolls pods", func(t *testing.T) { testChecksum(t, tk) })
+}
+
+// kubeconform validates a manifest strictly against the generated schemas;
+// a kind without a schema is an error.
+func kubeconform(t *testing.T, tk tools, schemas, manifest string) (string, error) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return command(tk.kubeconform, "-strict", "-summary", "-schema-location", schemas, path)
+}
+
+// checkObjects checks how the rendered objects fit together.
+func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
+	var dep deployment
+	objs["Deployment/duet-system/duet"].into(t, &dep)
+	pod := dep.Spec.Template
+	if dep.Spec.Replicas != vs.replicas {
+		t.Errorf("replicas = %d, want %d", dep.Spec.Replicas, vs.replicas)
+	}
+	if len(dep.Spec.Selector.MatchLabels) == 0 || !subset(dep.Spec.Selector.MatchLabels, pod.Metadata.Labels) {
+		t.Errorf("selector %v does not select the pod labels %v", dep.Spec.Selector.MatchLabels, pod.Metadata.Labels)
+	}
+	if len(pod.Metadata.Annotations["checksum/config"]) != 64 {
+		t.Errorf("pod annotation checksum/config = %q, want a sha256", pod.Metadata.Annotations["checksum/config"])
+	}
+	if sc := pod.Spec.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == 0 {
+		t.Errorf("pod security context %+v: want runAsNonRoot and a non-zero user", sc)
+	}
+	discovery := objs["Role/"+engineNamespace(objs)+"/duet-endpointslices"].Kind != ""
+	if tok := pod.Spec.AutomountServiceAccountToken; tok == nil || *tok != discovery {
+		t.Errorf("automountServiceAccountToken = %v, want %v (only discovery talks to the API)", tok, discovery)
+	}
+	var names []string
+	ports := map[string]int{}
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		names = append(names, c.Name)
+		sc := c.SecurityContext
+		if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			!slices.Equal(sc.Capabilities.Drop, []string{"ALL"}) {
+			t.Errorf("container %s security context %+v: want a read-only root, no privilege escalation, every capability dropped", c.Name, sc)
+		}
+		if c.Resources.Requests["cpu"] == nil || c.Resources.Requests["memory"] == nil {
+			t.Errorf("container %s requests %v: want cpu and memory", c.Name, c.Resources.Requests)
+		}
+		for _, p := range c.Ports {
+			ports[p.Name] = p.ContainerPort
+		}
+		for _, m := range c.VolumeMounts {
+			if !slices.ContainsFunc(pod.Spec.Volumes, func(v struct {
+				Name      string
+				ConfigMap *struct{ Name string }
+				EmptyDir  *struct{}
+			}) bool {
+				return v.Name == m.Name
+			}) {
+				t.Errorf("container %s mounts the undefined volume %s", c.Name, m.Name)
+			}
+		}
+	}
+	wantNames := []string{"duet"}
+	if vs.envoy {
+		wantNames = []string{"envoy-config", "duet", "envoy"}
+	}
+	if !slices.Equal(names, wantNames) {
+		t.Errorf("containers = %v, want %v", names, wantNames)
+	}
+	duet := pod.Spec.Containers[0]
+	for _, p := range []struct {
+		name  string
+		probe *struct {
+			HTTPGet *struct {
+				Path string
+				Port any
+			}
+			TCPSocket *struct{ Port any }
+		}
+		path string
+	}{{"liveness", duet.LivenessProbe, "/healthz"}, {"readiness", duet.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port != "admin" {
+			t.Errorf("duet %s probe: want GET %s on the admin port", p.name, p.path)
+		}
+	}
+	if cm := pod.Spec.Volumes[0].ConfigMap; cm == nil || objs["ConfigMap/duet-system/"+cm.Name].Kind == "" {
+		t.Errorf("the config volume does not name the chart's ConfigMap")
+	}
+	// Services select the pods and name container ports.
+	for _, id := range []string{"Service/duet-system/duet", "Service/duet-system/duet-envoy"} {
+		o, ok := objs[id]
+		if !ok {
+			continue
+		}
+		var svc service
+		o.into(t, &svc)
+		if !subset(svc.Spec.Selector, pod.Metadata.Labels) || len(svc.Spec.Selector) == 0 {
+			t.Errorf("%s selector %v does not select the pods %v", id, svc.Spec.Selector, pod.Metadata.Labels)
+		}
+		for _, p := range svc.Spec.Ports {
+			if name, _ := p.TargetPort.(string); ports[name] == 0 {
+				t.Errorf("%s port %s targets %v, which no container names", id, p.Name, p.TargetPort)
+			}
+		}
+	}
+	checkRBAC(t, objs, dep)
+	if o, ok := objs["ServiceMonitor/duet-system/duet"]; ok {
+		var sm struct {
+			Spec struct {
+				Selector          labelSelector
+				NamespaceSelector struct{ MatchNames []string }
+				Endpoints         []struct{ Port, Path string }
+			}
+		}
+		o.into(t, &sm)
+		if !subset(sm.Spec.Selector.MatchLabels, objs["Service/duet-system/duet"].Metadata.Labels) ||
+			!slices.Equal(sm.Spec.NamespaceSelector.MatchNames, []string{namespace}) {
+			t.Errorf("ServiceMonitor selects %v in %v, not duet's Service", sm.Spec.Selector.MatchLabels, sm.Spec.NamespaceSelector.MatchNames)
+		}
+		if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "admin" || sm.Spec.Endpoints[0].Path != "/metrics" {
+			t.Errorf("ServiceMonitor endpoints = %+v, want /metrics on admin", sm.Spec.Endpoints)
+		}
+	}
+	if o, ok := objs["PodDisruptionBudget/duet-system/duet"]; ok {
+		var pdb struct {
+			Spec struct{ Selector labelSelector }
+		}
+		o.into(t, &pdb)
+		if !subset(pdb.Spec.Selector.MatchLabels, pod.Metadata.Labels) {
+			t.Errorf("PodDisruptionBudget selects %v, not the pods", pdb.Spec.Selector.MatchLabels)
+		}
+	}
+}
+
+// engineNamespace is where the value set's Role must be: the engines'
+// namespace from the rendered duet configuration.
+func engineNamespace(objs map[string]object) string {
+	cfg := duetConfig(objs)
+	if k, ok := cfg["kubernetes"].(map[string]any); ok {
+		ns, _ := k["namespace"].(string)
+		return ns
+	}
+	return ""
+}
+
+func duetConfig(objs map[string]object) map[string]any {
+	var cm struct{ Data map[string]string }
+	data, _ := json.Marshal(objs["ConfigMap/duet-system/duet"].doc)
+	_ = json.Unmarshal(data, &cm)
+	var cfg map[string]any
+	_ = yaml.Unmarshal([]byte(cm.Data["duet.yaml"]), &cfg)
+	return cfg
+}
+
+// checkRBAC: with discovery, exactly the contract's permissions, in the
+// engines' namespace, for duet's service account; none without.
+func checkRBAC(t *testing.T, objs map[string]object, dep deployment) {
+	ns := engineNamespace(objs)
+	role, ok := objs["Role/"+ns+"/duet-endpointslices"]
+	if ns == "" {
+		for id := range objs {
+			if strings.HasPrefix(id, "Role") {
+				t.Errorf("%s rendered without Kubernetes discovery", id)
+			}
+		}
+		return
+	}
+	if !ok {
+		t.Fatalf("no Role in the engines' namespace %s", ns)
+	}
+	var r struct {
+		Rules []struct{ APIGroups, Resources, Verbs, ResourceNames, NonResourceURLs []string }
+	}
+	role.into(t, &r)
+	if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].APIGroups, []string{"discovery.k8s.io"}) ||
+		!slices.Equal(r.Rules[0].Resources, []string{"endpointslices"}) || !slices.Equal(r.Rules[0].Verbs, []string{"get", "list", "watch"}) {
+		t.Errorf("Role rules = %+v, want get, list, watch on discovery.k8s.io endpointslices alone", r.Rules)
+	}
+	var rb struct {
+		RoleRef  struct{ APIGroup, Kind, Name string }
+		Subjects []struct{ Kind, Name, Namespace string }
+	}
+	objs["RoleBinding/"+ns+"/duet-endpointslices"].into(t, &rb)
+	if rb.RoleRef.Kind != "Role" || rb.RoleRef.Name != role.Metadata.Name {
+		t.Errorf("RoleBinding refers to %+v, not the Role %s", rb.RoleRef, role.Metadata.Name)
+	}
+	sa := dep.Spec.Template.Spec.ServiceAccountName
+	if len(rb.Subjects) != 1 || rb.Subjects[0].Kind != "ServiceAccount" || rb.Subjects[0].Name != sa || rb.Subjects[0].Namespace != namespace {
+		t.Errorf("RoleBinding subjects = %+v, want the pods' service account %s/%s", rb.Subjects, namespace, sa)
+	}
+}
+
+func subset(sub, of map[string]string) bool {
+	for k, v := range sub {
+		if w, ok := of[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// checkDuetAndEnvoy runs what the pod runs, on the rendered files: duet
+// loads the configuration, the init container's command renders Envoy's
+// bootstrap, and Envoy validates it.
+func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]object) {
+	var cm struct{ Data map[string]string }
+	objs["ConfigMap/duet-system/duet"].into(t, &cm)
+	var dep deployment
+	objs["Deployment/duet-system/duet"].into(t, &dep)
+	pod := dep.Spec.Template.Spec
+	// Every volume is a directory here; the ConfigMap's holds its data.
+	dirs := map[string]string{}
+	for _, v := range pod.Volumes {
+		dirs[v.Name] = t.TempDir()
+		if v.ConfigMap != nil {
+			for name, data := range cm.Data {
+				if err := os.WriteFile(filepath.Join(dirs[v.Name], name), []byte(data), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// local maps the container's paths onto those directories.
+	local := func(c container, args []string) []string {
+		out := slices.Clone(args)
+		for i, a := range out {
+			for _, m := range c.VolumeMounts {
+				if rest, ok := strings.CutPrefix(a, m.MountPath+"/"); ok {
+					out[i] = filepath.Join(dirs[m.Name], rest)
+				}
+			}
+		}
+		return out
+	}
+	duet := pod.Containers[0]
+	if !slices.Equal(duet.Args[:2], []string{"serve", "-config"}) {
+		t.Fatalf("duet args = %v, want serve -config <file>", duet.Args)
+	}
+	// envoy-config loads and validates the file exactly as serve does.
+	cfgPath := local(duet, duet.Args)[2]
+	if _, err := command(tk.duet, "envoy-config", "-config", cfgPath); err != nil {
+		t.Fatalf("duet rejects the rendered configuration: %v", err)
+	}
+	cfg := duetConfig(objs)
+	if _, isPD := cfg["prefill"]; isPD != vs.pd && cfg["kubernetes"] == nil {
+		t.Errorf("static prefill list present = %v, want %v", isPD, vs.pd)
+	}
+	if k, ok := cfg["kubernetes"].(map[string]any); ok {
+		if _, isPD := k["prefill"]; isPD != vs.pd {
+			t.Errorf("kubernetes.prefill present = %v, want %v", isPD, vs.pd)
+		}
+	}
+	if !vs.envoy {
+		return
+	}
+	init := pod.InitContainers[0]
+	if init.Image != duet.Image {
+		t.Errorf("the init container runs %s, not duet's image %s", init.Image, duet.Image)
+	}
+	if _, err := command(tk.duet, local(init, init.Args)...); err != nil {
+		t.Fatalf("the init container's command fails: %v", err)
+	}
+	envoy := pod.Containers[1]
+	args := local(envoy, envoy.Args)
+	i := slices.Index(args, "-c")
+	if i < 0 || i+1 >= len(args) {
+		t.Fatalf("envoy args %v name no bootstrap", envoy.Args)
+	}
+	bootstrap, err := os.ReadFile(args[i+1])
+	if err != nil {
+		t.Fatalf("envoy's bootstrap is not where the init container wrote it: %v", err)
+	}
+	for _, want := range []string{"duet_decode", fmt.Sprintf("port_value: %d", envoy.Ports[0].ContainerPort)} {
+		if !strings.Contains(string(bootstrap), want) {
+			t.Errorf("bootstrap lacks %q", want)
+		}
+	}
+	// With discovery, Envoy resolves the headless Services.
+	if k, ok := cfg["kubernetes"].(map[string]any); ok {
+		for _, role := range []string{"prefill", "decode"} {
+			pool, ok := k[role].(map[string]any)
+			if !ok {
+				continue
+			}
+			host := fmt.Sprintf("%s.%s.svc.cluster.local", pool["service"], k["namespace"])
+			if !strings.Contains(string(bootstrap), host) {
+				t.Errorf("bootstrap does not resolve the %s Service %s", role, host)
+			}
+		}
+	}
+	if strings.Contains(string(bootstrap), "duet_prefill") != vs.pd {
+		t.Errorf("bootstrap has a prefill cluster = %v, want %v", !vs.pd, vs.pd)
+	}
+	if out, err := command(tk.envoy, append([]string{"--mode", "validate"}, args...)...); err != nil {
+		t.Fatalf("envoy rejects the bootstrap: %v", err)
+	} else if !strings.Contains(out, "OK") {
+		t.Fatalf("envoy --mode validate:\n%s", out)
+	}
+}
+
+// testEngineExample: examples/engines.yaml, the engine side of the default
+// values, is valid and has what the chart's default values name: headless
+// Services in their namespace with the http (and, for prefill, bootstrap)
+// ports, selecting the engines' pods.
+func testEngineExample(t *testing.T, tk tools, schemas string) {
+	data, err := os.ReadFile(filepath.Join("examples", "engines.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kubeconform(t, tk, schemas, string(data)); err != nil {
+		t.Fatal(err)
+	} else if !strings.Contains(out, "Valid: 4,") {
+		t.Fatalf("kubeconform summary:\n%s", out)
+	}
+	var values struct {
+		Engines struct {
+			Kubernetes struct {
+				Namespace       string
+				Prefill, Decode struct{ Service, Port string }
+			}
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join("examples", "pd-discovery.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatal(err)
+	}
+	k := values.Engines.Kubernetes
+	objs := parseObjects(t, string(data))
+	for _, pool := range []struct {
+		service, port string
+		ports         []string
+	}{
+		{k.Prefill.Service, k.Prefill.Port, []string{k.Prefill.Port, "bootstrap"}},
+		{k.Decode.Service, k.Decode.Port, []string{k.Decode.Port}},
+	} {
+		var svc struct {
+			Spec struct {
+				ClusterIP string
+				Selector  map[string]string
+				Ports     []struct{ Name string }
+			}
+		}
+		o, ok := objs["Service/"+k.Namespace+"/"+pool.service]
+		if !ok {
+			t.Fatalf("no Service %s/%s", k.Namespace, pool.service)
+		}
+		o.into(t, &svc)
+		var names []string
+		for _, p := range svc.Spec.Ports {
+			names = append(names, p.Name)
+		}
+		if svc.Spec.ClusterIP != "None" || !slices.Equal(names, pool.ports) {
+			t.Errorf("Service %s: clusterIP %q, ports %v; want a headless Service with ports %v", pool.service, svc.Spec.ClusterIP, names, pool.ports)
+		}
+		var sts struct {
+			Spec struct {
+				Template struct {
+					Metadata struct{ Labels map[string]string }
+				}
+			}
+		}
+		objs["StatefulSet/"+k.Namespace+"/"+pool.service].into(t, &sts)
+		if len(svc.Spec.Selector) == 0 || !subset(svc.Spec.Selector, sts.Spec.Template.Metadata.Labels) {
+			t.Errorf("Service %s selects %v, not its engines' pods", pool.service, svc.Spec.Selector)
+		}
+	}
+}
+
+// testBrokenTemplates breaks a copy of the chart in ways helm itself
+// accepts, and checks that kubeconform rejects each.
+func testBrokenTemplates(t *testing.T, tk tools, schemas string) {
+	tests := []struct {
+		name, file, old, new, want string
+	}{
+		{"unknown field", "deployment.yaml", "      terminationGracePeriodSeconds:", "      terminationGracePeriod: 1\n      terminationGracePeriodSeconds:", "terminationGracePeriod"},
+		{"wrong type", "service.yaml", "      protocol: TCP\n      appProtocol: kubernetes.io/h2c", "      protocol: TCP\n      appProtocol: [h2c]", "appProtocol"},
+		{"missing required field", "deployment.yaml", "  selector:\n    matchLabels:", "  selectorr:\n    matchLabels:", "selector"},
+		{"misplaced field", "rbac.yaml", "rules:\n", "verbs: [get]\nrules:\n", "verbs"},
+		{"servicemonitor field", "servicemonitor.yaml", "      path: /metrics", "      metricsPath: /metrics", "metricsPath"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			chart := copyChart(t)
+			path := filepath.Join(chart, "templates", tt.file)
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Contains(data, []byte(tt.old)) {
+				t.Fatalf("%s lacks %q: update this test", tt.file, tt.old)
+			}
+			if err := os.WriteFile(path, bytes.Replace(data, []byte(tt.old), []byte(tt.new), 1), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			manifest, err := render(tk, chart, []string{"pd-discovery.yaml"}, nil)
+			if err != nil {
+				t.Fatalf("helm rejected the break itself (this test wants one only the schemas catch): %v", err)
+			}
+			out, err := kubeconform(t, tk, schemas, manifest)
+			if err == nil {
+				t.Fatalf("kubeconform accepts the broken chart:\n%s", out)
+			}
+			if !strings.Contains(out, tt.want) {
+				t.Errorf("kubeconform's complaint does not name %q:\n%s", tt.want, out)
+			}
+		})
+	}
+}
+
+func copyChart(t *testing.T) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), chartDir)
+	if err := os.CopyFS(dst, os.DirFS(chartDir)); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// testInvalidValues: values the chart must refuse, each with a message
+// naming what to change.
+func testInvalidValues(t *testing.T, tk tools) {
+	tests := []struct {
+		name  string
+		files []string
+		set   []string
+		want  string
+	}{
+		{"chart-owned config key", nil, []string{"config.listen.grpc=:1"}, "config.listen: the chart sets it"},
+		{"chart-owned envoy address", nil, []string{"config.envoy.duet=x:1"}, "config.envoy.duet: the chart sets it"},
+		{"unknown engine source", nil, []string{"engines.source=dns"}, "at '/engines/source': value must be one of 'kubernetes', 'static'"},
+		{"static lists with discovery", nil, []string{"engines.decode[0].url=http://a:1"}, "engines.prefill and engines.decode are for source: static"},
+		{"static without decode", nil, []string{"engines.source=static"}, "engines.decode must list at least one engine"},
+		{"discovery without decode service", nil, []string{"engines.kubernetes.decode.service="}, "engines.kubernetes.decode.service is required"},
+		{"both budgets", nil, []string{"podDisruptionBudget.enabled=true", "podDisruptionBudget.maxUnavailable=1"}, "set minAvailable or maxUnavailable, not both"},
+		{"typo in values", nil, []string{"replicas=2"}, "additional properties 'replicas' not allowed"},
+		{"wrong value type", nil, []string{"envoy.enabled=yes"}, "at '/envoy/enabled': got string, want boolean"},
+		{"misplaced kubernetes key", nil, []string{"engines.kubernetes.decode.targetPort=1"}, "additional properties 'targetPort' not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := render(tk, chartDir, tt.files, tt.set)
+			if err == nil {
+				t.Fatalf("helm template accepts %v", tt.set)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("helm template's error does not say %q:\n%v", tt.want, err)
+			}
+		})
+	}
+}
+
+// testChecksum: a changed configuration changes the pod template (so the
+// pods roll); anything else leaves the checksum alone.
+func testChecksum(t *testing.T, tk tools) {
+	checksum := func(set ...string) string {
+		t.Helper()
+		manifest, err := render(tk, chartDir, nil, set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dep deployment
+		parseObjects(t, manifest)["Deployment/duet-system/duet"].into(t, &dep)
+		return dep.Spec.Template.Metadata.Annotations["checksum/config"]
+	}
+	base := checksum()
+	if again := checksum(); again != base {
+		t.Errorf("two renderings differ: %s, %s", base, again)
+	}
+	if other := checksum("config.log_level=debug"); other == base {
+		t.Error("a changed configuration keeps the checksum: the pods would not roll")
+	}
+	if other := checksum("replicaCount=3"); other != base {
+		t.Error("a replica count changes the configuration's checksum")
+	}
+}
