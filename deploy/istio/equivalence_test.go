@@ -2,9 +2,10 @@ package istio
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
 
@@ -212,41 +213,59 @@ func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
 	}
 }
 
-// The VirtualService route the EnvoyFilter patches must exist under that
-// name, and must not bring an Istio retry policy or timeout of its own.
-func TestVirtualServiceRoute(t *testing.T) {
-	data, err := os.ReadFile("gateway.yaml")
+// yamlDocs reads every document of a multi-document YAML file.
+func yamlDocs(t *testing.T, path string) []obj {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var found bool
+	var docs []obj
 	for {
 		var doc obj
-		if err := dec.Decode(&doc); err != nil {
-			break
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return docs
 		}
-		if doc["kind"] != "VirtualService" {
-			continue
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
 		}
-		for _, r := range get(t, doc, "spec", "http").([]any) {
-			r := r.(obj)
-			if r["name"] != "duet-inference" {
-				continue
-			}
-			found = true
-			if got := get(t, r, "retries", "attempts"); got != 0 {
-				t.Errorf("retries.attempts = %v, want 0 (Istio's default retries would replay requests)", got)
-			}
-			if got := r["timeout"]; got != "0s" {
-				t.Errorf("timeout = %v, want 0s", got)
+		docs = append(docs, doc)
+	}
+}
+
+// The VirtualService route the EnvoyFilter patches must exist under that
+// name and bring no Istio retry policy or timeout of its own; the Gateway
+// must select the pods the EnvoyFilter patches.
+func TestGatewayAndRoute(t *testing.T) {
+	var route, gatewaySelector, filterSelector any
+	for _, path := range []string{"gateway.yaml", "envoyfilter.yaml"} {
+		for _, doc := range yamlDocs(t, path) {
+			switch doc["kind"] {
+			case "Gateway":
+				gatewaySelector = get(t, doc, "spec", "selector")
+			case "EnvoyFilter":
+				filterSelector = get(t, doc, "spec", "workloadSelector", "labels")
+			case "VirtualService":
+				for _, r := range get(t, doc, "spec", "http").([]any) {
+					if r.(obj)["name"] == "duet-inference" {
+						route = r
+					}
+				}
 			}
 		}
 	}
-	if !found {
+	if route == nil {
 		t.Fatal("gateway.yaml has no VirtualService route named duet-inference")
 	}
-	if !strings.Contains(string(data), "istio: duet-gateway") {
-		t.Error("the Gateway does not select istio: duet-gateway, the EnvoyFilter's workload")
+	if got := get(t, route, "retries", "attempts"); got != 0 {
+		t.Errorf("retries.attempts = %v, want 0 (Istio's default retries would replay requests)", got)
+	}
+	if got, ok := route.(obj)["timeout"]; ok {
+		t.Errorf("timeout = %v, want none (Istio's default: no timeout)", got)
+	}
+	if gatewaySelector == nil || !reflect.DeepEqual(gatewaySelector, filterSelector) {
+		t.Errorf("the Gateway selects %v, the EnvoyFilter patches %v", gatewaySelector, filterSelector)
 	}
 }
