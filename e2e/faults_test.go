@@ -415,3 +415,44 @@ func TestClientGoneAbortsPrefill(t *testing.T) {
 	}
 	waitReservationsDrained(t, s)
 }
+
+// A decode engine that refuses connections: Envoy retries the decode leg on
+// the fallback engine duet listed second (claim 24), and the request is
+// served. The refused attempt's access-log entry must not make duet abort
+// the prefill leg, whose KV the retried decode leg still needs.
+func TestFaultDecodeRefusedIsRetriedAndServed(t *testing.T) {
+	s := startStack(t, harness.Options{
+		Prefill:   []harness.SimSpec{{DPSize: 2}},
+		Decode:    []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		KVTimeout: faultKVTimeout,
+		LogLevel:  "info",
+		// No probes: only the refused connection tells duet the engine died.
+		// Round robin names the dead engine first within two requests.
+		DecodePolicy: "round_robin",
+		DuetYAML:     "health: {interval: -1s}\n",
+	})
+	dead, alive := s.Decode[1], s.Decode[0]
+	dead.Kill()
+	retried := false
+	for i := 0; i < 4 && !retried; i++ {
+		id := requestID(t, i)
+		resp, body := send(t, s, "POST", "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false, ""))
+		recs := legs(t, []*harness.Sim{alive}, id, 1)[alive]
+		named, fallback, _ := strings.Cut(recs[0].Headers["x-duet-decode-endpoint"], ",")
+		if named == dead.Address {
+			retried = true
+			if fallback != alive.Address {
+				t.Errorf("duet listed %q after the dead engine, want %s", fallback, alive.Address)
+			}
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("request %d (decode hosts %s,%s): status %d: %s", i, named, fallback, resp.StatusCode, body)
+		}
+	}
+	if !retried {
+		t.Fatal("duet never named the killed decode engine first, so no retry was exercised")
+	}
+	if n := duetMetricSum(t, s, "duet_leg_aborts_total", map[string]string{"role": "prefill"}); n != 0 {
+		t.Errorf("%v prefill legs aborted: the retried decode leg needed them", n)
+	}
+}

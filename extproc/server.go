@@ -29,8 +29,9 @@ type Picker interface {
 type LegTracker interface {
 	// Track records a PD request routed to d under duet's request id, which
 	// is also the request's SGLang rid; items is the body's batch size (0
-	// for a single request).
-	Track(id string, items int, d scheduler.Decision)
+	// for a single request); decodeFallback is the decode engine listed
+	// second for Envoy's connect-failure retry, or nil.
+	Track(id string, items int, d scheduler.Decision, decodeFallback *scheduler.Endpoint)
 }
 
 // DecodeFallbacker names a second decode engine for a decode target, for
@@ -246,9 +247,10 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	mut := &extprocv3.HeaderMutation{}
 	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
 	decodeHosts := decision.Decode.Endpoint.Address
+	var fallback *scheduler.Endpoint
 	if s.opts.Fallbacks != nil {
-		if fb := s.opts.Fallbacks.DecodeFallback(decision.Decode); fb != nil {
-			decodeHosts += "," + fb.Address
+		if fallback = s.opts.Fallbacks.DecodeFallback(decision.Decode); fallback != nil {
+			decodeHosts += "," + fallback.Address
 		}
 	}
 	set(HeaderDecodeEndpoint, decodeHosts)
@@ -316,7 +318,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	}
 	s.count(req, "routed")
 	if mirror && body != nil && req.route.HasRID() && s.opts.Legs != nil {
-		s.opts.Legs.Track(req.duetID, body.Batch, decision)
+		s.opts.Legs.Track(req.duetID, body.Batch, decision, fallback)
 	}
 	if s.log.Core().Enabled(zap.DebugLevel) {
 		s.log.Debug("routed", zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.String("route", req.route.String()),

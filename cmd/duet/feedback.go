@@ -60,12 +60,15 @@ func (f fanout) Complete(ctx context.Context, c accesslog.Completion) {
 
 // abortsPartners reports whether an ejection means the engine is dead or
 // hung, so that the partner legs of the requests it holds will never
-// complete: it stopped accepting connections, or failed its health probe.
-// An engine ejected for failing requests (or for failing load scrapes, which
-// a merely slow /v1/loads causes) still finishes or fails its requests on
-// its own.
-func abortsPartners(reason string) bool {
-	return reason == scheduler.ReasonUnreachable || reason == scheduler.ReasonProbe
+// complete: it failed its health probe, or a prefill engine stopped
+// accepting connections. An engine ejected for failing requests (or for
+// failing load scrapes, which a merely slow /v1/loads causes) still finishes
+// or fails its requests on its own. A decode engine that refuses connections
+// does not either: Envoy retries those requests on a fallback decode engine,
+// whose prefill legs must live, and the legs that did reach the engine end
+// with an access-log entry of their own.
+func abortsPartners(role scheduler.Role, reason string) bool {
+	return reason == scheduler.ReasonProbe || (reason == scheduler.ReasonUnreachable && role == scheduler.RolePrefill)
 }
 
 // feedbackClusters names the engine clusters whose upstream access-log

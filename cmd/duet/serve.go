@@ -61,7 +61,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	scfg := schedulerConfig(cfg)
 	scfg.Registerer = reg
 	scfg.OnEject = func(e scheduler.Ejection) {
-		if abortsPartners(e.Reason) {
+		if abortsPartners(e.Role, e.Reason) {
 			tracker.Ejected(ctx, e.Role, e.URL, e.Rank)
 		}
 	}
@@ -101,7 +101,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	feedback := registerFeedback(ctx, gs, fanout{schedulerFeedback(sched.Complete), tracker}, feedbackClusters(cfg), log.Named("feedback"), reg)
+	// The tracker sees each entry before the scheduler, whose health
+	// accounting may eject an engine and call tracker.Ejected for it.
+	feedback := registerFeedback(ctx, gs, fanout{tracker, schedulerFeedback(sched.Complete)}, feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	mux := adminMux(reg, sched, &stopping)

@@ -84,10 +84,14 @@ type request struct {
 
 // leg is one leg's engine and state.
 type leg struct {
-	url   string
+	url   string // "" once the leg moved to a host duet does not know
 	rank  int
 	done  bool // nothing more to do: its entry arrived, or it was aborted
 	ended bool // its access-log entry arrived
+	// retried: an attempt of the decode leg could not connect, and Envoy
+	// retries it once (the route's connect-failure retry) on fallback.
+	retried  bool
+	fallback string // the decode engine listed second, or ""
 }
 
 // defaultAbortRetries are the delays after which an abort is sent again while the
@@ -177,7 +181,7 @@ func RIDs(id string, items int) []string {
 // Track records a PD request routed to d, under duet's request id, whose
 // body carries rid id and has items batch items (0 for a single request).
 // Requests without a prefill leg are not tracked.
-func (t *Tracker) Track(id string, items int, d scheduler.Decision) {
+func (t *Tracker) Track(id string, items int, d scheduler.Decision, decodeFallback *scheduler.Endpoint) {
 	if d.Prefill == nil || d.Prefill.Endpoint == nil || d.Decode.Endpoint == nil {
 		return
 	}
@@ -187,6 +191,9 @@ func (t *Tracker) Track(id string, items int, d scheduler.Decision) {
 		started: t.now(),
 		prefill: leg{url: d.Prefill.Endpoint.URL, rank: d.Prefill.Rank},
 		decode:  leg{url: d.Decode.Endpoint.URL, rank: d.Decode.Rank},
+	}
+	if decodeFallback != nil {
+		r.decode.fallback = decodeFallback.URL
 	}
 	t.mu.Lock()
 	t.reqs[id] = r
@@ -240,6 +247,15 @@ func (t *Tracker) completeLocked(r *request, c accesslog.Completion) *abortJob {
 			return r.abortLeg(scheduler.RoleDecode, ReasonPrefillFailed)
 		}
 	case accesslog.LegDecode:
+		if c.Unreachable && !r.decode.retried && !r.decode.done {
+			// The attempt never reached its engine, and Envoy retries it
+			// once on the host listed second (envoy-contract claim 24), or
+			// on one its fallback policy picks when duet listed none. The
+			// leg lives on there: the retry's entry, or the request's
+			// entry if the retry fails too, ends it.
+			r.decode.retried, r.decode.url = true, r.decode.fallback
+			return nil
+		}
 		r.decode.done, r.decode.ended = true, true
 		if c.Failed && !r.prefill.done {
 			return r.abortLeg(scheduler.RolePrefill, ReasonDecodeFailed)
@@ -349,6 +365,12 @@ func (t *Tracker) abortAttempt(ctx context.Context, job abortJob, cause accesslo
 	if cause.Leg != "" {
 		log = log.With(zap.String("failed_leg", string(cause.Leg)), zap.Int("status", cause.Status),
 			zap.String("flags", cause.ResponseFlags), zap.String("upstream", cause.Upstream))
+	}
+	if job.url == "" {
+		// A decode leg retried on a host Envoy's fallback policy chose.
+		t.aborts.WithLabelValues(string(job.role), job.reason, "failed").Inc()
+		log.Warn("abort failed: the leg was retried on an engine duet did not choose")
+		return
 	}
 	select {
 	case t.sem <- struct{}{}:

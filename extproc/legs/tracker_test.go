@@ -39,7 +39,9 @@ func (a *recordingAborter) list() []string {
 var (
 	prefillEP = &scheduler.Endpoint{Role: scheduler.RolePrefill, URL: "http://p:1", Address: "10.0.0.1:1"}
 	decodeEP  = &scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:2", Address: "10.0.0.2:2"}
-	pd        = scheduler.Decision{
+	// fallbackEP is the decode engine listed second.
+	fallbackEP = &scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://f:3", Address: "10.0.0.3:3"}
+	pd         = scheduler.Decision{
 		Prefill: &scheduler.Target{Endpoint: prefillEP, Rank: 1},
 		Decode:  scheduler.Target{Endpoint: decodeEP, Rank: 0},
 	}
@@ -47,6 +49,11 @@ var (
 
 func entry(leg accesslog.Leg, failed bool) accesslog.Completion {
 	return accesslog.Completion{RequestID: "r", Leg: leg, Failed: failed}
+}
+
+// unreachable is a decode attempt that got no connection (Envoy's UF).
+func unreachable() accesslog.Completion {
+	return accesslog.Completion{RequestID: "r", Leg: accesslog.LegDecode, Failed: true, Unreachable: true, ResponseFlags: "UF"}
 }
 
 func TestComplete(t *testing.T) {
@@ -57,38 +64,52 @@ func TestComplete(t *testing.T) {
 		entries   []accesslog.Completion
 		want      []string
 		remaining int
+		fallback  *scheduler.Endpoint
 	}{
-		{"both legs fine", 0, []accesslog.Completion{entry(accesslog.LegPrefill, ok), entry(accesslog.LegDecode, ok)}, nil, 0},
+		{"both legs fine", 0, []accesslog.Completion{entry(accesslog.LegPrefill, ok), entry(accesslog.LegDecode, ok)}, nil, 0, nil},
 		{"prefill fails first: abort decode", 0,
 			[]accesslog.Completion{entry(accesslog.LegPrefill, fail), entry(accesslog.LegDecode, fail)},
-			[]string{"http://d:2 r"}, 0},
+			[]string{"http://d:2 r"}, 0, nil},
 		{"batch: every item's rid", 3,
 			[]accesslog.Completion{entry(accesslog.LegPrefill, fail)},
-			[]string{"http://d:2 r_0,r_1,r_2"}, 1},
+			[]string{"http://d:2 r_0,r_1,r_2"}, 1, nil},
 		{"decode fails first: abort prefill", 0,
 			[]accesslog.Completion{entry(accesslog.LegDecode, fail), entry(accesslog.LegPrefill, fail)},
-			[]string{"http://p:1 r"}, 0},
+			[]string{"http://p:1 r"}, 0, nil},
 		{"prefill failure after decode ended: nothing to abort", 0,
-			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegPrefill, fail)}, nil, 0},
+			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegPrefill, fail)}, nil, 0, nil},
 		{"client gone before the prefill ended: abort prefill", 0,
 			[]accesslog.Completion{entry(accesslog.LegRequest, fail)},
-			[]string{"http://p:1 r"}, 1},
+			[]string{"http://p:1 r"}, 1, nil},
 		{"client gone, then the aborted prefill ends", 0,
 			[]accesslog.Completion{entry(accesslog.LegRequest, fail), entry(accesslog.LegPrefill, fail)},
-			[]string{"http://p:1 r"}, 0},
+			[]string{"http://p:1 r"}, 0, nil},
 		{"request fine, prefill still running: wait for it", 0,
-			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegRequest, ok)}, nil, 1},
+			[]accesslog.Completion{entry(accesslog.LegDecode, ok), entry(accesslog.LegRequest, ok)}, nil, 1, nil},
 		{"only one abort per leg", 0,
 			[]accesslog.Completion{entry(accesslog.LegDecode, fail), entry(accesslog.LegRequest, fail)},
-			[]string{"http://p:1 r"}, 1},
+			[]string{"http://p:1 r"}, 1, nil},
 		{"unknown request", 0,
-			[]accesslog.Completion{{RequestID: "other", Leg: accesslog.LegPrefill, Failed: true}}, nil, 1},
+			[]accesslog.Completion{{RequestID: "other", Leg: accesslog.LegPrefill, Failed: true}}, nil, 1, nil},
+		// Envoy retries a decode attempt that could not connect (claim 24).
+		{"decode unreachable, retried and served: the prefill lives", 0,
+			[]accesslog.Completion{unreachable(), entry(accesslog.LegDecode, ok), entry(accesslog.LegPrefill, ok)}, nil, 0, fallbackEP},
+		{"decode unreachable, then the request ends fine", 0,
+			[]accesslog.Completion{unreachable(), entry(accesslog.LegRequest, ok), entry(accesslog.LegPrefill, ok)}, nil, 0, fallbackEP},
+		{"the retry cannot connect either: abort prefill", 0,
+			[]accesslog.Completion{unreachable(), unreachable()}, []string{"http://p:1 r"}, 1, fallbackEP},
+		{"the retry failed and the request with it: abort prefill", 0,
+			[]accesslog.Completion{unreachable(), entry(accesslog.LegRequest, fail)}, []string{"http://p:1 r"}, 1, fallbackEP},
+		{"prefill fails after the retry: abort decode on the fallback engine", 0,
+			[]accesslog.Completion{unreachable(), entry(accesslog.LegPrefill, fail)}, []string{"http://f:3 r"}, 1, fallbackEP},
+		{"prefill fails after a retry on a host duet did not list: nothing to call", 0,
+			[]accesslog.Completion{unreachable(), entry(accesslog.LegPrefill, fail)}, nil, 1, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			a := &recordingAborter{}
 			tr := New(Options{Aborter: a, AbortRetries: []time.Duration{}})
-			tr.Track("r", tt.items, pd)
+			tr.Track("r", tt.items, pd, tt.fallback)
 			for _, e := range tt.entries {
 				tr.Complete(context.Background(), e)
 			}
@@ -108,7 +129,7 @@ func TestComplete(t *testing.T) {
 func TestAbortRetriesUntilTheLegEnds(t *testing.T) {
 	a := &recordingAborter{}
 	tr := New(Options{Aborter: a, AbortRetries: []time.Duration{20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}})
-	tr.Track("r", 0, pd)
+	tr.Track("r", 0, pd, nil)
 	tr.Complete(context.Background(), entry(accesslog.LegPrefill, true))
 	deadline := time.Now().Add(5 * time.Second)
 	for len(a.list()) < 2 {
@@ -129,7 +150,7 @@ func TestAbortRetriesUntilTheLegEnds(t *testing.T) {
 	// Without an ending, every retry is sent.
 	a2 := &recordingAborter{}
 	tr2 := New(Options{Aborter: a2, AbortRetries: []time.Duration{time.Millisecond, time.Millisecond}})
-	tr2.Track("r", 0, pd)
+	tr2.Track("r", 0, pd, nil)
 	tr2.Complete(context.Background(), entry(accesslog.LegPrefill, true))
 	tr2.Wait()
 	if n := len(a2.list()); n != 3 {
@@ -139,7 +160,7 @@ func TestAbortRetriesUntilTheLegEnds(t *testing.T) {
 
 func TestTrackIgnoresAggregated(t *testing.T) {
 	tr := New(Options{Aborter: &recordingAborter{}})
-	tr.Track("r", 0, scheduler.Decision{Decode: pd.Decode})
+	tr.Track("r", 0, scheduler.Decision{Decode: pd.Decode}, nil)
 	if tr.Len() != 0 {
 		t.Fatal("an aggregated request was tracked")
 	}
@@ -166,8 +187,8 @@ func TestEjected(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a := &recordingAborter{}
 			tr := New(Options{Aborter: a, AbortRetries: []time.Duration{}})
-			tr.Track("a", 0, pd)
-			tr.Track("b", 0, scheduler.Decision{Prefill: &scheduler.Target{Endpoint: other, Rank: 0}, Decode: pd.Decode})
+			tr.Track("a", 0, pd, nil)
+			tr.Track("b", 0, scheduler.Decision{Prefill: &scheduler.Target{Endpoint: other, Rank: 0}, Decode: pd.Decode}, nil)
 			tr.Ejected(context.Background(), tt.role, tt.url, tt.rank)
 			tr.Wait()
 			got := a.list()
@@ -189,9 +210,9 @@ func TestSweep(t *testing.T) {
 	tr := New(Options{Aborter: &recordingAborter{}, TTL: time.Minute})
 	now := time.Unix(1000, 0)
 	tr.now = func() time.Time { return now }
-	tr.Track("old", 0, pd)
+	tr.Track("old", 0, pd, nil)
 	now = now.Add(2 * time.Minute)
-	tr.Track("new", 0, pd)
+	tr.Track("new", 0, pd, nil)
 	if n := tr.Sweep(); n != 1 || tr.Len() != 1 {
 		t.Fatalf("Sweep = %d, tracked %d; want 1, 1", n, tr.Len())
 	}
@@ -210,7 +231,7 @@ func TestAbortsAreBoundedAndCounted(t *testing.T) {
 	a := &blockingAborter{release: make(chan struct{})}
 	tr := New(Options{Aborter: a, MaxInFlight: 1, Registerer: reg, AbortRetries: []time.Duration{}})
 	for _, id := range []string{"x", "y"} {
-		tr.Track(id, 0, pd)
+		tr.Track(id, 0, pd, nil)
 		tr.Complete(context.Background(), accesslog.Completion{RequestID: id, Leg: accesslog.LegPrefill, Failed: true})
 	}
 	close(a.release)
