@@ -1,0 +1,289 @@
+package istio
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// liveManifests writes copies of the manifests into dir with the stack's
+// loopback addresses in place of the Kubernetes ones: the gateway port is
+// Envoy's listen port, duet's cluster dials duet's gRPC port, and each
+// engine cluster lists the simulated engines (in Kubernetes, DNS on the
+// headless Service gives the pod addresses). It returns the file paths.
+func liveManifests(dir string, addrs harness.Addresses) ([]string, error) {
+	_, port, err := net.SplitHostPort(addrs.EnvoyListen)
+	if err != nil {
+		return nil, err
+	}
+	replace := func(file, out string, pairs ...string) (string, error) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return "", err
+		}
+		for i := 0; i < len(pairs); i += 2 {
+			if !bytes.Contains(data, []byte(pairs[i])) {
+				return "", fmt.Errorf("%s does not contain %q", file, pairs[i])
+			}
+			data = bytes.ReplaceAll(data, []byte(pairs[i]), []byte(pairs[i+1]))
+		}
+		path := filepath.Join(dir, out)
+		return path, os.WriteFile(path, data, 0o644)
+	}
+	gw, err := replace("gateway.yaml", "gateway.yaml", "number: 80, name: http", "number: "+port+", name: http")
+	if err != nil {
+		return nil, err
+	}
+	cl, err := replace(fixture, "cluster.yaml", "{name: http2, port: 80, targetPort: 80", "{name: http2, port: "+port+", targetPort: "+port)
+	if err != nil {
+		return nil, err
+	}
+
+	data, err := os.ReadFile("envoyfilter.yaml")
+	if err != nil {
+		return nil, err
+	}
+	var ef obj
+	if err := yaml.Unmarshal(data, &ef); err != nil {
+		return nil, err
+	}
+	hosts := map[string][]string{"duet_extproc": {addrs.DuetGRPC}}
+	for _, role := range []struct {
+		cluster string
+		urls    []string
+	}{{"duet_decode", addrs.Decode}, {"duet_prefill", addrs.Prefill}} {
+		for _, u := range role.urls {
+			parsed, err := url.Parse(u)
+			if err != nil {
+				return nil, err
+			}
+			hosts[role.cluster] = append(hosts[role.cluster], parsed.Host)
+		}
+	}
+	seen := 0
+	for _, p := range ef["spec"].(obj)["configPatches"].([]any) {
+		v, _ := p.(obj)["patch"].(obj)["value"].(obj)
+		list, ok := hosts[fmt.Sprint(v["name"])]
+		if !ok || p.(obj)["applyTo"] != "CLUSTER" {
+			continue
+		}
+		seen++
+		var endpoints []any
+		for _, hp := range list {
+			host, port, err := net.SplitHostPort(hp)
+			if err != nil {
+				return nil, err
+			}
+			n, _ := strconv.Atoi(port)
+			endpoints = append(endpoints, obj{"endpoint": obj{"address": obj{"socket_address": obj{"address": host, "port_value": n}}}})
+		}
+		v["type"] = "STATIC"
+		v["load_assignment"].(obj)["endpoints"] = []any{obj{"lb_endpoints": endpoints}}
+	}
+	if seen != len(hosts) {
+		return nil, fmt.Errorf("envoyfilter.yaml: found %d of the %d clusters to readdress", seen, len(hosts))
+	}
+	out, err := yaml.Marshal(ef)
+	if err != nil {
+		return nil, err
+	}
+	efPath := filepath.Join(dir, "envoyfilter.yaml")
+	return []string{gw, efPath, cl}, os.WriteFile(efPath, out, 0o644)
+}
+
+// liveBootstrap generates the gateway's configuration from the readdressed
+// manifests with Istio's generator, then binds its listeners to the
+// stack's loopback address, adds Envoy's admin interface and drops what
+// only istiod could serve.
+func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harness.Addresses) ([]byte, error) {
+	files, err := liveManifests(dir, addrs)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "istio-gateway.json")
+	args := []string{"xds", "-o", path, "-proxy-namespace", "inference", "-proxy-ip", "10.0.0.10",
+		"-proxy-label", "app=duet-gateway", "-proxy-label", "istio=duet-gateway"}
+	if out, err := exec.CommandContext(ctx, tools.Check, append(args, files...)...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("duet-istio-check xds: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var boot obj
+	if err := json.Unmarshal(data, &boot); err != nil {
+		return nil, err
+	}
+	// No istiod here: drop the ADS source and the clusters it would fill
+	// (Istio's outbound EDS clusters, which no route of this gateway uses
+	// once the EnvoyFilter rewrote it). Envoy would otherwise wait for them
+	// forever before it starts serving.
+	res := boot["staticResources"].(obj)
+	var kept []any
+	for _, c := range res["clusters"].([]any) {
+		if c.(obj)["type"] != "EDS" {
+			kept = append(kept, c)
+		}
+	}
+	res["clusters"] = kept
+	delete(boot, "dynamicResources")
+	listenHost, _, err := net.SplitHostPort(addrs.EnvoyListen)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range boot["staticResources"].(obj)["listeners"].([]any) {
+		l.(obj)["address"].(obj)["socketAddress"].(obj)["address"] = listenHost
+	}
+	adminHost, adminPort, err := net.SplitHostPort(addrs.EnvoyAdmin)
+	if err != nil {
+		return nil, err
+	}
+	n, _ := strconv.Atoi(adminPort)
+	boot["admin"] = obj{"address": obj{"socketAddress": obj{"address": adminHost, "portValue": n}}}
+	return json.Marshal(boot)
+}
+
+// Istio's generated gateway configuration, with the EnvoyFilter applied and
+// the stack's addresses in place of the cluster's, serves PD traffic on the
+// real Envoy through duet: every request is served, each leg reaches an
+// engine of its role (the mirror with its own DP rank), and the two access
+// logs report every leg to duet.
+func TestIstioGatewayServesPD(t *testing.T) {
+	tools := findIstioTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	s, err := harness.Start(ctx, harness.Options{
+		// Prefill DP sizes differ from decode so that the ranks of the two
+		// legs of a request differ on some requests.
+		Prefill: []harness.SimSpec{{DPSize: 2}, {DPSize: 4}},
+		Decode:  []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		Dir:     dir,
+		Bootstrap: func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
+			return liveBootstrap(ctx, tools, dir, addrs)
+		},
+	})
+	if err != nil {
+		t.Fatalf("start the stack on Istio's gateway configuration (files in %s): %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(s.Logs())
+		}
+		s.Close()
+	})
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	const requests = 8
+	for i := range requests {
+		r := harness.Chat(ctx, client, s.EnvoyURL, i, i%2 == 0, 8)
+		if r.Outcome != harness.OutcomeServed {
+			t.Fatalf("request %d (stream %v): %s %d %s", i, i%2 == 0, r.Outcome, r.Status, r.Detail)
+		}
+	}
+	// Each leg reached an engine of its role; the prefill leg (the mirror)
+	// carries the prefill rank, which the mirror policy copied from
+	// x-duet-prefill-dp-rank, not the decode rank of the main request.
+	legs, differ := map[string]int{}, 0
+	for role, sims := range map[string][]*harness.Sim{"prefill": s.Prefill, "decode": s.Decode} {
+		for _, sim := range sims {
+			recs, err := sim.Requests(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			legs[role] += len(recs)
+			if role != "prefill" {
+				continue
+			}
+			for _, rec := range recs {
+				rank, prefillRank := rec.Headers["x-data-parallel-rank"], rec.Headers["x-duet-prefill-dp-rank"]
+				if rank == "" || rank != prefillRank {
+					t.Errorf("prefill leg has X-Data-Parallel-Rank %q, want the prefill rank %q", rank, prefillRank)
+				}
+				if rankOfDecodeLeg(t, s, rec.Headers["x-duet-request-id"]) != rank {
+					differ++
+				}
+			}
+		}
+	}
+	if legs["prefill"] != requests || legs["decode"] != requests {
+		t.Errorf("legs reaching engines: %v, want %d of each", legs, requests)
+	}
+	if differ == 0 {
+		t.Error("no request had different decode and prefill ranks: the per-leg rank is not shown")
+	}
+
+	// Feedback: one downstream entry per request and one per leg.
+	want := map[string]float64{"request": requests, "decode": requests, "prefill": requests}
+	deadline := time.Now().Add(10 * time.Second)
+	var got map[string]float64
+	for {
+		got = feedbackEntries(t, s)
+		if fmt.Sprint(got) == fmt.Sprint(want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("duet's feedback entries by leg: %v, want %v", got, want)
+	}
+}
+
+// rankOfDecodeLeg returns the X-Data-Parallel-Rank of the decode leg of the
+// request with duet's id.
+func rankOfDecodeLeg(t *testing.T, s *harness.Stack, duetID string) string {
+	t.Helper()
+	for _, sim := range s.Decode {
+		recs, err := sim.Requests(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range recs {
+			if rec.Headers["x-duet-request-id"] == duetID {
+				return rec.Headers["x-data-parallel-rank"]
+			}
+		}
+	}
+	t.Fatalf("no decode leg for request %s", duetID)
+	return ""
+}
+
+// feedbackEntries sums duet_feedback_entries_total by leg.
+func feedbackEntries(t *testing.T, s *harness.Stack) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(s.DuetAdminURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	out := map[string]float64{}
+	for _, m := range mfs["duet_feedback_entries_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "leg" {
+				out[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
