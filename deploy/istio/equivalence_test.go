@@ -14,7 +14,8 @@ import (
 	"github.com/duet-router/duet/envoy"
 )
 
-// The addresses and parameters envoyfilter.yaml is written for.
+// The addresses and parameters envoyfilter.yaml is written for: what `duet
+// envoy-config` renders for a duet whose engines are discovered in Kubernetes.
 func bootstrapParams() envoy.Params {
 	return envoy.Params{
 		Listen: envoy.Address{Host: "0.0.0.0", Port: 8080}, Admin: envoy.Address{Host: "127.0.0.1", Port: 9901},
@@ -22,6 +23,8 @@ func bootstrapParams() envoy.Params {
 		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute,
 		Prefill: []envoy.Address{{Host: "sglang-prefill.inference.svc.cluster.local", Port: 30000}},
 		Decode:  []envoy.Address{{Host: "sglang-decode.inference.svc.cluster.local", Port: 30000}},
+		// The engines are headless Services, as with duet's kubernetes: section.
+		Headless: true,
 	}
 }
 
