@@ -278,6 +278,8 @@ type gatewayFacts struct {
 	listenerBuf  float64
 }
 
+// readGateway collects the facts from a generated bootstrap (protojson
+// field names).
 func readGateway(t *testing.T, boot map[string]any) gatewayFacts {
 	t.Helper()
 	f := gatewayFacts{clusters: map[string]bool{}}
@@ -312,6 +314,7 @@ func readGateway(t *testing.T, boot map[string]any) gatewayFacts {
 	return f
 }
 
+// asList returns v as a JSON list, or nil.
 func asList(v any) []any {
 	l, _ := v.([]any)
 	return l
