@@ -9,10 +9,8 @@ import (
 	"strings"
 	"time"
 
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
@@ -36,7 +34,7 @@ type Env struct {
 // two calls a Discovery's informer makes. NewClient returns one; tests can
 // adapt a fake clientset.
 type SliceClient interface {
-	List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error)
+	List(ctx context.Context, namespace string, opts metav1.ListOptions) (*EndpointSliceList, error)
 	Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
 }
 
@@ -87,9 +85,9 @@ func NewClient(path string, env Env) (*Client, error) {
 	return &Client{Slices: slices, Host: cfg.Host, Namespace: ns}, nil
 }
 
-// restSlices is a SliceClient on a REST client whose scheme knows the
-// discovery.k8s.io/v1 types only: client-go's generated clients register
-// every built-in API group, which would double duet's binary.
+// restSlices is a SliceClient on a REST client whose scheme knows
+// EndpointSlices only: client-go's generated clients register every
+// built-in API group, which more than doubled duet's binary.
 type restSlices struct {
 	rest   rest.Interface
 	params runtime.ParameterCodec
@@ -98,14 +96,11 @@ type restSlices struct {
 // newSliceClient returns a SliceClient for the API server cfg describes.
 func newSliceClient(cfg *rest.Config) (*restSlices, error) {
 	scheme := runtime.NewScheme()
-	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("kubernetes: scheme: %w", err)
-	}
-	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"}) // Status
+	addToScheme(scheme)
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = userAgent
 	cfg.APIPath = "/apis"
-	cfg.GroupVersion = &discoveryv1.SchemeGroupVersion
+	cfg.GroupVersion = &sliceGroupVersion
 	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	rc, err := rest.RESTClientFor(cfg)
 	if err != nil {
@@ -124,8 +119,8 @@ func (c *restSlices) request(namespace string, opts *metav1.ListOptions) *rest.R
 }
 
 // List implements SliceClient.
-func (c *restSlices) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
-	var out discoveryv1.EndpointSliceList
+func (c *restSlices) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*EndpointSliceList, error) {
+	var out EndpointSliceList
 	if err := c.request(namespace, &opts).Do(ctx).Into(&out); err != nil {
 		return nil, err
 	}

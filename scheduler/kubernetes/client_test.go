@@ -167,4 +167,13 @@ func testDiscoveryOverHTTP(t *testing.T, watchList bool) {
 	h.waitFor(t, lists{decode: specsOf("http://10.0.0.1:30000", "http://10.0.0.2:30000")})
 	api.Delete(testNamespace, "d-1")
 	h.waitFor(t, lists{decode: specsOf("http://10.0.0.2:30000")})
+
+	// The API server stops while the informer watches and reconnects.
+	closed := make(chan struct{})
+	go func() { api.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("kubetest's Close hangs while a client watches")
+	}
 }

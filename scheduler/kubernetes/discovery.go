@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -148,7 +147,7 @@ func New(opts Options) (*Discovery, error) {
 		}
 		services = append(services, opts.Prefill.Service)
 	}
-	req, err := labels.NewRequirement(discoveryv1.LabelServiceName, selection.In, services)
+	req, err := labels.NewRequirement(LabelServiceName, selection.In, services)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes discovery: service names: %w", err)
 	}
@@ -181,7 +180,7 @@ func New(opts Options) (*Discovery, error) {
 		},
 	}
 	d.informer = cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, opts.Client),
-		&discoveryv1.EndpointSlice{}, cache.SharedIndexInformerOptions{})
+		&EndpointSlice{}, cache.SharedIndexInformerOptions{})
 	notify := func() {
 		select {
 		case d.kick <- struct{}{}:
@@ -262,10 +261,10 @@ func (d *Discovery) prefillService() string {
 // (initial) every engine is handed at once; later, new engines wait for
 // the join delay. It returns when the next joining engine is due, or zero.
 func (d *Discovery) update(ctx context.Context, initial bool) time.Time {
-	byService := make(map[string][]*discoveryv1.EndpointSlice)
+	byService := make(map[string][]*EndpointSlice)
 	for _, obj := range d.informer.GetStore().List() {
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-			svc := s.Labels[discoveryv1.LabelServiceName]
+		if s, ok := obj.(*EndpointSlice); ok {
+			svc := s.Labels[LabelServiceName]
 			byService[svc] = append(byService[svc], s)
 		}
 	}

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -71,12 +72,45 @@ func readyAt(addr, pod string) discoveryv1.Endpoint { return endpoint(addr, pod,
 // that the informer lists and watches as it must with the fake.
 type fakeSlices struct{ cs *fake.Clientset }
 
-func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
-	return f.cs.DiscoveryV1().EndpointSlices(ns).List(ctx, opts)
+func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions) (*EndpointSliceList, error) {
+	list, err := f.cs.DiscoveryV1().EndpointSlices(ns).List(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	var out EndpointSliceList
+	return &out, recode(list, &out)
 }
 
 func (f fakeSlices) Watch(ctx context.Context, ns string, opts metav1.ListOptions) (watch.Interface, error) {
-	return f.cs.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
+	w, err := f.cs.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+		if s, ok := e.Object.(*discoveryv1.EndpointSlice); ok {
+			e.Object = convert(s)
+		}
+		return e, true
+	}), nil
+}
+
+// recode copies in into out through their JSON form, as the API server's
+// answers reach duet's own types.
+func recode(in, out any) error {
+	data, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(data, out)
+}
+
+// convert returns s as duet's EndpointSlice type.
+func convert(s *discoveryv1.EndpointSlice) *EndpointSlice {
+	var out EndpointSlice
+	if err := recode(s, &out); err != nil {
+		panic(err)
+	}
+	return &out
 }
 
 func (f fakeSlices) IsWatchListSemanticsUnSupported() bool {

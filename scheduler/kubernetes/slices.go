@@ -7,9 +7,6 @@ import (
 	"slices"
 	"strconv"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -45,13 +42,13 @@ type engine struct {
 // URL. For the prefill role, a slice port named BootstrapPortName sets
 // BootstrapPort. Slices it cannot use (no HTTP port, FQDN addresses) are
 // skipped, each with an error in problems naming it.
-func specs(role scheduler.Role, pool Pool, list []*discoveryv1.EndpointSlice) (out []scheduler.EndpointSpec, problems []error) {
+func specs(role scheduler.Role, pool Pool, list []*EndpointSlice) (out []scheduler.EndpointSpec, problems []error) {
 	byPod := make(map[string]engine)
 	for _, s := range list {
 		if !hasReady(s) {
 			continue
 		}
-		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
+		if s.AddressType != AddressTypeIPv4 && s.AddressType != AddressTypeIPv6 {
 			problems = append(problems, fmt.Errorf("EndpointSlice %s/%s: address type %q is not supported (IPv4 or IPv6 only)",
 				s.Namespace, s.Name, s.AddressType))
 			continue
@@ -65,7 +62,7 @@ func specs(role scheduler.Role, pool Pool, list []*discoveryv1.EndpointSlice) (o
 		if role == scheduler.RolePrefill {
 			bootstrap = namedPort(BootstrapPortName, s.Ports)
 		}
-		ipv4 := s.AddressType == discoveryv1.AddressTypeIPv4
+		ipv4 := s.AddressType == AddressTypeIPv4
 		for _, ep := range s.Endpoints {
 			if len(ep.Addresses) == 0 || !ready(ep.Conditions) {
 				continue
@@ -113,7 +110,7 @@ func better(e, prev engine) bool {
 
 // podKey identifies the pod behind an endpoint, or, without a pod
 // reference, the endpoint's URL.
-func podKey(ref *corev1.ObjectReference, url string) string {
+func podKey(ref *ObjectReference, url string) string {
 	if ref == nil || ref.Name == "" {
 		return "url/" + url
 	}
@@ -122,14 +119,14 @@ func podKey(ref *corev1.ObjectReference, url string) string {
 
 // ready reports whether an endpoint may get traffic: ready (nil counts as
 // ready, per the API) and not terminating.
-func ready(c discoveryv1.EndpointConditions) bool {
+func ready(c EndpointConditions) bool {
 	return (c.Ready == nil || *c.Ready) && (c.Terminating == nil || !*c.Terminating)
 }
 
 // hasReady reports whether a slice lists a ready endpoint with an address.
 // Slices without one are skipped before their ports are checked: a Service
 // without endpoints has a slice without ports.
-func hasReady(s *discoveryv1.EndpointSlice) bool {
+func hasReady(s *EndpointSlice) bool {
 	for _, ep := range s.Endpoints {
 		if len(ep.Addresses) > 0 && ready(ep.Conditions) {
 			return true
@@ -141,10 +138,10 @@ func hasReady(s *discoveryv1.EndpointSlice) bool {
 // httpPort returns the number of the slice's HTTP port that want names (a
 // name, a number, or empty; see Pool.Port). Only TCP ports with a number
 // count.
-func httpPort(want string, ports []discoveryv1.EndpointPort) (int, error) {
-	var usable []discoveryv1.EndpointPort
+func httpPort(want string, ports []EndpointPort) (int, error) {
+	var usable []EndpointPort
 	for _, p := range ports {
-		if p.Port != nil && *p.Port > 0 && *p.Port <= 65535 && (p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) {
+		if p.Port != nil && *p.Port > 0 && *p.Port <= 65535 && (p.Protocol == nil || *p.Protocol == protocolTCP) {
 			usable = append(usable, p)
 		}
 	}
@@ -162,7 +159,7 @@ func httpPort(want string, ports []discoveryv1.EndpointPort) (int, error) {
 		}
 		return 0, fmt.Errorf("no TCP port named %q (ports: %s)", want, portList(ports))
 	}
-	var candidates []discoveryv1.EndpointPort
+	var candidates []EndpointPort
 	for _, p := range usable {
 		if p.Name == nil || *p.Name != BootstrapPortName {
 			candidates = append(candidates, p)
@@ -179,10 +176,10 @@ func httpPort(want string, ports []discoveryv1.EndpointPort) (int, error) {
 }
 
 // namedPort returns the number of the TCP port called name, or 0.
-func namedPort(name string, ports []discoveryv1.EndpointPort) int {
+func namedPort(name string, ports []EndpointPort) int {
 	for _, p := range ports {
 		if p.Name != nil && *p.Name == name && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 &&
-			(p.Protocol == nil || *p.Protocol == corev1.ProtocolTCP) {
+			(p.Protocol == nil || *p.Protocol == protocolTCP) {
 			return int(*p.Port)
 		}
 	}
@@ -190,7 +187,7 @@ func namedPort(name string, ports []discoveryv1.EndpointPort) int {
 }
 
 // portList formats ports for an error message, e.g. "http=30000/TCP, 8998/TCP".
-func portList(ports []discoveryv1.EndpointPort) string {
+func portList(ports []EndpointPort) string {
 	if len(ports) == 0 {
 		return "none"
 	}
@@ -208,7 +205,7 @@ func portList(ports []discoveryv1.EndpointPort) string {
 		} else {
 			b = append(b, "any"...)
 		}
-		proto := corev1.ProtocolTCP
+		proto := protocolTCP
 		if p.Protocol != nil {
 			proto = *p.Protocol
 		}

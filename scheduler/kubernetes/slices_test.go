@@ -148,7 +148,11 @@ func TestSpecs(t *testing.T) {
 			if role == "" {
 				role = scheduler.RoleDecode
 			}
-			got, problems := specs(role, tt.pool, tt.slices)
+			var in []*EndpointSlice
+			for _, s := range tt.slices {
+				in = append(in, convert(s))
+			}
+			got, problems := specs(role, tt.pool, in)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Errorf("specs = %v, want %v", got, tt.want)
 			}

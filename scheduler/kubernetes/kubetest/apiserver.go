@@ -40,19 +40,30 @@ type APIServer struct {
 	slices    map[string]discoveryv1.EndpointSlice // namespace/name -> slice
 	events    []event                              // events[i] has resource version i+1
 	changed   chan struct{}                        // closed and replaced on every event
-	requests  int                                  // list and watch calls served
-	watchList bool                                 // whether sendInitialEvents is served (else refused)
+	done      chan struct{}                        // closed by Close: watches end
+	closed    bool
+	requests  int  // list and watch calls served
+	watchList bool // whether sendInitialEvents is served (else refused)
 }
 
 // Start starts an API server on a loopback port.
 func Start() *APIServer {
-	a := &APIServer{slices: make(map[string]discoveryv1.EndpointSlice), changed: make(chan struct{}), watchList: true}
+	a := &APIServer{slices: make(map[string]discoveryv1.EndpointSlice), changed: make(chan struct{}), watchList: true,
+		done: make(chan struct{})}
 	a.srv = httptest.NewServer(http.HandlerFunc(a.serve))
 	return a
 }
 
-// Close stops the server and ends open watches.
+// Close stops the server and ends open watches, even while clients keep
+// reconnecting.
 func (a *APIServer) Close() {
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		close(a.done)
+	}
+	a.mu.Unlock()
+	_ = a.srv.Listener.Close() // no new connections; Close closes it again
 	a.srv.CloseClientConnections()
 	a.srv.Close()
 }
@@ -262,6 +273,8 @@ func (a *APIServer) watch(w http.ResponseWriter, r *http.Request, match func(*di
 		pending = pending[:0]
 		select {
 		case <-r.Context().Done():
+			return
+		case <-a.done:
 			return
 		case <-changed:
 		}
