@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/duet-router/duet/scheduler/kubernetes/kubetest"
@@ -167,6 +169,18 @@ func testDiscoveryOverHTTP(t *testing.T, watchList bool) {
 	h.waitFor(t, lists{decode: specsOf("http://10.0.0.1:30000", "http://10.0.0.2:30000")})
 	api.Delete(testNamespace, "d-1")
 	h.waitFor(t, lists{decode: specsOf("http://10.0.0.2:30000")})
+
+	// The API server refuses duet (as without RBAC): the failed calls are
+	// counted, the lists stay; once it serves again, changes flow again.
+	api.Fail(http.StatusForbidden)
+	eventually(t, 15*time.Second, func() bool { return testutil.ToFloat64(d.metrics.watchErrors) > 0 },
+		func() string { return "no watch error counted while the API server refused" })
+	if last, _ := rec.last(); len(last.decode) != 1 {
+		t.Errorf("lists while the API server refused: %v", last)
+	}
+	api.Fail(0)
+	api.Apply(slice("d-3", "decode", discoveryv1.AddressTypeIPv4, ports, readyAt("10.0.0.3", "c")))
+	h.waitFor(t, lists{decode: specsOf("http://10.0.0.2:30000", "http://10.0.0.3:30000")})
 
 	// The API server stops while the informer watches and reconnects.
 	closed := make(chan struct{})

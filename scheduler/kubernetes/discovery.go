@@ -194,7 +194,10 @@ func New(opts Options) (*Discovery, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("kubernetes discovery: %w", err)
 	}
-	if err := d.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+	if err := d.informer.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		if ctx.Err() != nil {
+			return // stopping
+		}
 		d.metrics.watchErrors.Inc()
 		d.log.Warn("listing or watching EndpointSlices failed; retrying", zap.Error(err))
 	}); err != nil {

@@ -44,6 +44,7 @@ type APIServer struct {
 	closed    bool
 	requests  int  // list and watch calls served
 	watchList bool // whether sendInitialEvents is served (else refused)
+	fail      int  // when set, the HTTP status of every answer
 }
 
 // Start starts an API server on a loopback port.
@@ -85,6 +86,17 @@ func (a *APIServer) SetWatchList(on bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.watchList = on
+}
+
+// Fail makes every list and watch call fail with the HTTP status code (403
+// as without RBAC, 500, ...) and ends open watches; 0 serves again.
+func (a *APIServer) Fail(code int) {
+	a.mu.Lock()
+	a.fail = code
+	a.mu.Unlock()
+	if code != 0 {
+		a.srv.CloseClientConnections()
+	}
 }
 
 // Apply creates or replaces a slice (by namespace and name).
@@ -169,8 +181,12 @@ func (a *APIServer) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	a.requests++
-	watchList := a.watchList
+	watchList, fail := a.watchList, a.fail
 	a.mu.Unlock()
+	if fail != 0 {
+		status(w, fail, http.StatusText(fail), "kubetest: failing on purpose")
+		return
+	}
 	initial := q.Get("sendInitialEvents") == "true"
 	if initial && !watchList {
 		status(w, http.StatusUnprocessableEntity, "Invalid", "sendInitialEvents is not supported")
