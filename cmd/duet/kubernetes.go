@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"k8s.io/klog/v2"
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/envoy"
@@ -26,6 +28,8 @@ func newDiscovery(cfg *config.Config, sched kubernetes.EndpointSetter, env kuber
 	if k == nil {
 		return func(context.Context) {}, nil
 	}
+	// client-go logs through klog: into duet's log, as JSON.
+	klog.SetLogger(logr.New(zapSink{log.Named("client-go")}))
 	client, err := kubernetes.NewClient(k.Kubeconfig, env)
 	if err != nil {
 		return nil, err
