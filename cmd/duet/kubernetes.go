@@ -28,8 +28,6 @@ func newDiscovery(cfg *config.Config, sched kubernetes.EndpointSetter, env kuber
 	if k == nil {
 		return func(context.Context) {}, nil
 	}
-	// client-go logs through klog: into duet's log, as JSON.
-	klog.SetLogger(logr.New(zapSink{log.Named("client-go")}))
 	client, err := kubernetes.NewClient(k.Kubeconfig, env)
 	if err != nil {
 		return nil, err
@@ -55,6 +53,9 @@ func newDiscovery(cfg *config.Config, sched kubernetes.EndpointSetter, env kuber
 	if err != nil {
 		return nil, err
 	}
+	// client-go logs through klog: into duet's log, as JSON. klog's logger
+	// is the process's; no client-go goroutine runs yet.
+	klog.SetLogger(logr.New(zapSink{log.Named("client-go")}))
 	log.Info("kubernetes discovery configured", zap.String("api_server", client.Host), zap.String("namespace", ns))
 	return d.Run, nil
 }

@@ -115,7 +115,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	defer cancel()
 	go sched.Run(runCtx)
 	go tracker.Run(runCtx)
-	go runDiscovery(runCtx)
+	var discovering sync.WaitGroup // joined on return: client-go's goroutines end with serve
+	defer func() { cancel(); discovering.Wait() }()
+	discovering.Go(func() { runDiscovery(runCtx) })
 	reloads := newReloader(path, cfg, sched, log.Named("reload"), reg)
 	var reloading sync.WaitGroup
 	defer func() { cancel(); reloading.Wait() }()
