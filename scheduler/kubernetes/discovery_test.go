@@ -198,7 +198,7 @@ func TestDiscoveryFollowsSlices(t *testing.T) {
 
 // A burst of changes within the debounce is applied in one call.
 func TestDiscoveryDebounce(t *testing.T) {
-	h := start(t, Options{Decode: Pool{Service: "decode"}, Debounce: 300 * time.Millisecond})
+	h := start(t, Options{Decode: Pool{Service: "decode"}, Debounce: 500 * time.Millisecond})
 	h.waitFor(t, lists{})
 	var want []string
 	for i := range 5 {
@@ -217,7 +217,7 @@ func TestDiscoveryDebounce(t *testing.T) {
 // appears later waits for the join delay; one that leaves before its delay
 // is over is never scheduled; removals apply at once.
 func TestDiscoveryJoinDelay(t *testing.T) {
-	const join = 600 * time.Millisecond
+	const join = time.Second
 	ports := []discoveryv1.EndpointPort{port("", 30000)}
 	h := start(t, Options{Decode: Pool{Service: "decode"}, Debounce: 10 * time.Millisecond, JoinDelay: join},
 		slice("d-a", "decode", discoveryv1.AddressTypeIPv4, ports, readyAt("10.0.0.1", "a")))
