@@ -3,10 +3,10 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,33 +21,20 @@ import (
 // the client already has its response) and returns them by leg.
 func completions(t *testing.T, s *harness.Stack, id string, want int) map[accesslog.Leg]accesslog.Completion {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := httpClient.Get(s.DuetAdminURL + "/debug/completions?request_id=" + url.QueryEscape(id))
-		if err != nil {
-			t.Fatal(err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second+requestTimeout)
+	defer cancel()
+	got, err := harness.WaitCompletions[accesslog.Completion](ctx, s, id, want, 10*time.Second)
+	byLeg := map[accesslog.Leg]accesslog.Completion{}
+	for _, c := range got {
+		if _, dup := byLeg[c.Leg]; dup {
+			t.Errorf("request %s: two %s entries: %+v", id, c.Leg, got)
 		}
-		var got []accesslog.Completion
-		err = json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("/debug/completions: %v", err)
-		}
-		if len(got) >= want || time.Now().After(deadline) {
-			byLeg := map[accesslog.Leg]accesslog.Completion{}
-			for _, c := range got {
-				if _, dup := byLeg[c.Leg]; dup {
-					t.Errorf("request %s: two %s entries: %+v", id, c.Leg, got)
-				}
-				byLeg[c.Leg] = c
-			}
-			if len(got) != want {
-				t.Fatalf("request %s: %d completions, want %d: %+v", id, len(got), want, got)
-			}
-			return byLeg
-		}
-		time.Sleep(10 * time.Millisecond)
+		byLeg[c.Leg] = c
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return byLeg
 }
 
 // usage is the token usage an engine reported to the client.

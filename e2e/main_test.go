@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
@@ -52,42 +50,24 @@ func startStack(t *testing.T, opts harness.Options) *harness.Stack {
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(s.Logs())
-		}
-		s.Close()
-	})
+	t.Cleanup(func() { s.CloseLoggingIfFailed(t) })
 	return s
 }
 
-var httpClient = &http.Client{Timeout: 30 * time.Second}
+// requestTimeout bounds each request a test sends.
+const requestTimeout = 30 * time.Second
 
-// send posts body to the stack's Envoy and returns the response and its body.
+var httpClient = &http.Client{Timeout: requestTimeout}
+
+// send sends body (none when nil) to the stack's Envoy and returns the
+// response and its body (see harness.Stack.Send).
 func send(t *testing.T, s *harness.Stack, method, path string, hdr map[string]string, body []byte) (*http.Response, []byte) {
 	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequest(method, s.EnvoyURL+path, rd)
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	resp, data, err := s.Send(ctx, method, path, hdr, body)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if body != nil {
-		req.Header.Set("content-type", "application/json")
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read response: %v", err)
 	}
 	return resp, data
 }
@@ -101,45 +81,21 @@ func requestID(t *testing.T, i int) string {
 // want records exist (the mirror may finish after the client's response).
 func legs(t *testing.T, sims []*harness.Sim, id string, want int) map[*harness.Sim][]harness.Record {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		found := map[*harness.Sim][]harness.Record{}
-		n := 0
-		for _, sim := range sims {
-			recs, err := sim.Requests(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range recs {
-				if r.RequestID() == id {
-					found[sim] = append(found[sim], r)
-					n++
-				}
-			}
-		}
-		if n >= want || time.Now().After(deadline) {
-			if n != want {
-				t.Fatalf("request %s: %d engine records, want %d: %v", id, n, want, found)
-			}
-			return found
-		}
-		time.Sleep(20 * time.Millisecond)
+	found, err := harness.WaitRecords(context.Background(), sims, id, want, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return found
 }
 
 // only returns the single (sim, record) in found.
 func only(t *testing.T, found map[*harness.Sim][]harness.Record) (*harness.Sim, harness.Record) {
 	t.Helper()
-	if len(found) != 1 {
-		t.Fatalf("records on %d engines, want 1", len(found))
+	sim, rec, err := harness.OnlyRecord(found)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for sim, recs := range found {
-		if len(recs) != 1 {
-			t.Fatalf("%d records on %s, want 1", len(recs), sim.Name)
-		}
-		return sim, recs[0]
-	}
-	panic("unreachable")
+	return sim, rec
 }
 
 // stat reads one counter from Envoy's admin /stats.

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/duet-router/duet/e2e/harness"
 )
@@ -136,15 +134,11 @@ func TestConversationSticksUntilImbalance(t *testing.T) {
 // duetMetrics scrapes and parses duet's /metrics.
 func duetMetrics(t *testing.T, s *harness.Stack) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := httpClient.Get(s.DuetAdminURL + "/metrics")
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	mfs, err := s.DuetMetrics(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
 	}
 	return mfs
 }

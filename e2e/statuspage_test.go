@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"image"
 	"image/png"
@@ -240,7 +239,7 @@ func TestStatusPage(t *testing.T) {
 	stopLoad()
 	clients.Wait()
 	var fetched statusJSON
-	if err := getJSON(ctx, s.DuetAdminURL+"/status.json", &fetched); err != nil {
+	if err := harness.GetJSON(ctx, s.DuetAdminURL+"/status.json", &fetched); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -283,7 +282,7 @@ func TestStatusPage(t *testing.T) {
 	if shot, err := chromedp.Run(bctx, chromedp.CaptureScreenshot()); err == nil {
 		_ = os.WriteFile(strings.Replace(screenshotPath, ".png", "-ejected.png", 1), shot, 0o644)
 	}
-	if err := getJSON(ctx, s.DuetAdminURL+"/status.json", &fetched); err != nil {
+	if err := harness.GetJSON(ctx, s.DuetAdminURL+"/status.json", &fetched); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range fetched.Endpoints {
@@ -505,21 +504,4 @@ func commas(n int64) string {
 		return "-" + b.String()
 	}
 	return b.String()
-}
-
-// getJSON fetches url and decodes its JSON body into v.
-func getJSON(ctx context.Context, url string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }

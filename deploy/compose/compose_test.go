@@ -395,11 +395,7 @@ func TestPorts(t *testing.T) {
 // TestEnvoyImageVersion checks that the compose stack runs the Envoy
 // version the end-to-end tests prove the bootstrap on.
 func TestEnvoyImageVersion(t *testing.T) {
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	version, err := tools.EnvoyVersion()
+	version, err := harness.FindEnvoyVersion()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,17 +10,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -351,46 +350,15 @@ func (s series) missing(u use) string {
 	}
 	for _, l := range u.labels {
 		if lbls[l] == nil && !slices.Contains(scrapeLabels, l) {
-			return fmt.Sprintf("%s has no label %s (labels: %v)", u.metric, l, keys(lbls))
+			return fmt.Sprintf("%s has no label %s (labels: %v)", u.metric, l, slices.Sorted(maps.Keys(lbls)))
 		}
 	}
 	for l, v := range u.values {
 		if lbls[l] != nil && !lbls[l][v] {
-			return fmt.Sprintf("%s has no series with %s=%q (seen: %v)", u.metric, l, v, keys(lbls[l]))
+			return fmt.Sprintf("%s has no series with %s=%q (seen: %v)", u.metric, l, v, slices.Sorted(maps.Keys(lbls[l])))
 		}
 	}
 	return ""
-}
-
-func keys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// scrape reads one Prometheus text endpoint.
-func scrape(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("GET %s: %w", url, err)
-	}
-	return families, nil
 }
 
 // faultHealth makes duet probe and eject within the test's time.
@@ -428,12 +396,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
-	defer func() {
-		if t.Failed() {
-			t.Log(s.Logs())
-		}
-		s.Close()
-	}()
+	defer s.CloseLoggingIfFailed(t)
 
 	client := &http.Client{Timeout: 20 * time.Second}
 	send := func(n int) {
@@ -452,7 +415,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		endpoints := []string{s.DuetAdminURL + "/metrics", s.EnvoyAdminURL + "/stats/prometheus",
 			s.Prefill[0].URL + "/metrics", s.Decode[0].URL + "/metrics"}
 		for _, url := range endpoints {
-			families, err := scrape(ctx, url)
+			families, err := harness.ScrapeMetrics(ctx, url)
 			if err != nil {
 				errs = append(errs, err.Error())
 				continue

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
@@ -182,12 +180,7 @@ func TestIstioGatewayServesPD(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start the stack on Istio's gateway configuration (files in %s): %v", dir, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(s.Logs())
-		}
-		s.Close()
-	})
+	t.Cleanup(func() { s.CloseLoggingIfFailed(t) })
 
 	client := &http.Client{Timeout: 30 * time.Second}
 	const requests = 8
@@ -267,15 +260,11 @@ func rankOfDecodeLeg(t *testing.T, s *harness.Stack, duetID string) string {
 // feedbackEntries sums duet_feedback_entries_total by leg.
 func feedbackEntries(t *testing.T, s *harness.Stack) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(s.DuetAdminURL + "/metrics")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mfs, err := s.DuetMetrics(ctx)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
 	}
 	out := map[string]float64{}
 	for _, m := range mfs["duet_feedback_entries_total"].GetMetric() {

@@ -6,10 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -22,7 +20,8 @@ import (
 	"github.com/duet-router/duet/extproc/accesslog"
 )
 
-var httpClient = &http.Client{Timeout: 30 * time.Second}
+// requestTimeout bounds each request a test sends.
+const requestTimeout = 30 * time.Second
 
 var fastPrefill = []string{"--prefill-ms-per-1k-tokens", "1"}
 
@@ -90,12 +89,7 @@ func startGateway(t *testing.T) *harness.Stack {
 	if err != nil {
 		t.Fatalf("start the Envoy Gateway stack (files in %s): %v", dir, err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log(s.Logs())
-		}
-		s.Close()
-	})
+	t.Cleanup(func() { s.CloseLoggingIfFailed(t) })
 	return s
 }
 
@@ -428,11 +422,7 @@ func TestEnvoyGateway(t *testing.T) {
 // TestManifestPinsTheProvedEnvoy: the EnvoyProxy runs the Envoy release
 // these tests run on.
 func TestManifestPinsTheProvedEnvoy(t *testing.T) {
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	version, err := tools.EnvoyVersion()
+	version, err := harness.FindEnvoyVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,31 +515,18 @@ func requestID(t *testing.T, i int) string {
 }
 
 // send posts body (GET when nil) to the gateway and returns the response
-// with its whole body.
+// with its whole body (see harness.Stack.Send).
 func send(t *testing.T, s *harness.Stack, path string, hdr map[string]string, body []byte) (*http.Response, []byte) {
 	t.Helper()
-	method, rd := http.MethodGet, io.Reader(nil)
+	method := http.MethodGet
 	if body != nil {
-		method, rd = http.MethodPost, bytes.NewReader(body)
+		method = http.MethodPost
 	}
-	req, err := http.NewRequest(method, s.EnvoyURL+path, rd)
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	resp, data, err := s.Send(ctx, method, path, hdr, body)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if body != nil {
-		req.Header.Set("content-type", "application/json")
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("read response: %v", err)
 	}
 	return resp, data
 }
@@ -558,29 +535,11 @@ func send(t *testing.T, s *harness.Stack, path string, hdr map[string]string, bo
 // may end after the client's response) and returns them by engine.
 func legs(t *testing.T, sims []*harness.Sim, id string, want int) map[*harness.Sim][]harness.Record {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		found, n := map[*harness.Sim][]harness.Record{}, 0
-		for _, sim := range sims {
-			recs, err := sim.Requests(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range recs {
-				if r.RequestID() == id {
-					found[sim] = append(found[sim], r)
-					n++
-				}
-			}
-		}
-		if n >= want || time.Now().After(deadline) {
-			if n != want {
-				t.Fatalf("request %s: %d engine records, want %d", id, n, want)
-			}
-			return found
-		}
-		time.Sleep(20 * time.Millisecond)
+	found, err := harness.WaitRecords(context.Background(), sims, id, want, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return found
 }
 
 // setErrorRate makes the engines fail that share of requests with 500.
@@ -596,41 +555,26 @@ func setErrorRate(t *testing.T, sims []*harness.Sim, rate float64) {
 // only returns the one engine and record of found.
 func only(t *testing.T, found map[*harness.Sim][]harness.Record) (*harness.Sim, harness.Record) {
 	t.Helper()
-	for sim, recs := range found {
-		if len(recs) == 1 && len(found) == 1 {
-			return sim, recs[0]
-		}
+	sim, rec, err := harness.OnlyRecord(found)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("want one record on one engine, got %v", found)
-	return nil, harness.Record{}
+	return sim, rec
 }
 
 // completions waits until duet's /debug/completions holds want entries for
 // request id and returns them by leg.
 func completions(t *testing.T, s *harness.Stack, id string, want int) map[accesslog.Leg]accesslog.Completion {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := httpClient.Get(s.DuetAdminURL + "/debug/completions?request_id=" + url.QueryEscape(id))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []accesslog.Completion
-		err = json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("/debug/completions: %v", err)
-		}
-		if len(got) >= want || time.Now().After(deadline) {
-			if len(got) != want {
-				t.Fatalf("request %s: %d completions, want %d: %+v", id, len(got), want, got)
-			}
-			byLeg := map[accesslog.Leg]accesslog.Completion{}
-			for _, c := range got {
-				byLeg[c.Leg] = c
-			}
-			return byLeg
-		}
-		time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second+requestTimeout)
+	defer cancel()
+	got, err := harness.WaitCompletions[accesslog.Completion](ctx, s, id, want, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	byLeg := map[accesslog.Leg]accesslog.Completion{}
+	for _, c := range got {
+		byLeg[c.Leg] = c
+	}
+	return byLeg
 }

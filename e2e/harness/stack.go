@@ -269,6 +269,23 @@ func (s *Stack) Logs() string {
 	return b.String()
 }
 
+// FailureLog is the part of a *testing.T that CloseLoggingIfFailed uses.
+type FailureLog interface {
+	Helper()
+	Failed() bool
+	Log(args ...any)
+}
+
+// CloseLoggingIfFailed stops every process, as Close does, after logging
+// the tail of every process log to t if t has failed: a test's cleanup.
+func (s *Stack) CloseLoggingIfFailed(t FailureLog) error {
+	t.Helper()
+	if t.Failed() {
+		t.Log(s.Logs())
+	}
+	return s.Close()
+}
+
 // Close stops every process.
 func (s *Stack) Close() error {
 	var errs []error

@@ -88,3 +88,13 @@ func repoRoot() (string, error) {
 		dir = parent
 	}
 }
+
+// FindEnvoyVersion returns the version of the Envoy that FindTools finds,
+// the one the tests run on, e.g. "1.40.0".
+func FindEnvoyVersion() (string, error) {
+	tools, err := FindTools()
+	if err != nil {
+		return "", err
+	}
+	return tools.EnvoyVersion()
+}
