@@ -14,7 +14,6 @@ require (
 	github.com/prometheus/common v0.73.1
 	github.com/prometheus/prometheus v0.316.0
 	github.com/tidwall/gjson v1.20.1
-	github.com/tidwall/sjson v1.2.7
 	go.uber.org/zap v1.28.0
 	golang.org/x/net v0.61.0
 	gonum.org/v1/plot v0.17.0

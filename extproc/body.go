@@ -1,12 +1,13 @@
 package extproc
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/tidwall/gjson"
-	"github.com/tidwall/sjson"
 
 	"github.com/duet-router/duet/extproc/jsondepth"
 )
@@ -140,52 +141,69 @@ type Placement struct {
 // Rewrite returns the body with the client's routing fields replaced by
 // placement, and the bootstrap rooms minted (nil when not PD).
 func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
-	out := b.raw
-	var err error
-	for _, f := range routingFields {
-		if out, err = sjson.DeleteBytes(out, f); err != nil {
-			return nil, nil, fmt.Errorf("remove %s: %w", f, err)
-		}
-	}
 	var rooms []uint64
 	if pl.PD {
-		n := max(b.Batch, 1)
-		rooms = make([]uint64, n)
+		rooms = make([]uint64, max(b.Batch, 1))
 		for i := range rooms {
 			rooms[i] = MintRoom(pl.PrefillRank, pl.PrefillDPSize)
 		}
-		host := strconv.Quote(pl.BootstrapHost)
-		port := strconv.Itoa(pl.BootstrapPort)
-		set := []struct {
-			field string
-			value func(i int) string
-		}{
-			{FieldBootstrapHost, func(int) string { return host }},
-			{FieldBootstrapPort, func(int) string { return port }},
-			{FieldBootstrapRoom, func(i int) string { return strconv.FormatUint(rooms[i], 10) }},
+	}
+	// One pass: copy every top-level member but the routing fields (each
+	// occurrence, under any spelling of its name), then append duet's. A
+	// field at a time with sjson copied and rescanned the whole body a dozen
+	// times, and deleted only the first of duplicate keys, leaving a second
+	// copy for the engine's parser, which keeps the last.
+	out := make([]byte, 0, len(b.raw)+256)
+	out = append(out, '{')
+	var bad error
+	gjson.ParseBytes(b.raw).ForEach(func(key, value gjson.Result) bool {
+		if slices.Contains(routingFields, key.String()) {
+			return true
 		}
-		for _, s := range set {
-			if out, err = sjson.SetRawBytes(out, s.field, []byte(jsonValue(b.Batch, s.value))); err != nil {
-				return nil, nil, fmt.Errorf("set %s: %w", s.field, err)
-			}
+		end := value.Index + len(value.Raw)
+		if key.Index <= 0 || value.Index <= key.Index || end > len(b.raw) {
+			bad = fmt.Errorf("member %q has no position in the body", key.String())
+			return false
 		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, b.raw[key.Index:end]...)
+		return true
+	})
+	if bad != nil {
+		return nil, nil, bad
+	}
+	field := func(name, value string) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendQuote(out, name)
+		out = append(out, ':')
+		out = append(out, value...)
+	}
+	if pl.PD {
+		host, port := jsonString(pl.BootstrapHost), strconv.Itoa(pl.BootstrapPort)
+		field(FieldBootstrapHost, jsonValue(b.Batch, func(int) string { return host }))
+		field(FieldBootstrapPort, jsonValue(b.Batch, func(int) string { return port }))
+		field(FieldBootstrapRoom, jsonValue(b.Batch, func(i int) string { return strconv.FormatUint(rooms[i], 10) }))
 		if pl.PrefillRank >= 0 {
-			if out, err = sjson.SetBytes(out, FieldDisaggPrefillDPRank, pl.PrefillRank); err != nil {
-				return nil, nil, fmt.Errorf("set %s: %w", FieldDisaggPrefillDPRank, err)
-			}
+			field(FieldDisaggPrefillDPRank, strconv.Itoa(pl.PrefillRank))
 		}
 	}
 	if pl.RID != "" {
-		if out, err = sjson.SetBytes(out, FieldRID, pl.RID); err != nil {
-			return nil, nil, fmt.Errorf("set %s: %w", FieldRID, err)
-		}
+		field(FieldRID, jsonString(pl.RID))
 	}
 	if pl.RoutedRank >= 0 {
-		if out, err = sjson.SetBytes(out, FieldRoutedDPRank, pl.RoutedRank); err != nil {
-			return nil, nil, fmt.Errorf("set %s: %w", FieldRoutedDPRank, err)
-		}
+		field(FieldRoutedDPRank, strconv.Itoa(pl.RoutedRank))
 	}
-	return out, rooms, nil
+	return append(out, '}'), rooms, nil
+}
+
+// jsonString renders s as a JSON string.
+func jsonString(s string) string {
+	data, _ := json.Marshal(s) // a string always marshals
+	return string(data)
 }
 
 // jsonValue renders a scalar (batch 0) or a list of batch values.

@@ -127,3 +127,58 @@ func TestRewriteScalarAndAggregated(t *testing.T) {
 		t.Errorf("routed_dp_rank not set: %s", out)
 	}
 }
+
+// A client's routing fields go however often and however spelled they
+// come: JSON parsers such as the engine's keep the last of duplicate keys.
+func TestRewriteRemovesEveryCopy(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		pl   Placement
+	}{
+		{"duplicate keys, PD", `{"model":"m","data_parallel_rank":1,"data_parallel_rank":1,"routed_dp_rank":0,"routed_dp_rank":1}`,
+			Placement{PD: true, BootstrapHost: "10.0.0.1", BootstrapPort: 8998, PrefillRank: 1, PrefillDPSize: 2, RoutedRank: -1}},
+		{"escaped names", `{"model":"m","\u0072outed_dp_rank":1,"boot\u0073trap_room":7,"r\u0069d":"mine"}`,
+			Placement{RoutedRank: -1}},
+		{"duplicate rid and room, aggregated", `{"rid":"a","rid":"b","bootstrap_room":1,"bootstrap_room":2,"model":"m"}`,
+			Placement{RoutedRank: 0, RID: "duet-1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := ParseBody(RouteChat, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := b.Rewrite(tt.pl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !gjson.ValidBytes(out) {
+				t.Fatalf("invalid JSON: %s", out)
+			}
+			counts := map[string]int{}
+			gjson.ParseBytes(out).ForEach(func(k, _ gjson.Result) bool {
+				counts[k.String()]++
+				return true
+			})
+			for _, f := range routingFields {
+				want := 0
+				switch {
+				case f == FieldRID && tt.pl.RID != "",
+					f == FieldRoutedDPRank && tt.pl.RoutedRank >= 0,
+					tt.pl.PD && (f == FieldBootstrapHost || f == FieldBootstrapPort || f == FieldBootstrapRoom || f == FieldDisaggPrefillDPRank):
+					want = 1
+				}
+				if counts[f] != want {
+					t.Errorf("%s appears %d times, want %d: %s", f, counts[f], want, out)
+				}
+			}
+			if got := gjson.GetBytes(out, "model").String(); got != "m" {
+				t.Errorf("model = %q: %s", got, out)
+			}
+			if tt.pl.RID != "" && gjson.GetBytes(out, FieldRID).String() != tt.pl.RID {
+				t.Errorf("rid is not duet's: %s", out)
+			}
+		})
+	}
+}

@@ -48,7 +48,7 @@ var (
 )
 
 // client starts a Server on loopback gRPC and returns a client for it.
-func client(t *testing.T, picker Picker, maxBody int) extprocv3.ExternalProcessorClient {
+func client(t testing.TB, picker Picker, maxBody int) extprocv3.ExternalProcessorClient {
 	t.Helper()
 	opts := Options{Picker: picker, PrefillCluster: "duet_prefill", MaxBodyBytes: maxBody,
 		Metrics: NewMetrics(prometheus.NewRegistry())}
@@ -77,7 +77,7 @@ func client(t *testing.T, picker Picker, maxBody int) extprocv3.ExternalProcesso
 
 // exchange plays Envoy for one request: headers, then (if body != nil) the
 // buffered body; it returns the response to the last message sent.
-func exchange(t *testing.T, c extprocv3.ExternalProcessorClient, method, path string, hdrs map[string]string, body []byte) *extprocv3.ProcessingResponse {
+func exchange(t testing.TB, c extprocv3.ExternalProcessorClient, method, path string, hdrs map[string]string, body []byte) *extprocv3.ProcessingResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
