@@ -11,8 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -123,7 +126,7 @@ func TestServeLifecycle(t *testing.T) {
 	}))
 	defer engine.Close()
 	admin := freeAddr(t)
-	cfg := writeConfig(t, fmt.Sprintf("listen: {grpc: %q, admin: %q}\ndiscovery: {interval: 100ms}\ndecode: [{url: %q}]\n",
+	cfg := writeConfig(t, fmt.Sprintf("listen: {grpc: %q, admin: %q, pprof: true}\ndiscovery: {interval: 100ms}\ndecode: [{url: %q}]\n",
 		freeAddr(t), admin, engine.URL))
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -155,6 +158,9 @@ func TestServeLifecycle(t *testing.T) {
 	if code, body := get("/metrics"); code != 200 || !strings.Contains(body, "go_goroutines") {
 		t.Errorf("/metrics = %d", code)
 	}
+	if code, body := get("/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "goroutine profile") {
+		t.Errorf("/debug/pprof/goroutine with listen.pprof = %d", code)
+	}
 	cancel()
 	select {
 	case err := <-done:
@@ -165,3 +171,23 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 }
+
+// Without listen.pprof the admin port serves no profiles.
+func TestAdminMuxHasNoPprofByDefault(t *testing.T) {
+	var stopping atomic.Bool
+	srv := httptest.NewServer(adminMux(prometheus.NewRegistry(), readyAlways{}, &stopping))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/debug/pprof/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ = %d, want 404", resp.StatusCode)
+	}
+}
+
+// readyAlways is a scheduler that is always ready.
+type readyAlways struct{}
+
+func (readyAlways) Ready() bool { return true }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"sync"
@@ -107,6 +108,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 
 	var stopping atomic.Bool
 	mux := adminMux(reg, sched, &stopping)
+	if cfg.Listen.Pprof {
+		servePprof(mux)
+	}
 	status.New(sched, status.Options{Version: version}).Register(mux) // GET /status, /status.json
 	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	admin.Handler = withFeedbackDebug(admin.Handler, feedback)
@@ -191,6 +195,16 @@ func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) 
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return mux
+}
+
+// servePprof adds Go's profiling handlers (net/http/pprof) under
+// /debug/pprof/ on mux.
+func servePprof(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
 
 // endpointSpecs converts configured endpoints to the scheduler's specs.

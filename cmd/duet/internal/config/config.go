@@ -59,8 +59,11 @@ type Config struct {
 type Listen struct {
 	// GRPC serves the Envoy ext_proc API (and, later, the access-log service).
 	GRPC string `yaml:"grpc"`
-	// Admin serves /healthz, /readyz and /metrics.
+	// Admin serves /healthz, /readyz, /metrics and the status page.
 	Admin string `yaml:"admin"`
+	// Pprof serves Go's profiles under /debug/pprof/ on the admin port. Off
+	// by default: profiles show request data and cost CPU while taken.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Endpoint is one engine in the configuration.
