@@ -14,7 +14,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality soak image
+.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality bench-overhead soak image
 
 all: build
 
@@ -51,6 +51,14 @@ demo: build envoy
 # quality.json and the PNG plots. BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
 bench-quality: build envoy
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
+
+# Overhead benchmark (issue 10): Envoy alone against Envoy + duet (ext_proc
+# only, aggregated, PD) in front of a fake engine that answers at once,
+# alternating variants, load generator and servers pinned to separate CPUs;
+# regenerates docs/benchmarks/overhead.md (about 4 minutes). OVERHEAD_FLAGS
+# passes flags, e.g. OVERHEAD_FLAGS='-bodies 1,32,256 -reps 3'.
+bench-overhead: build envoy
+	$(GO) run ./e2e/bench/overhead $(OVERHEAD_FLAGS)
 
 # Soak (not in CI): 20 minutes of mixed load with faults injected; reports
 # outcomes, wait percentiles, and duet's memory and goroutines over time.

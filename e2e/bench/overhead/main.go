@@ -1,0 +1,358 @@
+// Command overhead measures what duet adds to Envoy (`make
+// bench-overhead`, issue 10): in one run it alternates Envoy alone in front
+// of a fake engine that answers at once (direct), Envoy + ext_proc to duet
+// without the access logs and usage filters (ext_proc only), the bootstrap
+// `duet envoy-config` renders for an aggregated pool, and the one for a PD
+// pool, under fixed-rate open-loop loads and a closed-loop saturation run
+// (vegeta over loopback). The servers are pinned to one CPU and the load
+// generator to another. It writes docs/benchmarks/overhead.md.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// pinnedEnv marks the process that already runs under taskset.
+const pinnedEnv = "DUET_OVERHEAD_PINNED"
+
+// options are the command-line flags.
+type options struct {
+	out, bodies, rates, loadCPU, serverCPU, logDir string
+	duration, warmup                               time.Duration
+	concurrency, reps, dp                          int
+	pin, keepLogs                                  bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", "docs/benchmarks/overhead.md", "report to write (relative to the repository root)")
+	flag.StringVar(&o.bodies, "bodies", "1,32", "request body sizes in KiB, comma-separated (e.g. 1,32,256)")
+	flag.StringVar(&o.rates, "rates", "200,500", "open-loop rates in requests per second, comma-separated")
+	flag.IntVar(&o.concurrency, "concurrency", 20, "closed-loop workers of the saturation run (0: no saturation run)")
+	flag.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of each run")
+	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unrecorded load before each run, on the same connections")
+	flag.IntVar(&o.reps, "reps", 2, "repetitions; variants alternate within each")
+	flag.IntVar(&o.dp, "dp", 2, "DP size of every fake engine")
+	flag.BoolVar(&o.pin, "pin", true, "pin the load generator and the servers to separate CPUs with taskset")
+	flag.StringVar(&o.loadCPU, "load-cpu", "0", "taskset CPU list of the load generator")
+	flag.StringVar(&o.serverCPU, "server-cpu", "1", "taskset CPU list of Envoy, duet and the engines")
+	flag.StringVar(&o.logDir, "log-dir", "", "directory for the processes' configs and logs (default: a temporary one, removed unless -keep-logs)")
+	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the temporary log directory")
+	flag.Parse()
+
+	if o.pin && os.Getenv(pinnedEnv) == "" {
+		if err := reexecPinned(o.loadCPU); err != nil {
+			fmt.Fprintln(os.Stderr, "overhead:", err)
+			os.Exit(1)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "overhead:", err)
+		os.Exit(1)
+	}
+}
+
+// reexecPinned replaces the process with itself under `taskset -c cpu`,
+// so that every thread of the load generator runs there.
+func reexecPinned(cpu string) error {
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		return fmt.Errorf("pinning needs taskset (util-linux), or pass -pin=false: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	argv := append([]string{"taskset", "-c", cpu, self}, os.Args[1:]...)
+	env := append(os.Environ(), pinnedEnv+"=1")
+	if err := syscall.Exec(taskset, argv, env); err != nil {
+		return fmt.Errorf("pin: exec taskset: %w", err)
+	}
+	return nil
+}
+
+// run starts every variant's stack, measures every case in every
+// repetition with the variants alternating, and writes the report.
+func run(ctx context.Context, o options) (err error) {
+	began := time.Now()
+	cases, err := parseCases(o.bodies, o.rates, o.concurrency)
+	if err != nil {
+		return err
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		return fmt.Errorf("find tools: %w", err)
+	}
+	envoyVersion, err := tools.EnvoyVersion()
+	if err != nil {
+		return fmt.Errorf("envoy version: %w", err)
+	}
+	dir := o.logDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "duet-overhead-"); err != nil {
+			return fmt.Errorf("log dir: %w", err)
+		}
+		if !o.keepLogs {
+			defer os.RemoveAll(dir)
+		}
+	}
+	pin := pinning{}
+	loadCPU, serverCPU := "", ""
+	if o.pin {
+		pin.serverCPU = o.serverCPU
+		loadCPU, serverCPU = cpuName(o.loadCPU), cpuName(o.serverCPU)
+	}
+
+	variants := allVariants()
+	stacks := map[string]*stack{}
+	defer func() {
+		for _, s := range stacks {
+			if cerr := s.close(); cerr != nil && err == nil {
+				err = fmt.Errorf("stop %s: %w", s.variant, cerr)
+			}
+		}
+	}()
+	for i, v := range variants {
+		s, err := startStack(ctx, tools, filepath.Join(dir, fmt.Sprintf("%d-%s", i, strings.ReplaceAll(v, " ", "-"))), v, o.dp, pin)
+		if err != nil {
+			return fmt.Errorf("start: %w (logs in %s)", err, dir)
+		}
+		stacks[v] = s
+	}
+	fmt.Fprintf(os.Stderr, "overhead: %d variants up (logs in %s); %d cases × %d reps × %s\n",
+		len(variants), dir, len(cases), o.reps, o.duration)
+
+	bodies := map[int][]byte{}
+	for _, c := range cases {
+		if bodies[c.bodyBytes] == nil {
+			bodies[c.bodyBytes] = chatBody(c.bodyBytes)
+		}
+	}
+	var results []result
+	for rep := 1; rep <= o.reps; rep++ {
+		for _, c := range cases {
+			for _, v := range variants {
+				client := newClient()
+				smp, err := measure(ctx, client, stacks[v].url, bodies[c.bodyBytes], c, o.warmup, o.duration, loadCPU, serverCPU)
+				client.CloseIdleConnections()
+				if err != nil {
+					return fmt.Errorf("%s, %s, rep %d: %w", v, c, rep, err)
+				}
+				st := summarize(smp)
+				fmt.Fprintf(os.Stderr, "rep %d  %-22s %-16s p50 %7s p99 %7s  sent %6.0f/s  2xx %6.0f/s  cpu load %s server %s  errors %d %s\n",
+					rep, c, v, msf(st.P50), msf(st.P99), st.Rate, st.Throughput, percent(st.LoadCPU), percent(st.ServerCPU), st.Errors, smp.firstError)
+				results = append(results, result{Variant: v, Case: c, Rep: rep, Stats: st})
+			}
+		}
+	}
+
+	m := meta{
+		Command:  "make bench-overhead" + flagsSuffix(),
+		Date:     began.UTC().Format("2006-01-02 15:04 MST"),
+		Duration: time.Since(began).Round(time.Second).String(),
+		Machine:  machine(),
+		Envoy:    envoyVersion + " (`.venv/bin/envoy`, `--concurrency 1`)",
+		Pinning:  pinText(o),
+		Load: fmt.Sprintf("vegeta (github.com/tsenart/vegeta/v12 library) over loopback HTTP/1.1 keep-alive, POST /v1/chat/completions, "+
+			"non-streaming, max_tokens 1, one fixed body per size; open loop at fixed rates and closed loop with %d workers; "+
+			"%s measured after %s of unrecorded warmup per run; variants alternate within each of %d repetitions; "+
+			"fake engine: duet-sim --dp-size %d --decode-ms-per-token 0 --prefill-ms-per-1k-tokens 0 (null mode, PD: prefill + decode modes); "+
+			"duet logs at info, Envoy at warn", o.concurrency, o.duration, o.warmup, o.reps, o.dp),
+	}
+	m.Notes = append(m.Notes,
+		"Variants: **direct**: a minimal hand-written bootstrap (one route to the engine, no ext_proc, no access log); "+
+			"**ext_proc only**: the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) "+
+			"and without the json_to_metadata, sse_to_metadata and Lua filters; **duet aggregated**: that bootstrap as rendered, "+
+			"one engine in the decode pool; **duet PD**: the rendered bootstrap of one prefill and one decode engine (the mirror)",
+		"Above a variant's capacity an open-loop run queues: its latencies then measure the queue, and 2xx rps is what it served")
+	if s := stacks[variantPD]; s != nil {
+		if note, err := mirrorNote(ctx, s.envoyAdmin); err == nil {
+			m.Notes = append(m.Notes, note)
+		} else {
+			m.Notes = append(m.Notes, "PD mirror: could not read Envoy's counters: "+err.Error())
+		}
+	}
+	var buf bytes.Buffer
+	if err := writeReport(&buf, m, variants, cases, results); err != nil {
+		return err
+	}
+	out := o.out
+	if !filepath.IsAbs(out) {
+		root, err := repoRoot()
+		if err != nil {
+			return err
+		}
+		out = filepath.Join(root, out)
+	}
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "overhead: wrote %s in %s\n", out, time.Since(began).Round(time.Second))
+	return nil
+}
+
+// parseCases returns, per body size, one open-loop case per rate, then the
+// closed-loop case (if concurrency > 0).
+func parseCases(bodies, rates string, concurrency int) ([]loadCase, error) {
+	sizes, err := parseInts(bodies)
+	if err != nil {
+		return nil, fmt.Errorf("-bodies: %w", err)
+	}
+	rs, err := parseInts(rates)
+	if err != nil {
+		return nil, fmt.Errorf("-rates: %w", err)
+	}
+	var cases []loadCase
+	for _, kib := range sizes {
+		for _, r := range rs {
+			cases = append(cases, loadCase{bodyBytes: kib << 10, rate: r})
+		}
+		if concurrency > 0 {
+			cases = append(cases, loadCase{bodyBytes: kib << 10, workers: concurrency})
+		}
+	}
+	if len(cases) == 0 {
+		return nil, errors.New("no case to run: give -bodies and -rates or -concurrency")
+	}
+	return cases, nil
+}
+
+// parseInts parses a comma-separated list of positive integers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// flagsSuffix is the OVERHEAD_FLAGS part of the command that ran, if any.
+func flagsSuffix() string {
+	if len(os.Args) < 2 {
+		return ""
+	}
+	return " OVERHEAD_FLAGS='" + strings.Join(os.Args[1:], " ") + "'"
+}
+
+// pinText says how the CPUs were shared.
+func pinText(o options) string {
+	if !o.pin {
+		return fmt.Sprintf("not pinned (%d CPUs shared by everything)", runtime.NumCPU())
+	}
+	return fmt.Sprintf("`taskset -c %s` for the load generator (this command, GOMAXPROCS %d); `taskset -c %s` for Envoy "+
+		"(--concurrency 1), duet (GOMAXPROCS=1) and the fake engines; the same for every variant",
+		o.loadCPU, runtime.GOMAXPROCS(0), o.serverCPU)
+}
+
+// machine describes the host: CPU model, CPU count, kernel.
+func machine() string {
+	model := "unknown CPU"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				model = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	cpus := runtime.NumCPU()
+	if n, err := exec.Command("nproc", "--all").Output(); err == nil {
+		if v, err := strconv.Atoi(strings.TrimSpace(string(n))); err == nil {
+			cpus = v
+		}
+	}
+	kernel := "unknown kernel"
+	if out, err := exec.Command("uname", "-sr").Output(); err == nil {
+		kernel = strings.TrimSpace(string(out))
+	}
+	return fmt.Sprintf("%s, %d CPUs, %s, %s/%s, %s", model, cpus, kernel, runtime.GOOS, runtime.GOARCH, runtime.Version())
+}
+
+// mirrorNote reads the PD Envoy's upstream request counters: the mirror
+// sends every request to a prefill engine too, so the backend does twice
+// the work of the aggregated variant.
+func mirrorNote(ctx context.Context, adminURL string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/stats?filter=upstream_rq_total$", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("envoy stats: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("envoy stats: %w", err)
+	}
+	counts := parseCounters(string(body))
+	decode, prefill := counts["cluster.duet_decode.upstream_rq_total"], counts["cluster.duet_prefill.upstream_rq_total"]
+	if decode == 0 {
+		return "", errors.New("no decode requests counted")
+	}
+	return fmt.Sprintf("PD mirror: the PD variant's Envoy sent %d requests to the decode engine and %d to the prefill engine "+
+		"(%.2f backend requests per client request): its backend does twice the aggregated variant's work on the same core, "+
+		"so part of its added latency is the second engine's, not duet's", decode, prefill, float64(decode+prefill)/float64(decode)), nil
+}
+
+// parseCounters parses Envoy's plain-text stats ("name: value" lines).
+func parseCounters(text string) map[string]int64 {
+	out := map[string]int64{}
+	for line := range strings.SplitSeq(text, "\n") {
+		k, v, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+			out[strings.TrimSpace(k)] = n
+		}
+	}
+	return out
+}
+
+// repoRoot walks up from the working directory to the directory with go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("repo root: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("repo root: go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// The variants, in the order they alternate and appear in the report.
+const (
+	variantDirect  = "direct"
+	variantExtProc = "ext_proc only"
+	variantAgg     = "duet aggregated"
+	variantPD      = "duet PD"
+)
+
+// allVariants lists every variant.
+func allVariants() []string {
+	return []string{variantDirect, variantExtProc, variantAgg, variantPD}
+}
+
+// pinning says on which CPUs the servers run.
+type pinning struct {
+	// serverCPU is taskset's CPU list for Envoy, duet and the sims; empty:
+	// not pinned.
+	serverCPU string
+}
+
+// argv prefixes argv with taskset when servers are pinned, and runs it with
+// the extra environment env (e.g. GOMAXPROCS=1).
+func (p pinning) argv(env []string, argv ...string) []string {
+	var out []string
+	if p.serverCPU != "" {
+		out = append(out, "taskset", "-c", p.serverCPU)
+	}
+	if len(env) > 0 {
+		out = append(append(out, "env"), env...)
+	}
+	return append(out, argv...)
+}
+
+// stack is one variant's running processes: Envoy in front of fast fake
+// engines, and duet unless the variant is direct.
+type stack struct {
+	variant string
+	// url is Envoy's listener, e.g. http://127.0.0.1:41234.
+	url string
+	// envoyAdmin is Envoy's admin base URL.
+	envoyAdmin string
+	procs      []*harness.Process
+}
+
+// fastSim are the duet-sim flags of a fake engine that answers at once.
+func fastSim() []string {
+	return []string{"--decode-ms-per-token", "0", "--prefill-ms-per-1k-tokens", "0", "--log-level", "warn"}
+}
+
+// startStack starts variant's processes in dir (a directory of its own),
+// pinned as pin says, and waits until Envoy is ready.
+func startStack(ctx context.Context, tools harness.Tools, dir, variant string, dp int, pin pinning) (_ *stack, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("%s: %w", variant, err)
+	}
+	s := &stack{variant: variant}
+	defer func() {
+		if err != nil {
+			s.close()
+			err = fmt.Errorf("%s: %w", variant, err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	ports, err := harness.FreePorts(8)
+	if err != nil {
+		return nil, err
+	}
+	next := func() int { p := ports[0]; ports = ports[1:]; return p }
+	addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
+
+	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second}
+	spec := harness.SimSpec{DPSize: dp, Args: fastSim()}
+	startSim := func(name, mode string) (string, error) {
+		listen, boot := addr(next()), next()
+		argv := pin.argv(nil, append([]string{tools.Sim}, harness.SimArgs(mode, spec, listen, boot, opts)...)...)
+		p, err := s.start(dir, name, argv)
+		if err != nil {
+			return "", err
+		}
+		url := "http://" + listen
+		return url, harness.WaitHTTP(ctx, p, url+"/health")
+	}
+	addrs := harness.Addresses{
+		DuetGRPC: addr(next()), DuetAdmin: addr(next()),
+		EnvoyListen: addr(next()), EnvoyAdmin: addr(next()),
+	}
+	decodeMode := "null"
+	if variant == variantPD {
+		decodeMode = "decode"
+		u, err := startSim("prefill", "prefill")
+		if err != nil {
+			return nil, err
+		}
+		addrs.Prefill = []string{u}
+	}
+	u, err := startSim("decode", decodeMode)
+	if err != nil {
+		return nil, err
+	}
+	addrs.Decode = []string{u}
+
+	var bootstrap []byte
+	if variant == variantDirect {
+		bootstrap = []byte(directBootstrap(addrs.EnvoyListen, addrs.EnvoyAdmin, addrs.Decode[0]))
+	} else {
+		cfg := filepath.Join(dir, "duet.yaml")
+		if err := os.WriteFile(cfg, []byte(harness.DuetConfig(opts, addrs)), 0o644); err != nil {
+			return nil, err
+		}
+		duet, err := s.start(dir, "duet", pin.argv([]string{"GOMAXPROCS=1"}, tools.Duet, "serve", "-config", cfg))
+		if err != nil {
+			return nil, err
+		}
+		if err := harness.WaitHTTP(ctx, duet, "http://"+addrs.DuetAdmin+"/readyz"); err != nil {
+			return nil, err
+		}
+		if bootstrap, err = exec.CommandContext(ctx, tools.Duet, "envoy-config", "-config", cfg).Output(); err != nil {
+			return nil, fmt.Errorf("duet envoy-config: %w", err)
+		}
+		if variant == variantExtProc {
+			if bootstrap, err = stripFeedback(bootstrap); err != nil {
+				return nil, err
+			}
+		}
+	}
+	envoyCfg := filepath.Join(dir, "envoy.yaml")
+	if err := os.WriteFile(envoyCfg, bootstrap, 0o644); err != nil {
+		return nil, err
+	}
+	// As harness.EnvoyArgs (one worker thread), logging warnings only: its
+	// info log is not what is measured.
+	envoyArgs := []string{tools.Envoy, "-c", envoyCfg, "--disable-hot-restart", "--concurrency", "1", "--log-level", "warn"}
+	envoy, err := s.start(dir, "envoy", pin.argv(nil, envoyArgs...))
+	if err != nil {
+		return nil, err
+	}
+	s.envoyAdmin = "http://" + addrs.EnvoyAdmin
+	if err := harness.WaitHTTP(ctx, envoy, s.envoyAdmin+"/ready"); err != nil {
+		return nil, err
+	}
+	s.url = "http://" + addrs.EnvoyListen
+	return s, nil
+}
+
+// start runs argv as the process name, logging into dir.
+func (s *stack) start(dir, name string, argv []string) (*harness.Process, error) {
+	p, err := harness.StartProcess(dir, name, argv...)
+	if err != nil {
+		return nil, err
+	}
+	s.procs = append(s.procs, p)
+	return p, nil
+}
+
+// close stops every process, Envoy first.
+func (s *stack) close() error {
+	var errs []error
+	for i := len(s.procs) - 1; i >= 0; i-- {
+		errs = append(errs, s.procs[i].Stop(5*time.Second))
+	}
+	return errors.Join(errs...)
+}
+
+// directBootstrap is a minimal Envoy bootstrap: one listener routing every
+// request to the engine at engineURL (http://host:port), no ext_proc, no
+// access log.
+func directBootstrap(listen, admin, engineURL string) string {
+	host, port := splitHostPort(listen)
+	ahost, aport := splitHostPort(admin)
+	ehost, eport := splitHostPort(strings.TrimPrefix(engineURL, "http://"))
+	return fmt.Sprintf(`admin:
+  address: {socket_address: {address: %q, port_value: %s}}
+static_resources:
+  listeners:
+  - name: direct
+    address: {socket_address: {address: %q, port_value: %s}}
+    per_connection_buffer_limit_bytes: 33554432
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: direct
+          stream_idle_timeout: 900s
+          request_timeout: 0s
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+              suppress_envoy_headers: true
+          route_config:
+            virtual_hosts:
+            - name: direct
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: engine, timeout: 0s}
+  clusters:
+  - name: engine
+    type: STATIC
+    connect_timeout: 2s
+    per_connection_buffer_limit_bytes: 33554432
+    load_assignment:
+      cluster_name: engine
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: %q, port_value: %s}}}
+    circuit_breakers:
+      thresholds:
+      - {max_connections: 100000, max_pending_requests: 100000, max_requests: 100000}
+`, ahost, aport, host, port, ehost, eport)
+}
+
+// splitHostPort splits "host:port"; a malformed address gives its whole
+// text as the host (the addresses here are the harness's own).
+func splitHostPort(hp string) (host, port string) {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return hp, ""
+	}
+	return host, port
+}

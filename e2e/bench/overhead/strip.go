@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+)
+
+// isFeedbackFilter reports whether an HTTP filter of the rendered
+// bootstrap exists only for completion feedback and error envelopes: the
+// usage parsers and the Lua error mapper.
+func isFeedbackFilter(name string) bool {
+	switch name {
+	case "envoy.filters.http.json_to_metadata", "envoy.filters.http.sse_to_metadata", "envoy.filters.http.lua":
+		return true
+	}
+	return false
+}
+
+// stripFeedback returns the Envoy bootstrap rendered by `duet envoy-config`
+// without its access logs (the connection manager's access_log and the
+// router's upstream_log, stdout and gRPC) and without the feedback filters,
+// leaving ext_proc and the router: the "ext_proc only" variant. It fails if
+// the bootstrap has none of these pieces, so a change of the rendered
+// layout is noticed rather than measured as nothing.
+func stripFeedback(bootstrap []byte) ([]byte, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(bootstrap, &doc); err != nil {
+		return nil, fmt.Errorf("parse bootstrap: %w", err)
+	}
+	removed := 0
+	resources, _ := doc["static_resources"].(map[string]any)
+	listeners, _ := resources["listeners"].([]any)
+	for _, l := range listeners {
+		chains, _ := asMap(l)["filter_chains"].([]any)
+		for _, c := range chains {
+			filters, _ := asMap(c)["filters"].([]any)
+			for _, f := range filters {
+				hcm := asMap(asMap(f)["typed_config"])
+				if hcm == nil {
+					continue
+				}
+				if _, ok := hcm["access_log"]; ok {
+					delete(hcm, "access_log")
+					removed++
+				}
+				httpFilters, _ := hcm["http_filters"].([]any)
+				kept := httpFilters[:0:0]
+				for _, hf := range httpFilters {
+					m := asMap(hf)
+					name, _ := m["name"].(string)
+					if isFeedbackFilter(name) {
+						removed++
+						continue
+					}
+					if tc := asMap(m["typed_config"]); tc != nil {
+						if _, ok := tc["upstream_log"]; ok {
+							delete(tc, "upstream_log")
+							removed++
+						}
+					}
+					kept = append(kept, hf)
+				}
+				if httpFilters != nil {
+					hcm["http_filters"] = kept
+				}
+			}
+		}
+	}
+	if removed == 0 {
+		return nil, fmt.Errorf("strip bootstrap: no access log or feedback filter found")
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("render stripped bootstrap: %w", err)
+	}
+	return out, nil
+}
+
+// asMap returns v as a YAML mapping, or nil.
+func asMap(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
