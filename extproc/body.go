@@ -42,6 +42,9 @@ var errBadBody = errors.New("invalid request body")
 // Body is a parsed inference request body.
 type Body struct {
 	raw []byte
+	// root is raw parsed once (gjson copies the bytes into a string): the
+	// batch shape, the scheduler's view and the rewrite all read it.
+	root gjson.Result
 	// Batch is the number of items SGLang will split the request into, or 0
 	// for a single (scalar) request. Bootstrap fields are lists of this length.
 	Batch int
@@ -67,7 +70,7 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 	if !root.IsObject() {
 		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(root))
 	}
-	b := &Body{raw: raw}
+	b := &Body{raw: raw, root: root}
 	switch route {
 	case RouteGenerate:
 		if text := root.Get("text"); text.IsArray() {
@@ -156,7 +159,7 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	out := make([]byte, 0, len(b.raw)+256)
 	out = append(out, '{')
 	var bad error
-	gjson.ParseBytes(b.raw).ForEach(func(key, value gjson.Result) bool {
+	b.root.ForEach(func(key, value gjson.Result) bool {
 		if slices.Contains(routingFields, key.String()) {
 			return true
 		}

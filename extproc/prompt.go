@@ -14,7 +14,7 @@ import (
 // its first item: it keys the prefix index, and the token estimate is
 // scaled by Items.
 func describe(route Route, b *Body, req *scheduler.Request) {
-	root := gjson.ParseBytes(b.raw)
+	root := b.root
 	// A clone: gjson's string would share the memory of the whole body, and
 	// the model outlives the request (reservations, per-model estimates).
 	req.Model = strings.Clone(root.Get("model").String())
