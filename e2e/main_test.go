@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,22 +99,11 @@ func only(t *testing.T, found map[*harness.Sim][]harness.Record) (*harness.Sim, 
 // stat reads one counter from Envoy's admin /stats.
 func stat(t *testing.T, s *harness.Stack, name string) int {
 	t.Helper()
-	resp, err := httpClient.Get(s.EnvoyAdminURL + "/stats?filter=^" + strings.ReplaceAll(name, ".", `\.`) + "$")
+	counts, err := harness.EnvoyCounters(context.Background(), s.EnvoyAdminURL, "^"+strings.ReplaceAll(name, ".", `\.`)+"$")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), ": "); ok && k == name {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatalf("stat %s = %q", name, v)
-			}
-			return n
-		}
-	}
-	return 0
+	return int(counts[name])
 }
 
 // upstreamRequests is the total upstream requests Envoy sent to the engine clusters.

@@ -415,7 +415,7 @@ func TestDashboardMetricsExist(t *testing.T) {
 		endpoints := []string{s.DuetAdminURL + "/metrics", s.EnvoyAdminURL + "/stats/prometheus",
 			s.Prefill[0].URL + "/metrics", s.Decode[0].URL + "/metrics"}
 		for _, url := range endpoints {
-			families, err := harness.ScrapeMetrics(ctx, url)
+			families, err := harness.ScrapeMetrics(ctx, nil, url)
 			if err != nil {
 				errs = append(errs, err.Error())
 				continue

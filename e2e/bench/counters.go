@@ -2,14 +2,12 @@ package bench
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net/http"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+
+	"github.com/duet-router/duet/e2e/harness"
 )
 
 // Prefix-cache counters an engine may export on /metrics: prompt tokens
@@ -24,7 +22,7 @@ var (
 // (base URLs). ok is false when an engine exports no such pair.
 func ReadCounters(ctx context.Context, client *http.Client, urls []string) (c CounterDelta, ok bool, err error) {
 	for _, u := range urls {
-		families, err := scrapeMetrics(ctx, client, u+"/metrics")
+		families, err := harness.ScrapeMetrics(ctx, client, u+"/metrics")
 		if err != nil {
 			return c, false, err
 		}
@@ -42,28 +40,6 @@ func ReadCounters(ctx context.Context, client *http.Client, urls []string) (c Co
 // Sub returns c - before.
 func (c CounterDelta) Sub(before CounterDelta) CounterDelta {
 	return CounterDelta{Prompt: c.Prompt - before.Prompt, Cached: c.Cached - before.Cached}
-}
-
-// scrapeMetrics reads and parses a Prometheus text exposition.
-func scrapeMetrics(ctx context.Context, client *http.Client, url string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: status %d", url, resp.StatusCode)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", url, err)
-	}
-	return families, nil
 }
 
 // sumFirst sums every series of the first family in names that exists.

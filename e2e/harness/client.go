@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -70,14 +72,21 @@ func GetJSON(ctx context.Context, url string, v any) error {
 	return nil
 }
 
-// ScrapeMetrics reads the Prometheus text exposition at url (status 200)
-// and returns its metric families by name.
-func ScrapeMetrics(ctx context.Context, url string) (map[string]*dto.MetricFamily, error) {
+// maxMetricsBytes bounds a scraped exposition.
+const maxMetricsBytes = 8 << 20
+
+// ScrapeMetrics reads the Prometheus text exposition at url (status 200,
+// at most 8 MiB) with client (nil: http.DefaultClient) and returns its
+// metric families by name.
+func ScrapeMetrics(ctx context.Context, client *http.Client, url string) (map[string]*dto.MetricFamily, error) {
+	if client == nil {
+		client = http.DefaultClient
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -86,16 +95,58 @@ func ScrapeMetrics(ctx context.Context, url string) (map[string]*dto.MetricFamil
 		return nil, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, maxMetricsBytes))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", url, err)
 	}
 	return families, nil
 }
 
+// EnvoyCounters reads the counters of Envoy's admin `/stats` whose names
+// match the regular expression filter, by name. A matching line whose value
+// is not an integer (a histogram) is an error.
+func EnvoyCounters(ctx context.Context, adminURL, filter string) (map[string]int64, error) {
+	u := adminURL + "/stats?filter=" + url.QueryEscape(filter)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("envoy stats: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("envoy stats: %w", err)
+	}
+	return parseEnvoyCounters(string(body))
+}
+
+// parseEnvoyCounters parses Envoy's plain-text stats ("name: value" lines;
+// other lines are skipped).
+func parseEnvoyCounters(text string) (map[string]int64, error) {
+	out := map[string]int64{}
+	for line := range strings.SplitSeq(text, "\n") {
+		k, v, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("envoy stat %s = %q is not a counter", strings.TrimSpace(k), v)
+		}
+		out[strings.TrimSpace(k)] = n
+	}
+	return out, nil
+}
+
 // DuetMetrics scrapes duet's /metrics.
 func (s *Stack) DuetMetrics(ctx context.Context) (map[string]*dto.MetricFamily, error) {
-	return ScrapeMetrics(ctx, s.DuetAdminURL+"/metrics")
+	return ScrapeMetrics(ctx, nil, s.DuetAdminURL+"/metrics")
 }
 
 // WaitCompletions asks duet's /debug/completions for what its access-log

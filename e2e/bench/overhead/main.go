@@ -15,8 +15,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -301,20 +299,10 @@ func machine() string {
 // sends every request to a prefill engine too, so the backend does twice
 // the work of the aggregated variant.
 func mirrorNote(ctx context.Context, adminURL string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/stats?filter=upstream_rq_total$", nil)
+	counts, err := harness.EnvoyCounters(ctx, adminURL, "upstream_rq_total$")
 	if err != nil {
 		return "", err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", fmt.Errorf("envoy stats: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("envoy stats: %w", err)
-	}
-	counts := parseCounters(string(body))
 	decode, prefill := counts["cluster.duet_decode.upstream_rq_total"], counts["cluster.duet_prefill.upstream_rq_total"]
 	if decode == 0 {
 		return "", errors.New("no decode requests counted")
@@ -322,21 +310,6 @@ func mirrorNote(ctx context.Context, adminURL string) (string, error) {
 	return fmt.Sprintf("PD mirror: the PD variant's Envoy sent %d requests to the decode engine and %d to the prefill engine "+
 		"(%.2f backend requests per client request): its backend does twice the aggregated variant's work on the same core, "+
 		"so part of its added latency is the second engine's, not duet's", decode, prefill, float64(decode+prefill)/float64(decode)), nil
-}
-
-// parseCounters parses Envoy's plain-text stats ("name: value" lines).
-func parseCounters(text string) map[string]int64 {
-	out := map[string]int64{}
-	for line := range strings.SplitSeq(text, "\n") {
-		k, v, ok := strings.Cut(line, ": ")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-			out[strings.TrimSpace(k)] = n
-		}
-	}
-	return out
 }
 
 // repoRoot walks up from the working directory to the directory with go.mod.

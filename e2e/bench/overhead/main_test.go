@@ -26,10 +26,3 @@ func TestParseCases(t *testing.T) {
 		t.Error("no case accepted")
 	}
 }
-
-func TestParseCounters(t *testing.T) {
-	got := parseCounters("cluster.duet_decode.upstream_rq_total: 830\ncluster.duet_prefill.upstream_rq_total: 829\nnoise\n")
-	if got["cluster.duet_decode.upstream_rq_total"] != 830 || got["cluster.duet_prefill.upstream_rq_total"] != 829 || len(got) != 2 {
-		t.Errorf("got %v", got)
-	}
-}
