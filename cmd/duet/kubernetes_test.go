@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -93,30 +92,14 @@ kubernetes:
   decode: {service: sglang-decode}
 `, freeAddr(t), admin, kubeconfig))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-config", cfg}, io.Discard, io.Discard) }()
+	stop := runDuet(cfg)
 	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not return")
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
 
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + admin + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return adminGet(admin, path) }
 	waitCode := func(path string, want int) {
 		t.Helper()
 		deadline := time.Now().Add(15 * time.Second)

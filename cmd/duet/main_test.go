@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,6 +106,37 @@ func TestEnvoyConfigOut(t *testing.T) {
 	}
 }
 
+// runDuet runs duet (the serve command) with the configuration file at
+// path until the returned stop is called. stop ends it as SIGTERM would and
+// returns serve's error, or an error when serve did not return in 15 s;
+// later calls return the same.
+func runDuet(path string) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-config", path}, io.Discard, io.Discard) }()
+	return sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(15 * time.Second):
+			return errors.New("serve did not stop")
+		}
+	})
+}
+
+// adminGet fetches path from the admin address admin: the status code and
+// the body, or 0 and the error.
+func adminGet(admin, path string) (int, string) {
+	resp, err := http.Get("http://" + admin + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -129,19 +162,8 @@ func TestServeLifecycle(t *testing.T) {
 	cfg := writeConfig(t, fmt.Sprintf("listen: {grpc: %q, admin: %q, pprof: true}\ndiscovery: {interval: 100ms}\ndecode: [{url: %q}]\n",
 		freeAddr(t), admin, engine.URL))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-config", cfg}, io.Discard, io.Discard) }()
-
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + admin + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	stop := runDuet(cfg)
+	get := func(path string) (int, string) { return adminGet(admin, path) }
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if code, _ := get("/readyz"); code == 200 {
@@ -161,14 +183,8 @@ func TestServeLifecycle(t *testing.T) {
 	if code, body := get("/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "goroutine profile") {
 		t.Errorf("/debug/pprof/goroutine with listen.pprof = %d", code)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v after shutdown", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
+	if err := stop(); err != nil {
+		t.Fatalf("serve returned %v after shutdown", err)
 	}
 }
 

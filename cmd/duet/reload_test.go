@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -218,19 +217,14 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	head := fmt.Sprintf("listen: {grpc: %q, admin: %q}\ndiscovery: {interval: 1m}\n", freeAddr(t), admin)
 	path := writeConfig(t, head+fmt.Sprintf("decode: [{url: %q}]\n", a.URL))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"-config", path}, io.Discard, io.Discard) }()
+	stop := runDuet(path)
+	defer stop()
 
 	metrics := func() string {
-		resp, err := http.Get("http://" + admin + "/metrics")
-		if err != nil {
-			return ""
+		if code, body := adminGet(admin, "/metrics"); code != 0 {
+			return body
 		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return string(body)
+		return ""
 	}
 	waitFor := func(what string, cond func(string) bool) {
 		t.Helper()
@@ -271,13 +265,7 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 		t.Errorf("a rejected reload changed the endpoints:\n%s", m)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
+	if err := stop(); err != nil {
+		t.Fatalf("serve returned %v", err)
 	}
 }
