@@ -33,12 +33,34 @@ listen:
 	}
 }
 
+// parseErrorCase is a configuration that must not load, and the texts its
+// error must contain (the field's name first).
+type parseErrorCase struct {
+	name string
+	yaml string
+	want []string
+}
+
+// checkParseErrors runs Parse on each case and checks its error.
+func checkParseErrors(t *testing.T, tests []parseErrorCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil {
+				t.Fatal("Parse succeeded, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
 func TestParseErrorsNameTheField(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		want []string
-	}{
+	checkParseErrors(t, []parseErrorCase{
 		{"no decode", `prefill: [{url: "http://a:1"}]`, []string{"decode: at least one endpoint"}},
 		{"bad url scheme", `decode: [{url: "https://a:1"}]`, []string{"decode[0].url", "scheme must be http"}},
 		{"url with path", `decode: [{url: "http://a:1/v1"}]`, []string{"decode[0].url", "must not have a path"}},
@@ -61,20 +83,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"health path", `{decode: [{url: "http://a:1"}], health: {path: "health?x=1"}}`, []string{"health.path"}},
 		{"health thresholds", `{decode: [{url: "http://a:1"}], health: {unreachable_to_eject: -2, failures_to_eject: -5, probe_failures: -3}}`,
 			[]string{"health.unreachable_to_eject", "health.failures_to_eject", "health.probe_failures"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse([]byte(tt.yaml))
-			if err == nil {
-				t.Fatal("Parse succeeded, want an error")
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestParsePolicies(t *testing.T) {

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
@@ -76,11 +75,7 @@ kubernetes:
 }
 
 func TestParseKubernetesErrorsNameTheField(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		want []string
-	}{
+	checkParseErrors(t, []parseErrorCase{
 		{"static lists too", `{kubernetes: {decode: {service: d}}, decode: [{url: "http://a:1"}], prefill: [{url: "http://b:1"}]}`,
 			[]string{"decode: must be empty when kubernetes is set", "prefill: must be empty when kubernetes is set"}},
 		{"no decode", `{kubernetes: {prefill: {service: p}}}`, []string{"kubernetes.decode: is required"}},
@@ -98,20 +93,7 @@ func TestParseKubernetesErrorsNameTheField(t *testing.T) {
 		{"negative debounce", `{kubernetes: {debounce: -1s, decode: {service: d}}}`, []string{"kubernetes.debounce"}},
 		{"bad join delay", `{kubernetes: {join_delay: -5s, decode: {service: d}}}`, []string{"kubernetes.join_delay"}},
 		{"unknown field", `{kubernetes: {decode: {service: d, prot: http}}}`, []string{"field prot not found"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse([]byte(tt.yaml))
-			if err == nil {
-				t.Fatal("Parse succeeded, want an error")
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestKubernetesPoolPortNumber(t *testing.T) {
