@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -148,7 +149,11 @@ func waitHTTP(ctx context.Context, p *Process, url string) error {
 			}
 		}
 		if p.Exited() {
-			return fmt.Errorf("%s exited before %s was ready:\n%s", p.Name, url, p.Tail(4000))
+			tail := p.Tail(4000)
+			if strings.Contains(strings.ToLower(tail), "address already in use") {
+				return fmt.Errorf("%w: %s exited before %s was ready:\n%s", errPortTaken, p.Name, url, tail)
+			}
+			return fmt.Errorf("%s exited before %s was ready:\n%s", p.Name, url, tail)
 		}
 		select {
 		case <-ctx.Done():
@@ -158,8 +163,13 @@ func waitHTTP(ctx context.Context, p *Process, url string) error {
 	}
 }
 
+// errPortTaken marks a process that could not bind a port freePorts chose:
+// another process (a test package running in parallel) took it in between.
+var errPortTaken = errors.New("a chosen loopback port was taken")
+
 // freePorts reserves n distinct free loopback ports. The listeners are
-// closed before returning, so a port can in rare cases be taken again.
+// closed before returning, so a port can in rare cases be taken again
+// (errPortTaken; Start then starts the stack again on other ports).
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	var lis []net.Listener

@@ -79,8 +79,24 @@ type Stack struct {
 }
 
 // Start builds a stack and waits until every part is ready. On error,
-// everything started so far is stopped.
-func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
+// everything started so far is stopped. When a part could not bind a port
+// that another process took after Start chose it, Start tries again on
+// other ports, up to startAttempts times in all.
+func Start(ctx context.Context, opts Options) (*Stack, error) {
+	for attempt := 1; ; attempt++ {
+		s, err := start(ctx, opts)
+		if err == nil || !errors.Is(err, errPortTaken) || attempt == startAttempts {
+			return s, err
+		}
+	}
+}
+
+// startAttempts bounds how often Start picks new ports after one of its
+// ports was taken between choosing and binding it.
+const startAttempts = 3
+
+// start is one attempt of Start.
+func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if len(opts.Decode) == 0 {
 		return nil, errors.New("harness: at least one decode engine is required")
 	}
