@@ -17,10 +17,24 @@ const (
 	// WorkloadBursty alternates high and low arrival rates over a mix of
 	// the two.
 	WorkloadBursty = "bursty"
+	// WorkloadPrefillBound is independent requests with long prompts and
+	// short outputs: nearly all of their engine time is prefill.
+	WorkloadPrefillBound = "prefill_bound"
+	// WorkloadHeavyTail is independent requests whose prompt and output
+	// lengths are lognormal, fitted to published ShareGPT statistics and
+	// clamped (see HeavyTailParams).
+	WorkloadHeavyTail = "heavy_tail"
+	// WorkloadCachePressure is multi-turn conversations over many more
+	// distinct system prompts than one DP rank's prefix cache holds (see
+	// CachePressureParams).
+	WorkloadCachePressure = "multiturn_pressure"
 )
 
 // Workloads lists the workload names in report order.
-var Workloads = []string{WorkloadVariable, WorkloadMultiTurn, WorkloadBursty}
+var Workloads = []string{
+	WorkloadVariable, WorkloadMultiTurn, WorkloadBursty,
+	WorkloadPrefillBound, WorkloadHeavyTail, WorkloadCachePressure,
+}
 
 // charsPerToken is the text size of one token: every generated word is three
 // letters and a space, which both duet's default estimate and the
@@ -137,6 +151,40 @@ type BurstyParams struct {
 	MultiTurn      MultiTurnParams
 }
 
+// PrefillBoundParams shape the prefill-bound workload: independent requests
+// whose prompts are two orders of magnitude longer than their outputs.
+type PrefillBoundParams struct {
+	// Prompt and Output are token ranges (default 6000-14000 and 16-64).
+	// The default prompts span 6-14 chunks of the dsv3-dp8-h100-node
+	// profile's 1024-token chunked prefill and 1-2 of dense-8b-h100's 8192,
+	// and fit either profile's per-rank KV cache.
+	Prompt, Output IntRange
+}
+
+// CachePressureParams shape the cache-pressure workload: conversations
+// like the multi-turn workload's, over so many distinct system prompts that
+// their prefixes cannot all stay cached on one DP rank. The defaults draw
+// 400 system prompts of 1500-2500 tokens, about 800,000 tokens of distinct
+// prefixes against the 150,000-token KV cache of one dsv3-dp8-h100-node
+// rank: a router that sends every system prompt everywhere keeps evicting
+// them, while one that keeps each prompt on a few ranks can keep most of
+// them cached (800,000 tokens over 8 ranks is 100,000 a rank).
+type CachePressureParams struct {
+	// Systems is the number of distinct system prompts (default 400).
+	Systems int
+	// System is the system prompts' token range (default 1500-2500).
+	System IntRange
+	// Turns is the number of turns per conversation (default 3-6, as in
+	// MultiTurnParams).
+	Turns IntRange
+	// Question and Answer are token ranges of each turn (default 50-250
+	// and 100-400, as in MultiTurnParams).
+	Question, Answer IntRange
+	// Think is the mean model-time think time between turns, exponential
+	// (default 2s, as in MultiTurnParams).
+	Think time.Duration
+}
+
 // withDefaults fills zero fields.
 func (p VariableParams) withDefaults() VariableParams {
 	if p.Prompt == (IntRange{}) {
@@ -190,12 +238,45 @@ func (p BurstyParams) withDefaults() BurstyParams {
 	return p
 }
 
+// withDefaults fills zero fields.
+func (p PrefillBoundParams) withDefaults() PrefillBoundParams {
+	if p.Prompt == (IntRange{}) {
+		p.Prompt = IntRange{6000, 14000}
+	}
+	if p.Output == (IntRange{}) {
+		p.Output = IntRange{16, 64}
+	}
+	return p
+}
+
+// multiTurn returns the conversation parameters with zero fields filled:
+// the system prompts take this workload's defaults, the turns those of the
+// multi-turn workload.
+func (p CachePressureParams) multiTurn() MultiTurnParams {
+	if p.Systems == 0 {
+		p.Systems = 400
+	}
+	if p.System == (IntRange{}) {
+		p.System = IntRange{1500, 2500}
+	}
+	return MultiTurnParams{
+		Systems: p.Systems, System: p.System, Turns: p.Turns,
+		Question: p.Question, Answer: p.Answer, Think: p.Think,
+	}.withDefaults()
+}
+
 // Params holds the parameters of every workload; zero values take the
 // defaults documented on each field.
 type Params struct {
 	Variable  VariableParams
 	MultiTurn MultiTurnParams
 	Bursty    BurstyParams
+	// PrefillBound shapes the prefill_bound workload.
+	PrefillBound PrefillBoundParams
+	// HeavyTail shapes the heavy_tail workload.
+	HeavyTail HeavyTailParams
+	// CachePressure shapes the multiturn_pressure workload.
+	CachePressure CachePressureParams
 	// StreamFraction is the share of sessions that stream, drawn per
 	// session independently of everything else, so that it changes no
 	// arrival and no prompt (0 means 1: every session streams).
@@ -235,6 +316,23 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 			} else {
 				w.Sessions = append(w.Sessions, conversation(rng, i, at, systems, bp.MultiTurn))
 			}
+		}
+	case WorkloadPrefillBound:
+		pp := p.PrefillBound.withDefaults()
+		vp := VariableParams{Prompt: pp.Prompt, Output: pp.Output}
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, variableSession(rng, i, at, vp))
+		}
+	case WorkloadHeavyTail:
+		hp := p.HeavyTail.withDefaults()
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, heavyTailSession(rng, i, at, hp))
+		}
+	case WorkloadCachePressure:
+		mp := p.CachePressure.multiTurn()
+		systems := systemPrompts(rng, mp)
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, conversation(rng, i, at, systems, mp))
 		}
 	default:
 		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(Workloads, ", "))
@@ -366,6 +464,13 @@ func MeanOutputTokens(name string, p Params) float64 {
 		single := bp.SingleFraction
 		turns := (1 - single) * bp.MultiTurn.Turns.mean()
 		return (single*bp.Variable.Output.mean() + turns*bp.MultiTurn.Answer.mean()) / (single + turns)
+	case WorkloadPrefillBound:
+		return p.PrefillBound.withDefaults().Output.mean()
+	case WorkloadHeavyTail:
+		hp := p.HeavyTail.withDefaults()
+		return clampedLognormalMean(hp.OutputMu, hp.OutputSigma, hp.Output)
+	case WorkloadCachePressure:
+		return p.CachePressure.multiTurn().Answer.mean()
 	}
 	return p.Variable.withDefaults().Output.mean()
 }
@@ -379,15 +484,30 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 	case WorkloadBursty:
 		bp := p.Bursty.withDefaults()
 		return bp.SingleFraction + (1-bp.SingleFraction)*bp.MultiTurn.Turns.mean()
+	case WorkloadCachePressure:
+		return p.CachePressure.multiTurn().Turns.mean()
 	}
+	// Independent requests (variable, prefill_bound, heavy_tail).
 	return 1
 }
 
 // QuickParams are small workloads for smoke runs and tests: short prompts
-// and outputs, two-turn conversations without think time to speak of.
+// and outputs, two-turn conversations without think time to speak of. The
+// added workloads keep their shape at a smaller scale: prefill-bound
+// prompts stay about 200 times their outputs, the heavy tail keeps its
+// lognormal shapes around smaller medians, and the cache-pressure
+// conversations keep 20 times as many system prompts as the multi-turn
+// ones.
 func QuickParams() Params {
 	v := VariableParams{Prompt: IntRange{200, 600}, Output: IntRange{5, 20}}
 	m := MultiTurnParams{Systems: 2, System: IntRange{100, 200}, Turns: IntRange{2, 3},
 		Question: IntRange{20, 50}, Answer: IntRange{5, 15}, Think: 100 * time.Millisecond}
-	return Params{Variable: v, MultiTurn: m, Bursty: BurstyParams{Period: 4 * time.Second, Variable: v, MultiTurn: m}}
+	return Params{Variable: v, MultiTurn: m, Bursty: BurstyParams{Period: 4 * time.Second, Variable: v, MultiTurn: m},
+		PrefillBound: PrefillBoundParams{Prompt: IntRange{1000, 2000}, Output: IntRange{2, 12}},
+		// Medians 300 and 10 tokens; the sigmas stay the defaults.
+		HeavyTail: HeavyTailParams{PromptMu: math.Log(300), OutputMu: math.Log(10),
+			Prompt: IntRange{16, 2000}, Output: IntRange{2, 40}},
+		CachePressure: CachePressureParams{Systems: 40, System: m.System, Turns: m.Turns,
+			Question: m.Question, Answer: m.Answer, Think: m.Think},
+	}
 }
