@@ -8,6 +8,20 @@ import (
 	"github.com/duet-router/duet/scheduler"
 )
 
+// Describe parses raw, an inference request body sent on route, and
+// returns the scheduler's view of it exactly as duet builds it for a
+// request it schedules (see describe). The routing-quality simulator
+// (e2e/clustersim) uses it so that its scheduler sees what duet's does.
+func Describe(route Route, raw []byte) (scheduler.Request, error) {
+	b, err := ParseBody(route, raw)
+	if err != nil {
+		return scheduler.Request{}, err
+	}
+	var req scheduler.Request
+	describe(route, b, &req)
+	return req, nil
+}
+
 // describe fills the scheduler's view of an inference request from its
 // body: model, prompt (rendered in a stable text form, or token ids),
 // requested output length and number of items. The prompt of a batch is

@@ -44,6 +44,7 @@ type ledger struct {
 	coverDelay time.Duration // time for a request to reach the engine after the pick
 	staleAfter time.Duration // scraped numbers older than this are not used
 	ttl        time.Duration
+	now        func() time.Time // the scheduler's clock
 }
 
 // targetState is one target's entry. Snapshots point at it, so it lives
@@ -107,6 +108,7 @@ func newLedger(coverDelay, staleAfter, ttl time.Duration) *ledger {
 		coverDelay: coverDelay,
 		staleAfter: staleAfter,
 		ttl:        ttl,
+		now:        time.Now,
 	}
 }
 
@@ -177,7 +179,7 @@ func (l *ledger) releaseLocked(id string, role Role) (model string, promptBytes 
 	}
 	for _, h := range append([]*hold(nil), res.holds...) {
 		if role == "" || h.role == role {
-			l.drop(h, time.Now())
+			l.drop(h, l.now())
 		}
 	}
 	if role == "" {
@@ -267,7 +269,7 @@ func (l *ledger) retain(keep func(TargetKey) bool) {
 			continue
 		}
 		for h := range ts.holds {
-			l.drop(h, time.Now())
+			l.drop(h, l.now())
 		}
 		ts.removed = true
 		delete(l.targets, key)

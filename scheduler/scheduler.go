@@ -83,6 +83,12 @@ type Config struct {
 	// their own. This is SGLang's behaviour behind a rank-unaware router,
 	// the baseline that rank-aware scheduling is measured against.
 	EngineRanks bool
+	// Clock, if set, is the scheduler's clock: reservations, load
+	// freshness, scrape times, health and the decisions shown on the status
+	// page read it instead of time.Now. The routing-quality simulator
+	// (e2e/clustersim) drives a scheduler in virtual time with it. Timers
+	// (Run's loops) and timeouts of network calls stay on the wall clock.
+	Clock func() time.Time
 }
 
 // LoadConfig configures load scraping and the reservation ledger.
@@ -204,6 +210,9 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		onEject:    cfg.OnEject,
 		now:        time.Now,
 	}
+	if cfg.Clock != nil {
+		s.now = cfg.Clock
+	}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -238,6 +247,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		s.loadCfg.Concurrency = 16
 	}
 	s.ledger = newLedger(s.loadCfg.CoverDelay, s.loadCfg.StaleAfter, s.loadCfg.ReservationTTL)
+	s.ledger.now = s.now
 	s.tokens = NewTokenEstimator(cfg.Tokens.CharsPerToken)
 	s.defaultMaxTokens = cfg.Tokens.DefaultMaxTokens
 	if s.defaultMaxTokens <= 0 {
@@ -246,6 +256,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	s.hasher = prefix.Hasher{BlockBytes: cfg.Prefix.BlockBytes, BlockTokens: cfg.Prefix.BlockTokens}
 	s.index = prefix.NewIndex[TargetKey](cfg.Prefix.MaxBlocksPerTarget)
 	s.scraper = load.NewScraper(s.client, s.loadCfg.Timeout)
+	s.scraper.SetClock(s.now)
 	if cfg.Registerer != nil {
 		s.metrics = newMetrics(cfg.Registerer, s.ledger, map[Role]string{
 			RolePrefill: s.prefillPolicy.Name(), RoleDecode: s.decodePolicy.Name(),

@@ -19,7 +19,7 @@ func (s *Scheduler) runScrapes(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		s.ScrapeLoads(ctx)
-		if n := s.ledger.expire(time.Now()); n > 0 {
+		if n := s.ledger.expire(s.now()); n > 0 {
 			s.log.Warn("reservations expired without feedback", zap.Int("count", n))
 		}
 		select {

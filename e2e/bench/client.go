@@ -30,9 +30,9 @@ type ChatRequest struct {
 	Stream bool
 }
 
-// body renders the request, with ignore_eos so that the engine generates
+// Body renders the request, with ignore_eos so that the engine generates
 // exactly MaxTokens tokens.
-func (r ChatRequest) body() ([]byte, error) {
+func (r ChatRequest) Body() ([]byte, error) {
 	m := map[string]any{
 		"model":      r.Model,
 		"messages":   r.Messages,
@@ -102,7 +102,7 @@ const maxLine = 4 << 20
 // its end. It never returns an error: failures are recorded in the Outcome.
 func Send(ctx context.Context, client *http.Client, url string, req ChatRequest) Outcome {
 	o := Outcome{Stream: req.Stream}
-	body, err := req.body()
+	body, err := req.Body()
 	if err != nil {
 		o.Err = err.Error()
 		return o

@@ -73,10 +73,15 @@ type engineRequest struct {
 	// notify receives a signal (never blocking) on every change a waiter
 	// may care about.
 	notify chan struct{}
+	// onSignal, if set, is called with every signal (Model's change list).
+	onSignal func()
 }
 
 // signal wakes the request's waiter.
 func (q *engineRequest) signal() {
+	if q.onSignal != nil {
+		q.onSignal()
+	}
 	select {
 	case q.notify <- struct{}{}:
 	default:

@@ -47,29 +47,35 @@ func parseInclude(q string) (map[string]bool, *apiError) {
 // present; spec and lora are dropped (None in SGLang without speculative
 // decoding or LoRA).
 func (s *Server) rankLoadJSON(l rankSnapshot, include map[string]bool) map[string]any {
-	usage := float64(l.usedTokens) / float64(s.cfg.MaxTotalTokens)
+	return rankLoadJSON(s.cfg, l, include)
+}
+
+// rankLoadJSON renders one rank of /v1/loads for a server configured by
+// cfg (see Server.rankLoadJSON).
+func rankLoadJSON(cfg Config, l rankSnapshot, include map[string]bool) map[string]any {
+	usage := float64(l.usedTokens) / float64(cfg.MaxTotalTokens)
 	m := map[string]any{
 		"dp_rank":              l.dpRank,
 		"num_running_reqs":     l.running,
 		"num_waiting_reqs":     l.waiting,
 		"num_used_tokens":      l.usedTokens,
 		"num_total_tokens":     l.totalTokens,
-		"max_total_num_tokens": s.cfg.MaxTotalTokens,
+		"max_total_num_tokens": cfg.MaxTotalTokens,
 		"token_usage":          usage,
 		"gen_throughput":       l.genThroughput,
 		"cache_hit_rate":       l.cacheHitRate,
 		"utilization":          usage,
-		"max_running_requests": s.cfg.MaxRunningRequests,
+		"max_running_requests": cfg.MaxRunningRequests,
 		"num_total_reqs":       l.running + l.waiting + l.transfer,
 	}
 	if include["memory"] {
 		m["memory"] = map[string]any{
-			"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": s.cfg.MaxTotalTokens,
+			"weight_gb": 0.0, "kv_cache_gb": 0.0, "graph_gb": 0.0, "token_capacity": cfg.MaxTotalTokens,
 		}
 	}
 	if include["disagg"] {
 		d := map[string]any{
-			"mode":                        string(s.cfg.Mode),
+			"mode":                        string(cfg.Mode),
 			"prefill_prealloc_queue_reqs": 0,
 			"prefill_inflight_queue_reqs": 0,
 			"decode_prealloc_queue_reqs":  0,
@@ -78,7 +84,7 @@ func (s *Server) rankLoadJSON(l rankSnapshot, include map[string]bool) map[strin
 			"kv_transfer_speed_gb_s":      l.xferGBps,
 			"kv_transfer_latency_ms":      l.xferMS,
 		}
-		switch s.cfg.Mode {
+		switch cfg.Mode {
 		case ModePrefill:
 			d["prefill_inflight_queue_reqs"] = l.transfer
 		case ModeDecode:

@@ -48,6 +48,11 @@ func NewScraper(client *http.Client, timeout time.Duration) *Scraper {
 	}
 }
 
+// SetClock makes the Scraper stamp its reports (Report.StartedAt and
+// FinishedAt) and time its /v1/loads re-probes with now instead of
+// time.Now. Call it before the first Scrape.
+func (s *Scraper) SetClock(now func() time.Time) { s.now = now }
+
 // Scrape fetches the load of the engine at baseURL (scheme, host and port,
 // with an optional path prefix).
 //

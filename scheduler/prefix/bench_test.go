@@ -120,6 +120,30 @@ func BenchmarkInsert(b *testing.B) {
 			i++
 		}
 	})
+	b.Run("fresh", func(b *testing.B) {
+		// Every prompt is new, as with independent user prompts: the
+		// index's maps see a steady churn of inserts and deletes of keys
+		// never seen before.
+		x := NewIndex[int](8192)
+		chain := make([]uint64, 512)
+		next := uint64(1)
+		insert := func(i int) {
+			for j := range chain {
+				chain[j] = next * 0x9e3779b97f4a7c15
+				next++
+			}
+			x.Insert(i%targets, chain)
+		}
+		i := 0
+		for ; i < 4*targets*16; i++ { // warm up: every target past its bound
+			insert(i)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			insert(i)
+			i++
+		}
+	})
 	b.Run("miss", func(b *testing.B) {
 		x := NewIndex[int](8192)
 		i := 0

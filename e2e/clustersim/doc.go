@@ -1,0 +1,34 @@
+// Package clustersim is a deterministic, virtual-time simulator of a PD
+// cluster for measuring routing quality.
+//
+// It runs duet's real scheduler (package scheduler: policies, reservation
+// ledger, prefix index, token estimate, load parsing) against duet-sim's
+// calibrated engine model (sim.Model: per-rank continuous batching, KV
+// budget, chunked prefill, prefix cache, lockstep DP steps, KV transfer).
+// One event loop drives everything: there is no HTTP server, no Envoy and
+// no wall clock, so the same configuration and seed always give the same
+// result, byte for byte, and ten model minutes take well under a second.
+//
+// What happens to a request mirrors the real path:
+//   - the client's body is built as the benchmark client sends it, and
+//     duet's own body parser (extproc.Describe) turns it into the
+//     scheduler's request; the engines parse the same body (sim.ParsePrompt);
+//   - the scheduler picks a prefill and a decode target (or, with
+//     bench.Policy.EngineRanks, engines only: the prefill rank then follows a
+//     random bootstrap room and the decode engine takes ranks round robin,
+//     as SGLang does behind a rank-unaware router);
+//   - both legs start at once; the decode leg preallocates KV, the prefill
+//     leg computes the prompt and sends the KV; the decode leg starts once
+//     both are done, as in duet-sim;
+//   - feedback reaches the scheduler when each leg ends, as Envoy's access
+//     log delivers it, and loads are scraped every LoadInterval through the
+//     scheduler's own scrape code: an in-process http.RoundTripper answers
+//     GET /server_info and GET /v1/loads with the body a duet-sim server
+//     would send (sim.Model.LoadsJSON).
+//
+// Two oracles replace the scheduler with choices only a simulator can make,
+// from every rank's true queue and cache: OracleLoad sends each leg to the
+// rank with the least true pending work, OraclePrefix sends the prefill leg
+// to the rank that truly caches the longest prefix, under the same load
+// gate as cache_aware. They bound what any router could achieve.
+package clustersim

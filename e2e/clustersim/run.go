@@ -1,0 +1,541 @@
+package clustersim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/duet-router/duet/e2e/bench"
+	"github.com/duet-router/duet/e2e/sim"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// Oracle replaces the scheduler with a choice made from the engines' true
+// state.
+type Oracle int
+
+const (
+	// OracleNone routes with Config.Policy through duet's scheduler.
+	OracleNone Oracle = iota
+	// OracleLoad sends each leg to the rank with the least true pending
+	// work: prompt tokens still to compute on prefill, KV in use and
+	// promised on decode.
+	OracleLoad
+	// OraclePrefix sends the prefill leg to the rank whose cache truly
+	// holds the longest prefix of the prompt, unless the prefill ranks are
+	// imbalanced past cache_aware's default gate or no rank holds at least
+	// cache_aware's default threshold, then as OracleLoad; decode legs as
+	// OracleLoad.
+	OraclePrefix
+)
+
+// String names the oracle as reports show it.
+func (o Oracle) String() string {
+	switch o {
+	case OracleLoad:
+		return "oracle_load"
+	case OraclePrefix:
+		return "oracle_prefix"
+	}
+	return "none"
+}
+
+// Preload is work submitted straight to one rank at time 0, past the
+// router: a rank that already queues when routing starts (the "everything
+// on rank 0" symptom). It is not measured.
+type Preload struct {
+	Role         scheduler.Role
+	Engine, Rank int
+	Requests     int
+	PromptTokens int
+	OutputTokens int
+}
+
+// Config is one simulated run.
+type Config struct {
+	// Cluster is the engines.
+	Cluster Cluster
+	// Policy is the routing under test (ignored with an Oracle).
+	Policy bench.Policy
+	// Oracle, if set, routes instead of the scheduler.
+	Oracle Oracle
+	// Workload is the prepared workload (see Prepare); its block size
+	// must be the engines' profile's.
+	Workload *Prepared
+	// Warmup excludes requests that arrive before it from the results'
+	// summary (they still load the cluster).
+	Warmup time.Duration
+	// Drain bounds the time after the arrival window (default 2m):
+	// requests not finished by then count as unfinished.
+	Drain time.Duration
+	// LoadInterval is the scheduler's scrape interval (default 500ms).
+	LoadInterval time.Duration
+	// SampleInterval is how often the ranks' true load is sampled for the
+	// imbalance figures (default 1s).
+	SampleInterval time.Duration
+	// Seed draws engine_default's random bootstrap rooms.
+	Seed uint64
+	// Preload is work put on ranks at time 0.
+	Preload []Preload
+	// Scheduler adjusts the scheduler's configuration (load, prefix,
+	// token settings) before the run; endpoints, policies, clock and
+	// transport are the run's.
+	Scheduler func(*scheduler.Config)
+}
+
+// epoch is virtual time zero on the scheduler's clock.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Run simulates cfg to the end and returns what every request saw. It is
+// deterministic: equal configurations give equal results.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	r, err := newRun(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.loop(ctx); err != nil {
+		return nil, err
+	}
+	return r.result(), nil
+}
+
+// run is the state of one simulation.
+type run struct {
+	cfg      Config
+	now      time.Duration
+	end      time.Duration
+	sched    *scheduler.Scheduler
+	prefill  []*engine
+	decode   []*engine
+	engines  []*engine
+	arrivals arrivalHeap
+	seq      uint64
+	rooms    *rand.Rand
+	active   int
+	requests []*request
+
+	nextScrape, nextSample time.Duration
+	samples                []sample
+}
+
+// request is one request in flight or done.
+type request struct {
+	id            string
+	session, turn int
+	arrival       time.Duration
+	turnInfo      *preparedTurn
+	pEng, dEng    *engine
+	pRank, dRank  int
+	pLegRank      int // the rank the legs carry (NoRank when the engines chose)
+	dLegRank      int
+	pItem, dItem  *sim.Item
+	prefillDone   bool
+	delivered     bool
+	firstAt       time.Duration
+	doneAt        time.Duration
+	cached        int
+	generated     int
+	err           string
+	finished      bool
+}
+
+// newRun builds the engines, the scheduler and the first arrivals.
+func newRun(cfg Config) (*run, error) {
+	if cfg.Workload == nil {
+		return nil, errors.New("clustersim: no workload")
+	}
+	if len(cfg.Cluster.Decode) == 0 {
+		return nil, errors.New("clustersim: no decode engine")
+	}
+	if cfg.Drain <= 0 {
+		cfg.Drain = 2 * time.Minute
+	}
+	if cfg.LoadInterval <= 0 {
+		cfg.LoadInterval = 500 * time.Millisecond
+	}
+	if cfg.SampleInterval <= 0 {
+		cfg.SampleInterval = time.Second
+	}
+	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d))}
+	r.end = cfg.Workload.Workload.Window + cfg.Drain
+	aggregated := len(cfg.Cluster.Prefill) == 0
+	for i, spec := range cfg.Cluster.Prefill {
+		e, err := newEngine(scheduler.RolePrefill, i, spec, false)
+		if err != nil {
+			return nil, err
+		}
+		r.prefill = append(r.prefill, e)
+	}
+	for i, spec := range cfg.Cluster.Decode {
+		e, err := newEngine(scheduler.RoleDecode, i, spec, aggregated)
+		if err != nil {
+			return nil, err
+		}
+		r.decode = append(r.decode, e)
+	}
+	r.engines = append(append([]*engine(nil), r.prefill...), r.decode...)
+	for _, e := range r.engines {
+		if e.blockTokens != cfg.Workload.blockTokens {
+			return nil, fmt.Errorf("clustersim: workload hashed with %d-token blocks, %s engine %d uses %d", cfg.Workload.blockTokens, e.role, e.index, e.blockTokens)
+		}
+	}
+	if cfg.Oracle == OracleNone {
+		if err := r.newScheduler(); err != nil {
+			return nil, err
+		}
+	}
+	for i, s := range cfg.Workload.Workload.Sessions {
+		r.push(s.Start, i, 0)
+	}
+	return r, nil
+}
+
+// newScheduler builds duet's scheduler over the engines, on the run's
+// clock and in-process transport.
+func (r *run) newScheduler() error {
+	byHost := map[string]*engine{}
+	var prefill, decode []scheduler.EndpointSpec
+	for _, e := range r.engines {
+		byHost[e.addr] = e
+		if e.role == scheduler.RolePrefill {
+			prefill = append(prefill, scheduler.EndpointSpec{URL: e.url})
+		} else {
+			decode = append(decode, scheduler.EndpointSpec{URL: e.url})
+		}
+	}
+	prefillSpec, err := policySpec(r.cfg.Policy.Prefill)
+	if err != nil {
+		return fmt.Errorf("clustersim: prefill policy: %w", err)
+	}
+	decodeSpec, err := policySpec(r.cfg.Policy.Decode)
+	if err != nil {
+		return fmt.Errorf("clustersim: decode policy: %w", err)
+	}
+	sc := scheduler.Config{Load: scheduler.LoadConfig{Interval: r.cfg.LoadInterval}}
+	if r.cfg.Scheduler != nil {
+		r.cfg.Scheduler(&sc)
+	}
+	sc.Prefill, sc.Decode = prefill, decode
+	sc.PrefillPolicy, sc.DecodePolicy = prefillSpec, decodeSpec
+	sc.EngineRanks = r.cfg.Policy.EngineRanks
+	sc.Clock = func() time.Time { return epoch.Add(r.now) }
+	sc.HTTPClient = &http.Client{Transport: &transport{byHost: byHost, now: func() time.Duration { return r.now }}}
+	sc.Health.Interval = -1
+	sc.Load.Interval = r.cfg.LoadInterval
+	s, err := scheduler.New(sc, nil)
+	if err != nil {
+		return fmt.Errorf("clustersim: %w", err)
+	}
+	if err := s.Discover(context.Background()); err != nil {
+		return fmt.Errorf("clustersim: discovery: %w", err)
+	}
+	r.sched = s
+	return nil
+}
+
+// push schedules session s's turn k to arrive at t.
+func (r *run) push(t time.Duration, s, k int) {
+	r.seq++
+	heap.Push(&r.arrivals, arrival{at: t, seq: r.seq, session: s, turn: k})
+}
+
+// loop runs the simulation: at each step it moves time to the earliest
+// of the engines' next events, the next arrival, scrape and sample, and
+// handles everything due then, in a fixed order (engines, scrape, sample,
+// arrivals), so that runs are deterministic.
+func (r *run) loop(ctx context.Context) error {
+	r.preload()
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("clustersim: %w", err)
+		}
+		next := r.end
+		for _, e := range r.engines {
+			if t, ok := e.model.NextEvent(); ok && t < next {
+				next = t
+			}
+		}
+		if len(r.arrivals) > 0 {
+			next = min(next, r.arrivals[0].at)
+		}
+		busy := len(r.arrivals) > 0 || r.active > 0
+		if !busy || next >= r.end {
+			return nil
+		}
+		if r.sched != nil {
+			next = min(next, r.nextScrape)
+		}
+		next = min(next, r.nextSample)
+		r.now = max(r.now, next)
+		r.settle()
+		if r.sched != nil && r.now >= r.nextScrape {
+			r.sched.ScrapeLoads(ctx)
+			r.nextScrape += r.cfg.LoadInterval
+		}
+		if r.now >= r.nextSample {
+			r.sample()
+			r.nextSample += r.cfg.SampleInterval
+		}
+		for len(r.arrivals) > 0 && r.arrivals[0].at <= r.now {
+			a := heap.Pop(&r.arrivals).(arrival)
+			r.dispatch(ctx, a.session, a.turn)
+			r.settle()
+		}
+	}
+}
+
+// settle advances every engine to now and handles their changes until
+// none is left (a change can start work on another engine at the same
+// time).
+func (r *run) settle() {
+	for {
+		changed := false
+		for _, e := range r.engines {
+			e.model.Advance(r.now)
+			for _, it := range e.model.Changed() {
+				changed = true
+				r.onChange(e, it)
+			}
+		}
+		if !changed {
+			return
+		}
+	}
+}
+
+// preload submits cfg.Preload at time 0.
+func (r *run) preload() {
+	for _, p := range r.cfg.Preload {
+		pool := r.decode
+		if p.Role == scheduler.RolePrefill {
+			pool = r.prefill
+		}
+		if p.Engine >= len(pool) {
+			continue
+		}
+		e := pool[p.Engine]
+		for i := range p.Requests {
+			prompt := sim.Prompt{Tokens: p.PromptTokens, Blocks: preloadBlocks(i, p.PromptTokens/max(e.blockTokens, 1))}
+			if it, err := e.model.Submit(0, p.Rank, prompt, p.OutputTokens); err == nil {
+				it.Tag = preloadTag{}
+			}
+		}
+	}
+}
+
+// preloadTag marks preloaded items.
+type preloadTag struct{}
+
+// preloadBlocks gives preloaded request i distinct block hashes, so that it
+// neither hits nor seeds the cache of measured prompts.
+func preloadBlocks(i, n int) []uint64 {
+	out := make([]uint64, n)
+	for j := range out {
+		out[j] = uint64(i+1)<<32 | uint64(j) | 1<<63
+	}
+	return out
+}
+
+// dispatch sends session s's turn k now: pick, then both legs at once.
+func (r *run) dispatch(ctx context.Context, s, k int) {
+	turn := &r.cfg.Workload.turns[s][k]
+	q := &request{
+		id: "s" + strconv.Itoa(s) + "t" + strconv.Itoa(k), session: s, turn: k,
+		arrival: r.now, turnInfo: turn, pLegRank: scheduler.NoRank, dLegRank: scheduler.NoRank,
+	}
+	r.requests = append(r.requests, q)
+	r.active++
+	if err := r.route(ctx, q); err != nil {
+		r.fail(q, err.Error())
+		return
+	}
+	maxNew := turn.prompt.MaxTokens
+	if q.pEng != nil {
+		it, err := q.pEng.model.Submit(r.now, q.pRank, turn.prompt, maxNew)
+		if err != nil {
+			r.fail(q, "prefill: "+err.Error())
+			return
+		}
+		it.Tag = q
+		q.pItem = it
+	}
+	it, err := q.dEng.model.Submit(r.now, q.dRank, turn.prompt, maxNew)
+	if err != nil {
+		if q.pItem != nil {
+			q.pEng.model.Abort(r.now, q.pItem)
+		}
+		r.fail(q, "decode: "+err.Error())
+		return
+	}
+	it.Tag = q
+	q.dItem = it
+}
+
+// route chooses q's engines and ranks.
+func (r *run) route(ctx context.Context, q *request) error {
+	if r.cfg.Oracle != OracleNone {
+		r.oracleRoute(q)
+		return nil
+	}
+	req := q.turnInfo.req
+	req.ID = q.id
+	req.Blocks = nil
+	d, err := r.sched.Pick(ctx, &req)
+	if err != nil {
+		return err
+	}
+	if d.Prefill != nil {
+		q.pEng = r.engineAt(d.Prefill.Endpoint.URL)
+		q.pRank, q.pLegRank = d.Prefill.Rank, d.Prefill.Rank
+		if q.pRank == scheduler.NoRank {
+			// follow_bootstrap_room: the prefill rank is a random
+			// room % dp.
+			q.pRank = r.rooms.IntN(q.pEng.dp)
+		}
+	}
+	q.dEng = r.engineAt(d.Decode.Endpoint.URL)
+	q.dRank, q.dLegRank = d.Decode.Rank, d.Decode.Rank
+	if q.dRank == scheduler.NoRank {
+		q.dRank = q.dEng.rr % q.dEng.dp
+		q.dEng.rr++
+	}
+	return nil
+}
+
+// engineAt returns the engine whose URL is url.
+func (r *run) engineAt(url string) *engine {
+	for _, e := range r.engines {
+		if e.url == url {
+			return e
+		}
+	}
+	panic("clustersim: scheduler chose unknown engine " + url)
+}
+
+// onChange handles a change of item it on engine e.
+func (r *run) onChange(e *engine, it *sim.Item) {
+	if _, ok := it.Tag.(preloadTag); ok {
+		if it.State() == sim.ItemTransfer && e.role == scheduler.RoleDecode {
+			e.model.KVArrived(r.now, it)
+		}
+		return
+	}
+	q, ok := it.Tag.(*request)
+	if !ok || q.finished {
+		return
+	}
+	if it == q.pItem {
+		if it.State() == sim.ItemDone && !q.prefillDone {
+			q.prefillDone = true
+			q.cached = it.CachedTokens()
+			r.deliver(q)
+		}
+		return
+	}
+	// The decode (or aggregated) leg.
+	if q.pItem != nil && it.State() == sim.ItemTransfer {
+		r.deliver(q)
+	}
+	if q.firstAt == 0 && it.FirstTokenAt() > 0 {
+		q.firstAt = it.FirstTokenAt()
+	}
+	if it.State() == sim.ItemDone {
+		if q.pItem == nil {
+			q.cached = it.CachedTokens()
+		}
+		r.finish(q, it)
+	}
+}
+
+// deliver hands the prefill's KV to the decode leg once the prefill is
+// done and the decode has preallocated; the prefill leg then answers.
+func (r *run) deliver(q *request) {
+	if q.delivered || !q.prefillDone || q.dItem == nil || q.dItem.State() != sim.ItemTransfer {
+		return
+	}
+	q.delivered = true
+	q.dEng.model.KVArrived(r.now, q.dItem)
+	r.feedback(q, scheduler.RolePrefill, q.pEng, q.pLegRank, false)
+}
+
+// finish ends q with its decode leg's outcome.
+func (r *run) finish(q *request, it *sim.Item) {
+	q.finished = true
+	r.active--
+	q.doneAt = r.now
+	q.generated = it.Generated()
+	if it.Aborted() {
+		q.err = "aborted"
+	}
+	r.feedback(q, scheduler.RoleDecode, q.dEng, q.dLegRank, it.Aborted())
+	r.feedback(q, "", nil, scheduler.NoRank, it.Aborted())
+	r.nextTurn(q)
+}
+
+// fail ends q with err before it reached an engine (a 503 or a 400).
+func (r *run) fail(q *request, err string) {
+	q.finished = true
+	r.active--
+	q.err = err
+	q.doneAt = r.now
+	r.feedback(q, "", nil, scheduler.NoRank, true)
+}
+
+// nextTurn schedules the next turn of q's session after its think time,
+// unless the session ended, q failed or the window is over.
+func (r *run) nextTurn(q *request) {
+	s := r.cfg.Workload.Workload.Sessions[q.session]
+	if q.err != "" || q.turn+1 >= len(s.Turns) {
+		return
+	}
+	at := r.now + s.Turns[q.turn].Think
+	if at >= r.cfg.Workload.Workload.Window {
+		return
+	}
+	r.push(at, q.session, q.turn+1)
+}
+
+// feedback reports a leg (or, with role "", the whole request) to the
+// scheduler, as Envoy's access log would.
+func (r *run) feedback(q *request, role scheduler.Role, e *engine, rank int, failed bool) {
+	if r.sched == nil {
+		return
+	}
+	f := scheduler.Feedback{RequestID: q.id, Role: role, Rank: rank, Failed: failed}
+	if e != nil {
+		f.Address = e.addr
+		f.PromptTokens = int64(q.turnInfo.prompt.Tokens)
+	}
+	r.sched.Complete(f)
+}
+
+// arrival is a request due to be sent.
+type arrival struct {
+	at            time.Duration
+	seq           uint64
+	session, turn int
+}
+
+// arrivalHeap orders arrivals by time, then by scheduling order.
+type arrivalHeap []arrival
+
+func (h arrivalHeap) Len() int { return len(h) }
+func (h arrivalHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].seq < h[j].seq
+}
+func (h arrivalHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *arrivalHeap) Push(x any)   { *h = append(*h, x.(arrival)) }
+func (h *arrivalHeap) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return a
+}

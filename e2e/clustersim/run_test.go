@@ -1,0 +1,100 @@
+package clustersim
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/bench"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// testWorkload is a short variable-length workload, prepared for the
+// dsv3 profile's 16-token blocks.
+func testWorkload(t *testing.T, name string, rate float64, window time.Duration, seed uint64) *Prepared {
+	t.Helper()
+	w, err := bench.Generate(name, rate, window, seed, bench.Params{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Prepare(w, "sim-model", 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func policy(t *testing.T, name string) bench.Policy {
+	t.Helper()
+	ps, err := bench.SelectPolicies([]string{name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0]
+}
+
+// TestRunIsDeterministic runs each routing twice on one seed and demands
+// identical results, request by request.
+func TestRunIsDeterministic(t *testing.T) {
+	w := testWorkload(t, bench.WorkloadMultiTurn, 2, 40*time.Second, 7)
+	cluster := Uniform("dsv3-dp8-h100-node", 2, 2, 4)
+	for _, tt := range []struct {
+		name   string
+		policy string
+		oracle Oracle
+	}{
+		{"engine_default", bench.PolicyEngineDefault, OracleNone},
+		{"cache_aware", "cache_aware", OracleNone},
+		{"oracle_prefix", "", OraclePrefix},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Config{Cluster: cluster, Oracle: tt.oracle, Workload: w, Warmup: 5 * time.Second, Seed: 3}
+			if tt.policy != "" {
+				cfg.Policy = policy(t, tt.policy)
+			}
+			a, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Fatal("two runs of one configuration differ")
+			}
+			s := a.Summarize()
+			if s.Requests == 0 || s.Served != s.Requests {
+				t.Fatalf("summary %+v: want every measured request served", s)
+			}
+		})
+	}
+}
+
+// TestRankAwareRoutingAvoidsPreloadedRank checks that the simulator shows
+// what it exists to show: with rank 0 of every engine already queueing,
+// the engine default keeps sending it work (room % dp and round robin
+// ignore load) while least_tokens routes around it.
+func TestRankAwareRoutingAvoidsPreloadedRank(t *testing.T) {
+	w := testWorkload(t, bench.WorkloadVariable, 4, 60*time.Second, 1)
+	cluster := Uniform("dsv3-dp8-h100-node", 1, 1, 4)
+	preload := []Preload{
+		{Role: scheduler.RolePrefill, Engine: 0, Rank: 0, Requests: 40, PromptTokens: 3000, OutputTokens: 1},
+	}
+	ttft := map[string]float64{}
+	for _, name := range []string{bench.PolicyEngineDefault, "least_tokens"} {
+		res, err := Run(context.Background(), Config{Cluster: cluster, Policy: policy(t, name), Workload: w, Preload: preload, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := res.Summarize()
+		if s.Failed > 0 {
+			t.Fatalf("%s: %d of %d requests failed", name, s.Failed, s.Requests)
+		}
+		ttft[name] = s.TTFTMean
+	}
+	if !(ttft["least_tokens"] < 0.8*ttft[bench.PolicyEngineDefault]) {
+		t.Fatalf("mean TTFT: least_tokens %.0f ms, engine_default %.0f ms; want least_tokens well below", ttft["least_tokens"], ttft[bench.PolicyEngineDefault])
+	}
+}

@@ -1,0 +1,307 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Model is the calibrated engine model of one server (the model a Server
+// runs with Config.Profile), for callers that drive it in virtual time
+// themselves instead of through HTTP in scaled real time: the
+// routing-quality simulator (e2e/clustersim). A Model has no goroutines and
+// no clock; every call names the model time it happens at, and times never
+// go backwards. It is not safe for concurrent use.
+type Model struct {
+	cfg     Config
+	core    *engineCore
+	changed []*Item
+}
+
+// Item is one request inside a Model. Its accessors read the model's
+// state: call them between Model calls, not concurrently.
+type Item struct {
+	q      *engineRequest
+	queued bool // in the model's changed list
+	// Tag is the caller's: the Model never reads it.
+	Tag any
+}
+
+// ItemState is where an Item is in the engine.
+type ItemState int
+
+// Item states, in the order an item goes through them.
+const (
+	// ItemWaiting: queued (decode: waiting for its KV preallocation).
+	ItemWaiting ItemState = iota
+	// ItemPrefill: admitted, its prompt is being computed.
+	ItemPrefill
+	// ItemRunning: in the decode batch.
+	ItemRunning
+	// ItemTransfer: prefill: its KV is being sent; decode: its KV is
+	// preallocated and it waits for the transfer.
+	ItemTransfer
+	// ItemReady: decode: its KV arrived; it joins the batch at the next step.
+	ItemReady
+	// ItemDone: finished or aborted.
+	ItemDone
+)
+
+// State returns the item's state.
+func (it *Item) State() ItemState { return ItemState(it.q.state) }
+
+// Aborted reports whether the item was aborted.
+func (it *Item) Aborted() bool { return it.q.aborted }
+
+// Rank is the DP rank the item runs on.
+func (it *Item) Rank() int { return it.q.rank }
+
+// PromptTokens is the item's prompt length.
+func (it *Item) PromptTokens() int { return it.q.prompt }
+
+// CachedTokens is how many prompt tokens the rank's prefix cache held when
+// the item was admitted.
+func (it *Item) CachedTokens() int { return it.q.cached }
+
+// Generated is the number of tokens generated so far.
+func (it *Item) Generated() int { return it.q.generated }
+
+// MaxNew is the item's output limit after the model clipped it.
+func (it *Item) MaxNew() int { return it.q.maxNew }
+
+// FirstTokenAt is when the first token was made (0 before).
+func (it *Item) FirstTokenAt() time.Duration { return it.q.firstTokenAt }
+
+// AdmittedAt is when the item was admitted (prefill) or its KV
+// preallocated (decode).
+func (it *Item) AdmittedAt() time.Duration { return it.q.admittedAt }
+
+// DoneAt is when the item finished (0 before).
+func (it *Item) DoneAt() time.Duration { return it.q.doneAt }
+
+// NewModel returns the engine model of a server configured by cfg, at model
+// time 0. cfg.Profile is required; zero fields take their defaults as in
+// New. Mode chooses what an item does: prefill (prefill, one token, KV
+// transfer), decode (KV preallocation, wait for KV, decode) or null
+// (aggregated: prefill then decode on one rank).
+func NewModel(cfg Config) (*Model, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("sim model config: %w", err)
+	}
+	if cfg.Profile == "" {
+		return nil, errors.New("sim model config: a profile is required")
+	}
+	prof, err := LookupProfile(cfg.Profile)
+	if err != nil {
+		return nil, fmt.Errorf("sim model config: %w", err)
+	}
+	gbps := prof.KVTransferGBps
+	if cfg.KVTransferGBps > 0 {
+		gbps = cfg.KVTransferGBps
+	}
+	m := &Model{cfg: cfg}
+	m.core = newEngineCore(engineParams{
+		prof:       prof,
+		mode:       cfg.Mode,
+		dpSize:     cfg.DPSize,
+		lockstep:   *cfg.DPAttention,
+		capacity:   cfg.MaxTotalTokens,
+		maxRunning: cfg.MaxRunningRequests,
+		chunk:      prof.ChunkedPrefillSize,
+		gbps:       gbps,
+	})
+	return m, nil
+}
+
+// Config returns the model's effective configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// Submit queues a request on rank at model time t, after advancing the
+// model to t. prompt and blocks are what ParsePrompt returns for its body;
+// maxNew is its max_tokens. It fails, as SGLang does, when the rank does
+// not exist or the prompt can never fit the rank's KV pool.
+func (m *Model) Submit(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
+	m.Advance(t)
+	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, maxNew: maxNew}
+	switch m.cfg.Mode {
+	case ModePrefill:
+		spec.kind = kindPrefill
+	case ModeDecode:
+		spec.kind = kindDecode
+	default:
+		spec.kind = kindUnified
+	}
+	q, err := m.core.submit(spec, t)
+	if err != nil {
+		return nil, err
+	}
+	it := &Item{q: q}
+	q.onSignal = func() { m.mark(it) }
+	m.mark(it) // submitted: the caller may want to look at it again
+	return it, nil
+}
+
+// mark adds it to the changed list once.
+func (m *Model) mark(it *Item) {
+	if !it.queued {
+		it.queued = true
+		m.changed = append(m.changed, it)
+	}
+}
+
+// KVArrived tells a decode item waiting in ItemTransfer that its KV
+// arrived at t; it joins the batch at its group's next step.
+func (m *Model) KVArrived(t time.Duration, it *Item) {
+	m.Advance(t)
+	m.core.kvArrived(it.q, t)
+}
+
+// Abort removes it at t and frees what it holds (no-op once done).
+func (m *Model) Abort(t time.Duration, it *Item) {
+	m.Advance(t)
+	m.core.abort(it.q, t)
+}
+
+// Advance processes everything due at or before t.
+func (m *Model) Advance(t time.Duration) { m.core.advance(t) }
+
+// NextEvent returns when the model next does something on its own (a step
+// starts or ends, a KV transfer ends); ok is false when it is idle.
+func (m *Model) NextEvent() (at time.Duration, ok bool) { return m.core.nextEvent() }
+
+// Changed returns the items whose state or progress changed since the last
+// call (and those submitted since), in the order they first changed.
+func (m *Model) Changed() []*Item {
+	out := m.changed
+	m.changed = nil
+	for _, it := range out {
+		it.queued = false
+	}
+	return out
+}
+
+// LoadsJSON is the body a GET /v1/loads?include=core,disagg would get from
+// the server at model time t.
+func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
+	m.Advance(t)
+	include := map[string]bool{"core": true, "disagg": true}
+	snaps := m.core.snapshot(t)
+	loads := make([]map[string]any, len(snaps))
+	for i, l := range snaps {
+		loads[i] = rankLoadJSON(m.cfg, l, include)
+	}
+	return json.Marshal(map[string]any{
+		"timestamp":     time.Unix(0, 0).Add(t).UTC().Format("2006-01-02T15:04:05.000000-07:00"),
+		"version":       Version,
+		"dp_rank_count": len(loads),
+		"loads":         loads,
+	})
+}
+
+// ServerInfoJSON is the part of GET /server_info that routers read: DP
+// size, disaggregation mode and bootstrap port, capacity.
+func (m *Model) ServerInfoJSON() ([]byte, error) {
+	port := m.cfg.BootstrapPort
+	if port == 0 && m.cfg.Mode == ModePrefill {
+		port = 8998 // SGLang's default --disaggregation-bootstrap-port
+	}
+	return json.Marshal(map[string]any{
+		"model_path":                    m.cfg.Model,
+		"served_model_name":             m.cfg.Model,
+		"dp_size":                       m.cfg.DPSize,
+		"enable_dp_attention":           *m.cfg.DPAttention,
+		"disaggregation_mode":           string(m.cfg.Mode),
+		"disaggregation_bootstrap_port": port,
+		"max_running_requests":          m.cfg.MaxRunningRequests,
+		"max_total_num_tokens":          m.cfg.MaxTotalTokens,
+		"version":                       Version,
+	})
+}
+
+// RankState is the true state of one DP rank, as only the simulator can
+// see it (oracles and plots).
+type RankState struct {
+	// PendingPrefill is the prompt tokens still to compute: waiting
+	// requests' whole prompts (less nothing: their cache hit is unknown
+	// until admission) plus the rest of those being prefilled.
+	PendingPrefill int
+	// UsedTokens is the KV the rank cannot evict (SGLang's num_used_tokens).
+	UsedTokens int
+	// Promised is the KV the rank has promised beyond UsedTokens: the
+	// admitted requests' reserved growth, plus the prompts and outputs of
+	// the requests still queued.
+	Promised int
+	// Running and Waiting count requests in the batch and in the queue.
+	Running, Waiting int
+}
+
+// Ranks returns every rank's true state at t.
+func (m *Model) Ranks(t time.Duration) []RankState {
+	m.Advance(t)
+	out := make([]RankState, len(m.core.ranks))
+	for i, r := range m.core.ranks {
+		st := RankState{UsedTokens: r.referenced(), Running: len(r.running) + len(r.ready), Waiting: len(r.waiting)}
+		st.Promised = r.growth
+		for _, q := range r.waiting {
+			st.PendingPrefill += q.prompt
+			st.Promised += q.prompt + q.maxNew
+		}
+		for _, q := range r.prefilling {
+			st.PendingPrefill += q.prompt - q.computed
+		}
+		out[i] = st
+	}
+	return out
+}
+
+// CachedPrefix returns how many of prompt's tokens rank's prefix cache
+// holds now (what admission would find, without pinning anything).
+func (m *Model) CachedPrefix(rank int, prompt Prompt) int {
+	if rank < 0 || rank >= len(m.core.ranks) {
+		return 0
+	}
+	bt := m.core.p.prof.BlockSize
+	if bt <= 0 {
+		return 0
+	}
+	matched, _ := m.core.ranks[rank].cache.match(prompt.Blocks, (prompt.Tokens-1)/bt)
+	return len(matched) * bt
+}
+
+// BalanceRatio is the mean lockstep balance ratio of the steps so far
+// (mean rank step time / slowest rank step time; 1 is perfect).
+func (m *Model) BalanceRatio() float64 { return m.core.balanceRatio() }
+
+// Prompt is what the engine model needs of a request's prompt.
+type Prompt struct {
+	// Tokens is the prompt length as the simulator counts it.
+	Tokens int
+	// Blocks are the prompt's prefix-cache block hashes.
+	Blocks []uint64
+	// MaxTokens is the request's output limit (the body's max_tokens or
+	// equivalent; the server default when absent).
+	MaxTokens int
+}
+
+// ParsePrompt parses an inference request body sent to path (one of the
+// routes duet-sim serves) the way a server does, and returns its first
+// item's prompt with blocks of blockTokens tokens (a profile's BlockSize).
+func ParsePrompt(path string, body []byte, blockTokens int) (Prompt, error) {
+	var route routeKind
+	for _, r := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
+		if r.path() == path {
+			route = r
+		}
+	}
+	if route == 0 {
+		return Prompt{}, fmt.Errorf("parse prompt: %s is not an inference route", path)
+	}
+	req, aerr := parseInferRequest(route, body, DefaultModel, parseOptions{blockTokens: blockTokens})
+	if aerr != nil {
+		return Prompt{}, fmt.Errorf("parse prompt: %d %s", aerr.status, aerr.msg)
+	}
+	it := req.items[0]
+	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens}, nil
+}
