@@ -14,7 +14,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean bench-quality bench-overhead soak image
+.PHONY: all build test unit e2e demo lint envoy tools clean bench-sim bench-quality bench-overhead soak image
 
 all: build
 
@@ -46,9 +46,18 @@ e2e: build envoy egctl
 demo: build envoy
 	$(GO) run ./e2e/demo $(if $(HOLD),-hold)
 
-# Routing-quality benchmark (docs/benchmarks/README.md): every policy against
-# the engine default on simulated engines; regenerates docs/benchmarks/quality.md,
-# quality.json and the PNG plots. BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
+# Routing quality on the deterministic cluster simulator (docs/benchmarks/README.md):
+# every scenario, routing and seed in virtual time, duet's real scheduler
+# against duet-sim's engine model; regenerates docs/benchmarks/quality.md,
+# quality.json and quality-*.png. SIM_FLAGS passes flags, e.g.
+# SIM_FLAGS='-seeds 20 -scenarios variable,multiturn'.
+bench-sim:
+	$(GO) run ./e2e/bench/simquality $(SIM_FLAGS)
+
+# Routing quality through the real path (Envoy + duet + duet-sim servers in
+# scaled real time), the integration benchmark: regenerates
+# docs/benchmarks/quality-envoy.md, quality-envoy.json and its PNG plots.
+# BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
 bench-quality: build envoy
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 

@@ -45,6 +45,10 @@ type ledger struct {
 	staleAfter time.Duration // scraped numbers older than this are not used
 	ttl        time.Duration
 	now        func() time.Time // the scheduler's clock
+	// prefillInFlight keeps prefill holds until their leg's feedback and
+	// counts a prefill target's load as the larger of its scraped pending
+	// tokens and its holds (unless LoadConfig.PrefillCovered).
+	prefillInFlight bool
 }
 
 // targetState is one target's entry. Snapshots point at it, so it lives
@@ -138,7 +142,11 @@ func (l *ledger) loadSince(ts *targetState, freshSince int64) Load {
 	ld := Load{Tokens: ts.reserved, Reserved: ts.reserved}
 	if ts.scrapedAt != 0 && ts.scrapedAt >= freshSince {
 		ld.Fresh = true
-		ld.Tokens += ts.scraped
+		if l.prefillInFlight && ts.role == RolePrefill {
+			ld.Tokens = max(ts.reserved, ts.scraped)
+		} else {
+			ld.Tokens += ts.scraped
+		}
 		ld.Capacity = ts.capacity
 		ld.Running, ld.Waiting = ts.running, ts.waiting
 	}
@@ -230,6 +238,9 @@ func (l *ledger) observe(ranks []rankLoad, started, finished time.Time) {
 		ts.scraped, ts.capacity, ts.running, ts.waiting = r.tokens, r.capacity, r.running, r.waiting
 		ts.scrapedAt = finished.UnixNano()
 		for h := range ts.holds {
+			if l.prefillInFlight && h.role == RolePrefill {
+				continue // ends with its leg's feedback
+			}
 			if h.res.at.Add(l.coverDelay).Before(started) {
 				l.drop(h, finished)
 			}

@@ -43,6 +43,49 @@ func TestLedgerLoadAndCover(t *testing.T) {
 	}
 }
 
+// TestLedgerPrefillAccounting checks the two ways prefill ranks are
+// loaded: in flight (the default), where a prefill hold outlives covering
+// scrapes until its leg's feedback and the load is the larger of holds and
+// scraped pending tokens, and covered, where it behaves like decode.
+func TestLedgerPrefillAccounting(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	key := TargetKey{URL: "http://p:1", Rank: 0}
+	tests := []struct {
+		name       string
+		inFlight   bool
+		scraped    int64
+		release    bool // the prefill leg's feedback arrives before the load is read
+		wantTokens int64
+	}{
+		{"in flight: a covering scrape keeps the hold", true, 30, false, 100},
+		{"in flight: more pending than held (traffic duet did not send) wins", true, 250, false, 250},
+		{"in flight: the leg's feedback ends the hold", true, 30, true, 30},
+		{"covered: the scrape ends the hold", false, 30, false, 30},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLedger(100*time.Millisecond, 5*time.Second, time.Hour)
+			l.prefillInFlight = tt.inFlight
+			l.mu.Lock()
+			ts := l.state(key)
+			ts.role = RolePrefill
+			l.reserve(ts, "r1", RolePrefill, 100, t0, "m", 400)
+			l.mu.Unlock()
+			start := t0.Add(500 * time.Millisecond)
+			l.observe([]rankLoad{{key: key, tokens: tt.scraped}}, start, start.Add(10*time.Millisecond))
+			if tt.release {
+				l.release("r1", RolePrefill)
+			}
+			l.mu.Lock()
+			got := l.load(ts, t0.Add(time.Second))
+			l.mu.Unlock()
+			if got.Tokens != tt.wantTokens {
+				t.Errorf("load = %+v, want tokens %d", got, tt.wantTokens)
+			}
+		})
+	}
+}
+
 func TestLedgerReleaseByRole(t *testing.T) {
 	l := newLedger(0, 0, 0)
 	now := time.Now()

@@ -110,6 +110,18 @@ type LoadConfig struct {
 	// ReservationTTL ends reservations whose feedback never came
 	// (default 10m).
 	ReservationTTL time.Duration
+	// PrefillCovered makes prefill reservations end at the first covering
+	// scrape, as decode reservations do, and adds them to the engine's
+	// reported pending tokens. By default (false) prefill ranks are
+	// accounted in flight instead: a prefill reservation is charged the
+	// prompt tokens net of the prefix duet believes the rank caches and
+	// ends with its leg's feedback, and a prefill target's load is the
+	// larger of its reservations and the engine's reported pending tokens
+	// (which still count traffic duet did not send). SGLang's pending
+	// tokens leave the queue when a prefill starts, long before it ends,
+	// so a covered reservation makes a rank that is busy prefilling look
+	// idle. See docs/scheduling.md.
+	PrefillCovered bool
 }
 
 // PrefixConfig configures prompt hashing and the prefix index.
@@ -248,6 +260,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 	s.ledger = newLedger(s.loadCfg.CoverDelay, s.loadCfg.StaleAfter, s.loadCfg.ReservationTTL)
 	s.ledger.now = s.now
+	s.ledger.prefillInFlight = !s.loadCfg.PrefillCovered
 	s.tokens = NewTokenEstimator(cfg.Tokens.CharsPerToken)
 	s.defaultMaxTokens = cfg.Tokens.DefaultMaxTokens
 	if s.defaultMaxTokens <= 0 {

@@ -234,6 +234,7 @@ func schedulerConfig(cfg *config.Config) scheduler.Config {
 			StaleAfter:     cfg.Load.StaleAfter,
 			CoverDelay:     cfg.Load.CoverDelay,
 			ReservationTTL: cfg.Load.ReservationTTL,
+			PrefillCovered: cfg.Load.PrefillAccounting == config.PrefillCovered,
 		},
 		Prefix: scheduler.PrefixConfig{
 			BlockBytes:         cfg.Prefix.BlockBytes,

@@ -35,7 +35,7 @@ type Plan struct {
 	// StreamInterval is the tokens per streamed chunk (the simulator's
 	// --stream-interval; 0 or 1: one chunk per token).
 	StreamInterval int
-	// OutDir receives quality.md, quality.json and the PNG plots ("" writes
+	// OutDir receives quality-envoy.md, quality-envoy.json and the PNG plots ("" writes
 	// nothing).
 	OutDir string
 	// Setup lines head the report.
@@ -44,8 +44,8 @@ type Plan struct {
 
 // ReportFile and DataFile are the outputs' names in Plan.OutDir.
 const (
-	ReportFile = "quality.md"
-	DataFile   = "quality.json"
+	ReportFile = "quality-envoy.md"
+	DataFile   = "quality-envoy.json"
 )
 
 // RunPlan runs every case and writes the outputs. Case failures are

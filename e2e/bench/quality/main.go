@@ -2,7 +2,7 @@
 // bench-quality`). It drives open-loop Poisson load through a real Envoy +
 // duet into simulated SGLang engines (2 prefill × dp 4 and 2 decode × dp 4
 // by default), compares the engine default with duet's policies on the
-// same arrivals, and writes docs/benchmarks/quality.md, quality.json and
+// same arrivals, and writes docs/benchmarks/quality-envoy.md, quality-envoy.json and
 // PNG plots. See docs/benchmarks/README.md.
 package main
 
@@ -68,12 +68,12 @@ func main() {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("quality", flag.ContinueOnError)
-	fs.StringVar(&o.out, "out", "docs/benchmarks", "output directory (quality.md, quality.json, PNG plots; with -quick a temporary directory)")
+	fs.StringVar(&o.out, "out", "docs/benchmarks", "output directory (quality-envoy.md, quality-envoy.json, PNG plots; with -quick a temporary directory)")
 	fs.StringVar(&o.profile, "profile", "auto", `duet-sim --profile ("auto": `+defaultProfile+` when the simulator has profiles; "none": the simple model)`)
 	fs.Float64Var(&o.scale, "time-scale", 0, "duet-sim --time-scale F (0: 20 with a profile, else 1)")
 	fs.Float64Var(&o.chunkBudget, "chunk-budget", 6000,
 		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
-	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads, ","), "workloads to run")
+	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
 	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted)")
 	o.rates = map[string]*string{}
 	for _, w := range bench.Workloads {

@@ -143,7 +143,18 @@ type LoadOptions struct {
 	CoverDelay time.Duration `yaml:"cover_delay"`
 	// ReservationTTL ends reservations whose completion was never reported.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
+	// PrefillAccounting is how prefill ranks are loaded: "in_flight" (the
+	// prefill legs duet has in flight there, net of the cached prefix,
+	// each until its leg ends) or "covered" (reservations end at the first
+	// covering scrape, as on decode). See docs/scheduling.md.
+	PrefillAccounting string `yaml:"prefill_accounting"`
 }
+
+// Prefill accounting modes (LoadOptions.PrefillAccounting).
+const (
+	PrefillInFlight = "in_flight"
+	PrefillCovered  = "covered"
+)
 
 // HealthOptions configures health checking and ejection (see
 // docs/scheduling.md, "Health and ejection").
@@ -294,6 +305,7 @@ func (c *Config) applyDefaults() {
 	setDefault(&c.Policy.Prefill.Name, DefaultPrefillPolicy)
 	setDefault(&c.Policy.Decode.Name, DefaultDecodePolicy)
 	setDefault(&c.Envoy.Listen, DefaultEnvoyListen)
+	setDefault(&c.Load.PrefillAccounting, PrefillInFlight)
 	setDefault(&c.Envoy.Admin, DefaultEnvoyAdmin)
 	setDefault(&c.Envoy.Clusters.Decode, DefaultDecodeCluster)
 	setDefault(&c.Envoy.Clusters.Prefill, DefaultPrefillCluster)
@@ -419,6 +431,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Discovery.Interval < 0 || c.Discovery.Timeout < 0 {
 		errs = append(errs, errors.New("discovery: interval and timeout must be positive"))
+	}
+	if a := c.Load.PrefillAccounting; a != PrefillInFlight && a != PrefillCovered {
+		errs = append(errs, fmt.Errorf("load.prefill_accounting: %q is not %s or %s", a, PrefillInFlight, PrefillCovered))
 	}
 	for _, d := range []struct {
 		field string

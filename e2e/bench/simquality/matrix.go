@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/duet-router/duet/e2e/bench"
+	"github.com/duet-router/duet/e2e/clustersim"
+	"github.com/duet-router/duet/e2e/sim"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// dsv3 and dense are the engine profiles the scenarios use.
+const (
+	dsv3  = "dsv3-dp8-h100-node"
+	dense = "dense-8b-h100"
+)
+
+// routing is one way of routing under comparison.
+type routing struct {
+	name   string
+	policy bench.Policy
+	oracle clustersim.Oracle
+	// scheduler adjusts the scheduler's configuration (nil: defaults).
+	scheduler func(*scheduler.Config)
+}
+
+// Routing name suffixes that change one scheduler setting, for
+// experiments (e.g. -routings engine_default,least_tokens+covered).
+var variants = map[string]func(*scheduler.Config){
+	"+inflight": func(c *scheduler.Config) { c.Load.PrefillCovered = false },
+	"+covered":  func(c *scheduler.Config) { c.Load.PrefillCovered = true },
+}
+
+// Routing names beyond bench.Policies.
+const (
+	routingDefault = "duet_default" // duet's configured defaults: cache_aware prefill, least_tokens decode
+)
+
+// routings returns the named routings, in that order.
+func routings(names []string) ([]routing, error) {
+	var out []routing
+	for _, full := range names {
+		n := full
+		var adjust func(*scheduler.Config)
+		for suffix, f := range variants {
+			if base, ok := strings.CutSuffix(full, suffix); ok {
+				n, adjust = base, f
+			}
+		}
+		rt, err := routingNamed(n)
+		if err != nil {
+			return nil, err
+		}
+		rt.name, rt.scheduler = full, adjust
+		out = append(out, rt)
+	}
+	return out, nil
+}
+
+// routingNamed returns the routing called n.
+func routingNamed(n string) (routing, error) {
+	switch n {
+	case clustersim.OracleLoad.String():
+		return routing{name: n, oracle: clustersim.OracleLoad}, nil
+	case clustersim.OraclePrefix.String():
+		return routing{name: n, oracle: clustersim.OraclePrefix}, nil
+	case routingDefault:
+		return routing{name: n, policy: bench.Policy{Name: n, Prefill: "cache_aware", Decode: "least_tokens"}}, nil
+	}
+	ps, err := bench.SelectPolicies([]string{n})
+	if err != nil {
+		return routing{}, err
+	}
+	return routing{name: n, policy: ps[0]}, nil
+}
+
+// grid is a rate search range: lo, lo+step, ..., hi sessions per second.
+type grid struct{ lo, hi, step float64 }
+
+// points returns the grid's rates.
+func (g grid) points() []float64 {
+	var out []float64
+	for i := 0; ; i++ {
+		r := g.lo + float64(i)*g.step
+		if r > g.hi+1e-9 {
+			return out
+		}
+		out = append(out, math.Round(r*1000)/1000)
+	}
+}
+
+// scenario is one cluster and workload.
+type scenario struct {
+	name, title string
+	workload    string
+	cluster     clustersim.Cluster
+	profile     string
+	preload     []clustersim.Preload
+	// goodput, if set, makes the scenario a headline: goodput at SLO is
+	// searched on this grid and the comparison runs at 80% of the engine
+	// default's goodput. Otherwise the comparison runs at rate.
+	goodput *grid
+	rate    float64
+	// routings compared (engine_default first).
+	routings []string
+}
+
+// headlineRoutings and otherRoutings are the comparisons.
+var (
+	headlineRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, "oracle_load", "oracle_prefix"}
+	otherRoutings    = []string{bench.PolicyEngineDefault, "round_robin", "least_tokens", routingDefault, "oracle_load", "oracle_prefix"}
+)
+
+// scenarios returns every scenario, headlines first.
+func scenarios() []scenario {
+	std := clustersim.Uniform(dsv3, 2, 2, 4)
+	hetero := clustersim.Cluster{
+		Prefill: []clustersim.Engine{{Profile: dsv3, DPSize: 4}, {Profile: dsv3, DPSize: 2}},
+		Decode:  []clustersim.Engine{{Profile: dsv3, DPSize: 4}, {Profile: dsv3, DPSize: 2}},
+	}
+	return []scenario{
+		{name: "variable", title: "Variable-length prompts (1.5k-4k tokens in, 200-1,500 out)", workload: bench.WorkloadVariable,
+			cluster: std, profile: dsv3, goodput: &grid{4, 16, 1}, routings: headlineRoutings},
+		{name: "multiturn", title: "Multi-turn conversations (8 shared system prompts, growing histories)", workload: bench.WorkloadMultiTurn,
+			cluster: std, profile: dsv3, goodput: &grid{1, 8, 0.5}, routings: headlineRoutings},
+		{name: "bursty", title: "Bursty mix (3× rate a quarter of the time)", workload: bench.WorkloadBursty,
+			cluster: std, profile: dsv3, rate: 3, routings: otherRoutings},
+		{name: "prefill_bound", title: "Prefill-bound (6k-14k tokens in, 16-64 out), dense 8B, independent ranks", workload: bench.WorkloadPrefillBound,
+			cluster: clustersim.Uniform(dense, 2, 2, 4), profile: dense, rate: 5, routings: otherRoutings},
+		{name: "heavy_tail", title: "Heavy-tailed lengths (lognormal, ShareGPT medians/P90s)", workload: bench.WorkloadHeavyTail,
+			cluster: std, profile: dsv3, rate: 6, routings: otherRoutings},
+		{name: "cache_pressure", title: "Multi-turn under cache pressure (400 system prompts of 1.5k-2.5k tokens)", workload: bench.WorkloadCachePressure,
+			cluster: std, profile: dsv3, rate: 1.5, routings: otherRoutings},
+		{name: "heterogeneous", title: "Heterogeneous pool (one engine per role with dp 2 instead of 4), variable prompts", workload: bench.WorkloadVariable,
+			cluster: hetero, profile: dsv3, rate: 6, routings: otherRoutings},
+		{name: "preloaded", title: "Rank 0 preloaded at start (80 long prefills, 48 long decodes), variable prompts", workload: bench.WorkloadVariable,
+			cluster: std, profile: dsv3, rate: 8, routings: otherRoutings, preload: []clustersim.Preload{
+				{Role: scheduler.RolePrefill, Engine: 0, Rank: 0, Requests: 80, PromptTokens: 4000, OutputTokens: 1},
+				{Role: scheduler.RoleDecode, Engine: 0, Rank: 0, Requests: 48, PromptTokens: 2000, OutputTokens: 3000},
+			}},
+		{name: "large", title: "Larger cluster (4 prefill × dp 8, 4 decode × dp 8), variable prompts", workload: bench.WorkloadVariable,
+			cluster: clustersim.Uniform(dsv3, 4, 4, 8), profile: dsv3, rate: 32, routings: otherRoutings},
+	}
+}
+
+// options are the matrix's settings.
+type options struct {
+	seeds          int
+	window, warmup time.Duration
+	sloTTFTP99     time.Duration
+	sloTPOTMean    time.Duration
+	parallel       int
+	resamples      int
+	// routings, if set, replaces every scenario's routings.
+	routings []string
+}
+
+// caseKey names one simulated case.
+type caseKey struct {
+	scenario string
+	rate     float64
+	routing  string
+	seed     uint64
+}
+
+// runner runs cases, each once: results are memoized, and workloads are
+// prepared once per (scenario, rate, seed) for all routings.
+type runner struct {
+	opts options
+	mu   sync.Mutex
+	done map[caseKey]clustersim.Summary
+	prep map[prepKey]*prepEntry
+	sem  chan struct{}
+}
+
+// prepKey names one prepared workload.
+type prepKey struct {
+	workload string
+	profile  string
+	rate     float64
+	seed     uint64
+}
+
+// prepEntry is a prepared workload being built or built once.
+type prepEntry struct {
+	once sync.Once
+	p    *clustersim.Prepared
+	err  error
+}
+
+func newRunner(opts options) *runner {
+	if opts.parallel <= 0 {
+		opts.parallel = runtime.GOMAXPROCS(0)
+	}
+	return &runner{opts: opts, done: map[caseKey]clustersim.Summary{}, prep: map[prepKey]*prepEntry{}, sem: make(chan struct{}, opts.parallel)}
+}
+
+// summary runs (or recalls) one case.
+func (r *runner) summary(ctx context.Context, sc scenario, rate float64, rt routing, seed uint64) (clustersim.Summary, error) {
+	key := caseKey{sc.name, rate, rt.name, seed}
+	r.mu.Lock()
+	if s, ok := r.done[key]; ok {
+		r.mu.Unlock()
+		return s, nil
+	}
+	r.mu.Unlock()
+	p, err := r.prepared(sc, rate, seed)
+	if err != nil {
+		return clustersim.Summary{}, err
+	}
+	r.sem <- struct{}{}
+	res, err := clustersim.Run(ctx, clustersim.Config{
+		Cluster: sc.cluster, Policy: rt.policy, Oracle: rt.oracle, Workload: p,
+		Warmup: r.opts.warmup, Seed: seed, Preload: sc.preload, Scheduler: rt.scheduler,
+	})
+	<-r.sem
+	if err != nil {
+		return clustersim.Summary{}, fmt.Errorf("%s at %g/s, %s, seed %d: %w", sc.name, rate, rt.name, seed, err)
+	}
+	s := res.Summarize()
+	r.mu.Lock()
+	r.done[key] = s
+	r.mu.Unlock()
+	return s, nil
+}
+
+// prepared returns the workload of (sc, rate, seed), preparing it once.
+func (r *runner) prepared(sc scenario, rate float64, seed uint64) (*clustersim.Prepared, error) {
+	key := prepKey{sc.workload, sc.profile, rate, seed}
+	r.mu.Lock()
+	e := r.prep[key]
+	if e == nil {
+		e = &prepEntry{}
+		r.prep[key] = e
+	}
+	r.mu.Unlock()
+	e.once.Do(func() {
+		w, err := bench.Generate(sc.workload, rate, r.opts.window, seed, bench.Params{})
+		if err != nil {
+			e.err = err
+			return
+		}
+		prof, err := sim.LookupProfile(sc.profile)
+		if err != nil {
+			e.err = err
+			return
+		}
+		e.p, e.err = clustersim.Prepare(w, "sim-model", prof.BlockSize)
+	})
+	return e.p, e.err
+}
+
+// release forgets the prepared workloads of seed (their memory is large).
+func (r *runner) release(seed uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k := range r.prep {
+		if k.seed == seed {
+			delete(r.prep, k)
+		}
+	}
+}
+
+// meets reports whether s meets the SLO: every request served, p99 TTFT
+// and mean TPOT within bounds.
+func (o options) meets(s clustersim.Summary) bool {
+	return s.Failed == 0 && s.Requests > 0 &&
+		s.TTFTP99 <= float64(o.sloTTFTP99)/float64(time.Millisecond) &&
+		s.TPOTMean <= float64(o.sloTPOTMean)/float64(time.Millisecond)
+}
+
+// goodput is the highest grid rate at which rt meets the SLO for seed,
+// found by bisection (assuming that a rate that fails the SLO is not
+// followed by a higher one that meets it); 0 when even the lowest fails.
+func (r *runner) goodput(ctx context.Context, sc scenario, rt routing, seed uint64) (float64, error) {
+	pts := sc.goodput.points()
+	lo, hi := -1, len(pts) // pts[lo] meets (or lo = -1), pts[hi] fails (or hi = len)
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		s, err := r.summary(ctx, sc, pts[mid], rt, seed)
+		if err != nil {
+			return 0, err
+		}
+		if r.opts.meets(s) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	if lo < 0 {
+		return 0, nil
+	}
+	return pts[lo], nil
+}
