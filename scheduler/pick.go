@@ -94,13 +94,8 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		d.Prefill = &t
 		chosen[0] = snap.prefill.states[i]
 		chosen[0].picked++
-		charge := prefillTokens
-		if !s.loadCfg.PrefillCovered {
-			// The cached prefix costs the rank no compute.
-			charge = max(int64(float64(prefillTokens)*(1-c.Prefix)), 1)
-		}
-		s.ledger.reserve(chosen[0], id, RolePrefill, charge, now, req.Model, len(req.Prompt))
-		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: charge}
+		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
+		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: prefillTokens}
 	}
 	i, c, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
 	if err != nil {

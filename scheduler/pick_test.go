@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,40 +256,5 @@ func TestRankLoadOfByRole(t *testing.T) {
 	vllm := rankLoadOf(decode, load.Rank{Rank: 0, Running: 3, KVUsage: 0.5})
 	if vllm.tokens != 0 || vllm.running != 3 {
 		t.Errorf("vLLM rank load %+v, want request counts only", vllm)
-	}
-}
-
-// With in-flight prefill accounting (the default) a prefill reservation is
-// charged the prompt net of the prefix duet believes the rank caches; with
-// covered accounting it is charged the whole prompt.
-func TestPickPrefillChargeNetOfPrefix(t *testing.T) {
-	prompt := []byte(strings.Repeat("the same long prompt ", 40)) // 840 bytes: 210 tokens
-	for _, tt := range []struct {
-		name    string
-		covered bool
-		want    int64
-	}{
-		{"in flight", false, 1},
-		{"covered", true, 210},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			s := newTestScheduler(t, Config{
-				Prefill:       enginePool(t, 1, 1, "prefill"),
-				Decode:        enginePool(t, 1, 1, "decode"),
-				PrefillPolicy: PolicySpec{Name: "cache_aware"},
-				Load:          LoadConfig{PrefillCovered: tt.covered},
-			}, nil)
-			mustDiscover(t, s)
-			if _, err := s.Pick(testContext(t), &Request{ID: "first", Prompt: prompt}); err != nil {
-				t.Fatal(err)
-			}
-			s.Complete(Feedback{RequestID: "first"})
-			if _, err := s.Pick(testContext(t), &Request{ID: "again", Prompt: prompt}); err != nil {
-				t.Fatal(err)
-			}
-			if got := s.snap.Load().prefill.states[0].reserved; got != tt.want {
-				t.Errorf("prefill reservation of a fully cached prompt = %d, want %d", got, tt.want)
-			}
-		})
 	}
 }

@@ -113,9 +113,8 @@ type LoadConfig struct {
 	// PrefillCovered makes prefill reservations end at the first covering
 	// scrape, as decode reservations do, and adds them to the engine's
 	// reported pending tokens. By default (false) prefill ranks are
-	// accounted in flight instead: a prefill reservation is charged the
-	// prompt tokens net of the prefix duet believes the rank caches and
-	// ends with its leg's feedback, and a prefill target's load is the
+	// accounted in flight instead: a prefill reservation ends with its
+	// leg's feedback, and a prefill target's load is the
 	// larger of its reservations and the engine's reported pending tokens
 	// (which still count traffic duet did not send). SGLang's pending
 	// tokens leave the queue when a prefill starts, long before it ends,

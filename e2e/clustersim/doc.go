@@ -26,9 +26,9 @@
 //     GET /server_info and GET /v1/loads with the body a duet-sim server
 //     would send (sim.Model.LoadsJSON).
 //
-// Two oracles replace the scheduler with choices only a simulator can make,
-// from every rank's true queue and cache: OracleLoad sends each leg to the
-// rank with the least true pending work, OraclePrefix sends the prefill leg
-// to the rank that truly caches the longest prefix, under the same load
-// gate as cache_aware. They bound what any router could achieve.
+// Two references show the headroom left. OracleLoad replaces the scheduler
+// with a choice only a simulator can make: each leg goes to the rank with
+// the least true pending work. Result's hit-rate bound is the share of
+// prompt tokens a cache holding every earlier prompt on every rank would
+// hit: no routing can do better.
 package clustersim

@@ -4,19 +4,10 @@ import (
 	"github.com/duet-router/duet/e2e/sim"
 )
 
-// The oracles' gate is cache_aware's defaults (scheduler/policy_cache_aware.go):
-// follow the cache only while the pool is balanced and the match is worth it.
-const (
-	oracleCacheThreshold = 0.3
-	oracleBalanceAbs     = 16384
-	oracleBalanceRel     = 1.5
-)
-
 // oracleRoute chooses q's ranks from the engines' true state.
 func (r *run) oracleRoute(q *request) {
-	prompt := q.turnInfo.prompt
 	if len(r.prefill) > 0 {
-		q.pEng, q.pRank = r.pickPrefill(prompt)
+		q.pEng, q.pRank = r.pickPrefill()
 	}
 	q.dEng, q.dRank = r.pickDecode()
 }
@@ -27,30 +18,13 @@ type rankRef struct {
 	rank int
 }
 
-// pickPrefill is the prefill oracle: the least true pending prefill work,
-// or with OraclePrefix the longest true cached prefix inside the gate.
+// pickPrefill is the prefill oracle: the least true pending prefill work.
 // Ranks are visited rank-major, as the scheduler lists candidates, so that
 // ties spread over engines.
-func (r *run) pickPrefill(prompt sim.Prompt) (*engine, int) {
+func (r *run) pickPrefill() (*engine, int) {
 	refs, loads := r.rankLoads(r.prefill, func(st sim.RankState) int64 { return int64(st.PendingPrefill) })
-	least := argmin(loads)
-	if r.cfg.Oracle != OraclePrefix {
-		return refs[least].e, refs[least].rank
-	}
-	lo, hi := loads[least], loads[argmax(loads)]
-	if hi-lo > oracleBalanceAbs && float64(hi) > oracleBalanceRel*float64(lo) {
-		return refs[least].e, refs[least].rank
-	}
-	best, bestCached := -1, 0
-	for i, ref := range refs {
-		if c := ref.e.model.CachedPrefix(ref.rank, prompt); c > bestCached {
-			best, bestCached = i, c
-		}
-	}
-	if best < 0 || float64(bestCached) < oracleCacheThreshold*float64(prompt.Tokens) {
-		return refs[least].e, refs[least].rank
-	}
-	return refs[best].e, refs[best].rank
+	i := argmin(loads)
+	return refs[i].e, refs[i].rank
 }
 
 // pickDecode is the decode oracle: the least KV in use and promised (the
@@ -87,17 +61,6 @@ func argmin(xs []int64) int {
 	best := 0
 	for i, x := range xs {
 		if x < xs[best] {
-			best = i
-		}
-	}
-	return best
-}
-
-// argmax returns the index of the first largest value.
-func argmax(xs []int64) int {
-	best := 0
-	for i, x := range xs {
-		if x > xs[best] {
 			best = i
 		}
 	}

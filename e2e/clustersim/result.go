@@ -20,6 +20,9 @@ type Request struct {
 	// PromptTokens and CachedTokens are the prompt's length and the part
 	// the serving rank's prefix cache held.
 	PromptTokens, CachedTokens int
+	// HitBound is the part of the prompt that a cache holding every prompt
+	// sent before it, on every rank, would hold: no routing can hit more.
+	HitBound int
 	// OutputTokens is the number of tokens generated.
 	OutputTokens int
 	// TTFT is the time to the first token, E2E to the last; TPOT is the
@@ -84,7 +87,7 @@ func (r *run) result() *Result {
 	for _, q := range r.requests {
 		out := Request{
 			Session: q.session, Turn: q.turn, Arrival: q.arrival,
-			PromptTokens: q.turnInfo.prompt.Tokens, CachedTokens: q.cached, OutputTokens: q.generated, Err: q.err,
+			PromptTokens: q.turnInfo.prompt.Tokens, CachedTokens: q.cached, HitBound: q.bound, OutputTokens: q.generated, Err: q.err,
 		}
 		if q.pEng != nil {
 			out.Prefill = rankName("p", q.pEng, q.pRank)
@@ -174,6 +177,9 @@ type Summary struct {
 	E2EMean float64
 	// HitRate is cached prompt tokens / prompt tokens.
 	HitRate float64
+	// HitBound is the hit rate of a cache that holds every earlier prompt
+	// on every rank (Request.HitBound): an upper bound for any routing.
+	HitBound float64
 	// PrefillShareImbalance is max/mean of PrefillWork.
 	PrefillShareImbalance float64
 	// PrefillImbalance and DecodeImbalance are the Result's.
@@ -189,7 +195,7 @@ type Summary struct {
 func (res *Result) Summarize() Summary {
 	var s Summary
 	var ttft, tpot, e2e []float64
-	var prompt, cached, output float64
+	var prompt, cached, bound, output float64
 	for _, q := range res.Requests {
 		if !res.measured(q.Arrival) {
 			continue
@@ -208,6 +214,7 @@ func (res *Result) Summarize() Summary {
 		}
 		prompt += float64(q.PromptTokens)
 		cached += float64(q.CachedTokens)
+		bound += float64(q.HitBound)
 		output += float64(q.OutputTokens)
 	}
 	slices.Sort(ttft)
@@ -219,6 +226,7 @@ func (res *Result) Summarize() Summary {
 	s.E2EMean = mean(e2e)
 	if prompt > 0 {
 		s.HitRate = cached / prompt
+		s.HitBound = bound / prompt
 	}
 	if v, ok := maxOverMean(res.PrefillWork); ok {
 		s.PrefillShareImbalance = v

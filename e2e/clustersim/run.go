@@ -26,21 +26,12 @@ const (
 	// work: prompt tokens still to compute on prefill, KV in use and
 	// promised on decode.
 	OracleLoad
-	// OraclePrefix sends the prefill leg to the rank whose cache truly
-	// holds the longest prefix of the prompt, unless the prefill ranks are
-	// imbalanced past cache_aware's default gate or no rank holds at least
-	// cache_aware's default threshold, then as OracleLoad; decode legs as
-	// OracleLoad.
-	OraclePrefix
 )
 
 // String names the oracle as reports show it.
 func (o Oracle) String() string {
-	switch o {
-	case OracleLoad:
+	if o == OracleLoad {
 		return "oracle_load"
-	case OraclePrefix:
-		return "oracle_prefix"
 	}
 	return "none"
 }
@@ -121,6 +112,9 @@ type run struct {
 
 	nextScrape, nextSample time.Duration
 	samples                []sample
+	// seen holds every block hash of every prompt sent so far, for the
+	// hit-rate bound.
+	seen map[uint64]struct{}
 }
 
 // request is one request in flight or done.
@@ -139,6 +133,7 @@ type request struct {
 	firstAt       time.Duration
 	doneAt        time.Duration
 	cached        int
+	bound         int // tokens a cache holding every earlier prompt would hit
 	generated     int
 	err           string
 	finished      bool
@@ -161,7 +156,7 @@ func newRun(cfg Config) (*run, error) {
 	if cfg.SampleInterval <= 0 {
 		cfg.SampleInterval = time.Second
 	}
-	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d))}
+	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{}}
 	r.end = cfg.Workload.Workload.Window + cfg.Drain
 	aggregated := len(cfg.Cluster.Prefill) == 0
 	for i, spec := range cfg.Cluster.Prefill {
@@ -348,6 +343,7 @@ func (r *run) dispatch(ctx context.Context, s, k int) {
 		id: "s" + strconv.Itoa(s) + "t" + strconv.Itoa(k), session: s, turn: k,
 		arrival: r.now, turnInfo: turn, pLegRank: scheduler.NoRank, dLegRank: scheduler.NoRank,
 	}
+	q.bound = r.hitBound(turn.prompt)
 	r.requests = append(r.requests, q)
 	r.active++
 	if err := r.route(ctx, q); err != nil {
@@ -374,6 +370,28 @@ func (r *run) dispatch(ctx context.Context, s, k int) {
 	}
 	it.Tag = q
 	q.dItem = it
+}
+
+// hitBound returns how many of prompt's tokens a cache holding every
+// prompt sent before would hit (block hashes are chained: a present block
+// means its whole prefix was sent), capped as the engine caps a hit (the
+// last token is always computed), and records prompt's blocks.
+func (r *run) hitBound(prompt sim.Prompt) int {
+	bt := r.cfg.Workload.blockTokens
+	matched := 0
+	for _, h := range prompt.Blocks {
+		if _, ok := r.seen[h]; !ok {
+			break
+		}
+		matched++
+	}
+	for _, h := range prompt.Blocks {
+		r.seen[h] = struct{}{}
+	}
+	if bt <= 0 {
+		return 0
+	}
+	return min(matched, (prompt.Tokens-1)/bt) * bt
 }
 
 // route chooses q's engines and ranks.

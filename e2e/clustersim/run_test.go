@@ -46,7 +46,7 @@ func TestRunIsDeterministic(t *testing.T) {
 	}{
 		{"engine_default", bench.PolicyEngineDefault, OracleNone},
 		{"cache_aware", "cache_aware", OracleNone},
-		{"oracle_prefix", "", OraclePrefix},
+		{"oracle_load", "", OracleLoad},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := Config{Cluster: cluster, Oracle: tt.oracle, Workload: w, Warmup: 5 * time.Second, Seed: 3}

@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&only, "scenarios", "", "comma-separated scenarios to run (default all)")
 	fs.StringVar(&out, "out", "docs/benchmarks", "output directory")
 	var routingList string
+	fs.Float64Var(&o.rate, "rate", 0, "compare every scenario at this rate (sessions/s) without a goodput search (experiments)")
 	fs.StringVar(&routingList, "routings", "", "comma-separated routings to compare in every scenario, engine_default first (default: each scenario's own); a suffix +covered or +inflight sets load.prefill_accounting")
 	var cross, crossPolicies string
 	var crossWindow time.Duration
@@ -143,7 +144,9 @@ func (r *runner) scenario(ctx context.Context, sc scenario) (scenarioReport, err
 	reqPerSession := bench.MeanRequestsPerSession(sc.workload, bench.Params{})
 	rate := sc.rate
 	goodput := map[string][]float64{}
-	if sc.goodput != nil {
+	if r.opts.rate > 0 {
+		rate = r.opts.rate
+	} else if sc.goodput != nil {
 		err := r.perSeed(ctx, seeds, func(ctx context.Context, seed uint64) error {
 			return forEach(ctx, rts, func(ctx context.Context, rt routing) error {
 				_, err := r.goodput(ctx, sc, rt, seed)

@@ -68,8 +68,6 @@ func routingNamed(n string) (routing, error) {
 	switch n {
 	case clustersim.OracleLoad.String():
 		return routing{name: n, oracle: clustersim.OracleLoad}, nil
-	case clustersim.OraclePrefix.String():
-		return routing{name: n, oracle: clustersim.OraclePrefix}, nil
 	case routingDefault:
 		return routing{name: n, policy: bench.Policy{Name: n, Prefill: "cache_aware", Decode: "least_tokens"}}, nil
 	}
@@ -113,8 +111,8 @@ type scenario struct {
 
 // headlineRoutings and otherRoutings are the comparisons.
 var (
-	headlineRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, "oracle_load", "oracle_prefix"}
-	otherRoutings    = []string{bench.PolicyEngineDefault, "round_robin", "least_tokens", routingDefault, "oracle_load", "oracle_prefix"}
+	headlineRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", "oracle_load"}
+	otherRoutings    = []string{bench.PolicyEngineDefault, "round_robin", "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", "oracle_load"}
 )
 
 // scenarios returns every scenario, headlines first.
@@ -128,7 +126,7 @@ func scenarios() []scenario {
 		{name: "variable", title: "Variable-length prompts (1.5k-4k tokens in, 200-1,500 out)", workload: bench.WorkloadVariable,
 			cluster: std, profile: dsv3, goodput: &grid{4, 16, 1}, routings: headlineRoutings},
 		{name: "multiturn", title: "Multi-turn conversations (8 shared system prompts, growing histories)", workload: bench.WorkloadMultiTurn,
-			cluster: std, profile: dsv3, goodput: &grid{1, 8, 0.5}, routings: headlineRoutings},
+			cluster: std, profile: dsv3, goodput: &grid{2, 24, 1}, routings: headlineRoutings},
 		{name: "bursty", title: "Bursty mix (3× rate a quarter of the time)", workload: bench.WorkloadBursty,
 			cluster: std, profile: dsv3, rate: 3, routings: otherRoutings},
 		{name: "prefill_bound", title: "Prefill-bound (6k-14k tokens in, 16-64 out), dense 8B, independent ranks", workload: bench.WorkloadPrefillBound,
@@ -159,6 +157,9 @@ type options struct {
 	resamples      int
 	// routings, if set, replaces every scenario's routings.
 	routings []string
+	// rate, if positive, replaces every scenario's rate and skips the
+	// goodput search.
+	rate float64
 }
 
 // caseKey names one simulated case.
@@ -275,19 +276,27 @@ func (o options) meets(s clustersim.Summary) bool {
 		s.TPOTMean <= float64(o.sloTPOTMean)/float64(time.Millisecond)
 }
 
-// goodput is the highest grid rate at which rt meets the SLO for seed,
-// found by bisection (assuming that a rate that fails the SLO is not
-// followed by a higher one that meets it); 0 when even the lowest fails.
+// goodput is the highest grid rate at which rt meets the SLO for seed; 0
+// when even the lowest fails.
 func (r *runner) goodput(ctx context.Context, sc scenario, rt routing, seed uint64) (float64, error) {
-	pts := sc.goodput.points()
-	lo, hi := -1, len(pts) // pts[lo] meets (or lo = -1), pts[hi] fails (or hi = len)
+	return highestMeeting(sc.goodput.points(), func(rate float64) (bool, error) {
+		s, err := r.summary(ctx, sc, rate, rt, seed)
+		return err == nil && r.opts.meets(s), err
+	})
+}
+
+// highestMeeting returns the highest of the ascending rates that meets,
+// found by bisection, which assumes that a rate that fails is not followed
+// by a higher one that meets; 0 when even the lowest fails.
+func highestMeeting(rates []float64, meets func(float64) (bool, error)) (float64, error) {
+	lo, hi := -1, len(rates) // rates[lo] meets (or lo = -1), rates[hi] fails (or hi = len)
 	for hi-lo > 1 {
 		mid := (lo + hi) / 2
-		s, err := r.summary(ctx, sc, pts[mid], rt, seed)
+		ok, err := meets(rates[mid])
 		if err != nil {
 			return 0, err
 		}
-		if r.opts.meets(s) {
+		if ok {
 			lo = mid
 		} else {
 			hi = mid
@@ -296,5 +305,5 @@ func (r *runner) goodput(ctx context.Context, sc scenario, rt routing, seed uint
 	if lo < 0 {
 		return 0, nil
 	}
-	return pts[lo], nil
+	return rates[lo], nil
 }

@@ -144,8 +144,8 @@ type LoadOptions struct {
 	// ReservationTTL ends reservations whose completion was never reported.
 	ReservationTTL time.Duration `yaml:"reservation_ttl"`
 	// PrefillAccounting is how prefill ranks are loaded: "in_flight" (the
-	// prefill legs duet has in flight there, net of the cached prefix,
-	// each until its leg ends) or "covered" (reservations end at the first
+	// prompt tokens of the prefill legs duet has in flight there, each
+	// until its leg ends) or "covered" (reservations end at the first
 	// covering scrape, as on decode). See docs/scheduling.md.
 	PrefillAccounting string `yaml:"prefill_accounting"`
 }
