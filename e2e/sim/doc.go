@@ -30,6 +30,9 @@
 // and a PD KV transfer time. Overload then shows as queueing (TTFT) and
 // slow steps (TPOT), and the loads and metrics report the model's numbers.
 // MODEL.md documents the formulas, parameters, sources and simplifications.
+// Model exposes the same engine model without HTTP or a clock, for callers
+// that drive it in virtual time (the cluster simulator, e2e/clustersim);
+// ParsePrompt parses a body as a server does.
 //
 // Config.TimeScale makes model time run faster than wall time (client
 // latencies × TimeScale = model time; network, Envoy and duet overheads are

@@ -40,9 +40,9 @@ type options struct {
 // the engine default, for the calibrated profile and for the simple model.
 var (
 	profileRates = map[string]string{
-		bench.WorkloadVariable:  "4,8,10,12",
-		bench.WorkloadMultiTurn: "2,4,8,12",
-		bench.WorkloadBursty:    "4,8,12,16",
+		bench.WorkloadVariable:  "4,8",
+		bench.WorkloadMultiTurn: "4,8",
+		bench.WorkloadBursty:    "4",
 	}
 	simpleRates = map[string]string{
 		bench.WorkloadVariable:  "4,8,16,32",
@@ -70,7 +70,7 @@ func parseFlags(args []string) (options, error) {
 	fs := flag.NewFlagSet("quality", flag.ContinueOnError)
 	fs.StringVar(&o.out, "out", "docs/benchmarks", "output directory (quality-envoy.md, quality-envoy.json, PNG plots; with -quick a temporary directory)")
 	fs.StringVar(&o.profile, "profile", "auto", `duet-sim --profile ("auto": `+defaultProfile+` when the simulator has profiles; "none": the simple model)`)
-	fs.Float64Var(&o.scale, "time-scale", 0, "duet-sim --time-scale F (0: 20 with a profile, else 1)")
+	fs.Float64Var(&o.scale, "time-scale", 0, "duet-sim --time-scale F (0: 5 with a profile, else 1)")
 	fs.Float64Var(&o.chunkBudget, "chunk-budget", 6000,
 		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
 	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
@@ -153,7 +153,7 @@ func buildPlan(o options) (bench.Plan, error) {
 	if scale == 0 {
 		scale = 1
 		if profile != "" && feat.TimeScale {
-			scale = 20
+			scale = 5
 		}
 	}
 	if scale != 1 && !feat.TimeScale {
