@@ -13,6 +13,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/duet-router/duet/e2e/bench/ciplot"
 )
 
 // TTFTPlotFile and RankLoadPlotFile are the plots' file names.
@@ -72,8 +74,8 @@ func PlotRankLoad(path, title string, polls []Poll, labels map[string][]string, 
 		p.Title.Text = fmt.Sprintf("%s: %s ranks (imbalance %.2f)", title, role, Imbalance(polls, role, w.From, w.To))
 		p.X.Label.Text = "model time (s)"
 		p.Y.Label.Text = "tokens on rank (num_total_tokens)"
-		p.Y.Tick.Marker = plainTicks{}
-		p.X.Tick.Marker = plainTicks{}
+		p.Y.Tick.Marker = ciplot.PlainTicks{}
+		p.X.Tick.Marker = ciplot.PlainTicks{}
 		p.Legend.Top, p.Legend.Left = true, true
 		p.Legend.TextStyle.Font.Size = vg.Points(8)
 		for i, label := range labels[role] {
@@ -137,7 +139,7 @@ type logTicks struct{}
 // Ticks implements plot.Ticker.
 func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 	if lo <= 0 || hi <= lo {
-		return plainTicks{}.Ticks(lo, hi)
+		return ciplot.PlainTicks{}.Ticks(lo, hi)
 	}
 	var out []plot.Tick
 	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
@@ -149,24 +151,9 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	if len(out) < 2 {
-		return plainTicks{}.Ticks(lo, hi)
+		return ciplot.PlainTicks{}.Ticks(lo, hi)
 	}
 	return out
-}
-
-// plainTicks are gonum's default ticks with short labels ("500", not
-// "500.00").
-type plainTicks struct{}
-
-// Ticks implements plot.Ticker.
-func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
-	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
-	for i := range ticks {
-		if ticks[i].Label != "" {
-			ticks[i].Label = strconv.FormatFloat(ticks[i].Value, 'g', 6, 64)
-		}
-	}
-	return ticks
 }
 
 // cmpFloat orders floats.

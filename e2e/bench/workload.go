@@ -259,10 +259,7 @@ func (p CachePressureParams) multiTurn() MultiTurnParams {
 	if p.System == (IntRange{}) {
 		p.System = IntRange{1500, 2500}
 	}
-	return MultiTurnParams{
-		Systems: p.Systems, System: p.System, Turns: p.Turns,
-		Question: p.Question, Answer: p.Answer, Think: p.Think,
-	}.withDefaults()
+	return MultiTurnParams(p).withDefaults()
 }
 
 // Params holds the parameters of every workload; zero values take the
@@ -319,7 +316,7 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 		}
 	case WorkloadPrefillBound:
 		pp := p.PrefillBound.withDefaults()
-		vp := VariableParams{Prompt: pp.Prompt, Output: pp.Output}
+		vp := VariableParams(pp)
 		for i, at := range PoissonArrivals(rng, rate, window) {
 			w.Sessions = append(w.Sessions, variableSession(rng, i, at, vp))
 		}

@@ -141,13 +141,19 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 
 // aggregate computes the /v1/loads aggregate over snaps.
 func (s *Server) aggregate(snaps []rankSnapshot) map[string]any {
+	return aggregateLoads(s.cfg, snaps)
+}
+
+// aggregateLoads computes the /v1/loads aggregate over snaps of a server
+// configured by cfg.
+func aggregateLoads(cfg Config, snaps []rankSnapshot) map[string]any {
 	var running, waiting, total int
 	var usage, tput float64
 	for _, l := range snaps {
 		running += l.running
 		waiting += l.waiting
 		total += l.running + l.waiting + l.transfer
-		usage += float64(l.usedTokens) / float64(s.cfg.MaxTotalTokens)
+		usage += float64(l.usedTokens) / float64(cfg.MaxTotalTokens)
 		tput += l.genThroughput
 	}
 	avg := func(x float64) float64 {

@@ -93,16 +93,22 @@ func NewModel(cfg Config) (*Model, error) {
 	if cfg.Profile == "" {
 		return nil, errors.New("sim model config: a profile is required")
 	}
-	prof, err := LookupProfile(cfg.Profile)
-	if err != nil {
+	if _, err := LookupProfile(cfg.Profile); err != nil {
 		return nil, fmt.Errorf("sim model config: %w", err)
 	}
+	m := &Model{cfg: cfg, core: newEngineCore(modelParams(cfg))}
+	return m, nil
+}
+
+// modelParams resolves the engine model's parameters from a defaulted,
+// valid configuration whose profile exists.
+func modelParams(cfg Config) engineParams {
+	prof, _ := LookupProfile(cfg.Profile)
 	gbps := prof.KVTransferGBps
 	if cfg.KVTransferGBps > 0 {
 		gbps = cfg.KVTransferGBps
 	}
-	m := &Model{cfg: cfg}
-	m.core = newEngineCore(engineParams{
+	return engineParams{
 		prof:       prof,
 		mode:       cfg.Mode,
 		dpSize:     cfg.DPSize,
@@ -111,8 +117,7 @@ func NewModel(cfg Config) (*Model, error) {
 		maxRunning: cfg.MaxRunningRequests,
 		chunk:      prof.ChunkedPrefillSize,
 		gbps:       gbps,
-	})
-	return m, nil
+	}
 }
 
 // Config returns the model's effective configuration.
@@ -197,6 +202,7 @@ func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
 		"version":       Version,
 		"dp_rank_count": len(loads),
 		"loads":         loads,
+		"aggregate":     aggregateLoads(m.cfg, snaps),
 	})
 }
 

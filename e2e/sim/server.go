@@ -85,22 +85,9 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		return nil, fmt.Errorf("sim handler: %w", err)
 	}
 	if cfg.Profile != "" {
-		prof, _ := LookupProfile(cfg.Profile)
-		gbps := prof.KVTransferGBps
-		if cfg.KVTransferGBps > 0 {
-			gbps = cfg.KVTransferGBps
-		}
-		s.prof = &prof
-		s.eng = newEngineLoop(engineParams{
-			prof:       prof,
-			mode:       cfg.Mode,
-			dpSize:     cfg.DPSize,
-			lockstep:   *cfg.DPAttention,
-			capacity:   cfg.MaxTotalTokens,
-			maxRunning: cfg.MaxRunningRequests,
-			chunk:      prof.ChunkedPrefillSize,
-			gbps:       gbps,
-		}, s.clk)
+		p := modelParams(cfg)
+		s.prof = &p.prof
+		s.eng = newEngineLoop(p, s.clk)
 	}
 	s.handler = handler
 	if cfg.Mode == ModePrefill {

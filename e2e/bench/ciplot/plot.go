@@ -84,7 +84,7 @@ func build(title, ylabel string, groups []string, series []Series, reference boo
 	p := plot.New()
 	p.Title.Text = title
 	p.Y.Label.Text = ylabel
-	p.Y.Tick.Marker = plainTicks{}
+	p.Y.Tick.Marker = PlainTicks{}
 	p.NominalX(groups...)
 	p.Legend.Top = true
 	grid := plotter.NewGrid()
@@ -206,12 +206,12 @@ func save(path string, p *plot.Plot) error {
 	return f.Close()
 }
 
-// plainTicks are gonum's default ticks with short labels ("0.8", not
+// PlainTicks are gonum's default ticks with short labels ("0.8", not
 // "0.80").
-type plainTicks struct{}
+type PlainTicks struct{}
 
 // Ticks implements plot.Ticker.
-func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+func (PlainTicks) Ticks(lo, hi float64) []plot.Tick {
 	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
 	for i := range ticks {
 		if ticks[i].Label != "" {
