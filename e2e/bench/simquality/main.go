@@ -110,10 +110,12 @@ const (
 func (r *runner) matrix(ctx context.Context, scs []scenario) (*report, error) {
 	rep := &report{Options: r.opts.describe()}
 	for _, sc := range scs {
+		start := time.Now()
 		sr, err := r.scenario(ctx, sc)
 		if err != nil {
 			return nil, err
 		}
+		fmt.Fprintf(os.Stderr, "simquality: %s in %s\n", sc.name, time.Since(start).Round(time.Second))
 		rep.Scenarios = append(rep.Scenarios, sr)
 	}
 	return rep, nil
