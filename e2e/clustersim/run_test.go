@@ -98,3 +98,26 @@ func TestRankAwareRoutingAvoidsPreloadedRank(t *testing.T) {
 		t.Fatalf("mean TTFT: least_tokens %.0f ms, engine_default %.0f ms; want least_tokens well below", ttft["least_tokens"], ttft[bench.PolicyEngineDefault])
 	}
 }
+
+// TestAggregatedCluster runs a cluster without prefill engines: the decode
+// engines serve whole requests, and the prefix cache is theirs.
+func TestAggregatedCluster(t *testing.T) {
+	w := testWorkload(t, bench.WorkloadMultiTurn, 1, 40*time.Second, 2)
+	cluster := Cluster{Decode: []Engine{{Profile: "dsv3-dp8-h100-node", DPSize: 4}, {Profile: "dsv3-dp8-h100-node", DPSize: 4}}}
+	res, err := Run(context.Background(), Config{Cluster: cluster, Policy: policy(t, "cache_aware"), Workload: w, Warmup: 5 * time.Second, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res.Summarize()
+	if s.Requests == 0 || s.Served != s.Requests {
+		t.Fatalf("summary %+v: want every measured request served", s)
+	}
+	for _, q := range res.Requests {
+		if q.Prefill != "" || q.Decode == "" {
+			t.Fatalf("request %+v: want a decode rank and no prefill", q)
+		}
+	}
+	if s.HitRate < 0.5 || s.HitRate > s.HitBound+1e-9 {
+		t.Fatalf("hit rate %.2f, bound %.2f: want cache_aware to hit most shared prefixes, never above the bound", s.HitRate, s.HitBound)
+	}
+}
