@@ -144,6 +144,30 @@ func BenchmarkInsert(b *testing.B) {
 			i++
 		}
 	})
+	b.Run("fresh-longest", func(b *testing.B) {
+		// A prompt at the hasher's cap (DefaultMaxBlocks blocks) never
+		// seen before, into one of 4 targets at the default bound: what
+		// one pick of a huge body costs the index at steady state.
+		x := NewIndex[int](0)
+		chain := make([]uint64, DefaultMaxBlocks)
+		next := uint64(1)
+		insert := func(i int) {
+			for j := range chain {
+				chain[j] = next * 0x9e3779b97f4a7c15
+				next++
+			}
+			x.Insert(i%4, chain)
+		}
+		i := 0
+		for ; i < 4*2*DefaultMaxBlocksPerTarget/DefaultMaxBlocks; i++ { // every target past its bound
+			insert(i)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			insert(i)
+			i++
+		}
+	})
 	b.Run("miss", func(b *testing.B) {
 		x := NewIndex[int](8192)
 		i := 0
