@@ -126,22 +126,23 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 		s.writeLoadsPrometheus(w, snaps)
 		return
 	}
+	writeJSON(w, http.StatusOK, loadsAnswer(s.cfg, snaps, include, time.Now()))
+}
+
+// loadsAnswer is the /v1/loads answer of a server configured by cfg whose
+// ranks are snaps, at time at.
+func loadsAnswer(cfg Config, snaps []rankSnapshot, include map[string]bool, at time.Time) map[string]any {
 	loads := make([]map[string]any, len(snaps))
 	for i, l := range snaps {
-		loads[i] = s.rankLoadJSON(l, include)
+		loads[i] = rankLoadJSON(cfg, l, include)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"timestamp":     time.Now().UTC().Format("2006-01-02T15:04:05.000000-07:00"),
+	return map[string]any{
+		"timestamp":     at.UTC().Format("2006-01-02T15:04:05.000000-07:00"),
 		"version":       Version,
 		"dp_rank_count": len(loads),
 		"loads":         loads,
-		"aggregate":     s.aggregate(snaps),
-	})
-}
-
-// aggregate computes the /v1/loads aggregate over snaps.
-func (s *Server) aggregate(snaps []rankSnapshot) map[string]any {
-	return aggregateLoads(s.cfg, snaps)
+		"aggregate":     aggregateLoads(cfg, snaps),
+	}
 }
 
 // aggregateLoads computes the /v1/loads aggregate over snaps of a server

@@ -192,18 +192,7 @@ func (m *Model) Changed() []*Item {
 func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
 	m.Advance(t)
 	include := map[string]bool{"core": true, "disagg": true}
-	snaps := m.core.snapshot(t)
-	loads := make([]map[string]any, len(snaps))
-	for i, l := range snaps {
-		loads[i] = rankLoadJSON(m.cfg, l, include)
-	}
-	return json.Marshal(map[string]any{
-		"timestamp":     time.Unix(0, 0).Add(t).UTC().Format("2006-01-02T15:04:05.000000-07:00"),
-		"version":       Version,
-		"dp_rank_count": len(loads),
-		"loads":         loads,
-		"aggregate":     aggregateLoads(m.cfg, snaps),
-	})
+	return json.Marshal(loadsAnswer(m.cfg, m.core.snapshot(t), include, time.Unix(0, 0).Add(t)))
 }
 
 // ServerInfoJSON is the part of GET /server_info that routers read: DP
@@ -211,7 +200,7 @@ func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
 func (m *Model) ServerInfoJSON() ([]byte, error) {
 	port := m.cfg.BootstrapPort
 	if port == 0 && m.cfg.Mode == ModePrefill {
-		port = 8998 // SGLang's default --disaggregation-bootstrap-port
+		port = DefaultBootstrapPort
 	}
 	return json.Marshal(map[string]any{
 		"model_path":                    m.cfg.Model,
@@ -229,9 +218,9 @@ func (m *Model) ServerInfoJSON() ([]byte, error) {
 // RankState is the true state of one DP rank, as only the simulator can
 // see it (oracles and plots).
 type RankState struct {
-	// PendingPrefill is the prompt tokens still to compute: waiting
-	// requests' whole prompts (less nothing: their cache hit is unknown
-	// until admission) plus the rest of those being prefilled.
+	// PendingPrefill is the prompt tokens still to compute: the whole
+	// prompts of waiting requests (their cache hit is not known before
+	// admission) plus the rest of those being prefilled.
 	PendingPrefill int
 	// UsedTokens is the KV the rank cannot evict (SGLang's num_used_tokens).
 	UsedTokens int
