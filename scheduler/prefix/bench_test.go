@@ -124,49 +124,13 @@ func BenchmarkInsert(b *testing.B) {
 		// Every prompt is new, as with independent user prompts: the
 		// index's maps see a steady churn of inserts and deletes of keys
 		// never seen before.
-		x := NewIndex[int](8192)
-		chain := make([]uint64, 512)
-		next := uint64(1)
-		insert := func(i int) {
-			for j := range chain {
-				chain[j] = next * 0x9e3779b97f4a7c15
-				next++
-			}
-			x.Insert(i%targets, chain)
-		}
-		i := 0
-		for ; i < 4*targets*16; i++ { // warm up: every target past its bound
-			insert(i)
-		}
-		b.ReportAllocs()
-		for b.Loop() {
-			insert(i)
-			i++
-		}
+		benchFreshInserts(b, NewIndex[int](8192), targets, 512, 4*targets*16)
 	})
 	b.Run("fresh-longest", func(b *testing.B) {
 		// A prompt at the hasher's cap (DefaultMaxBlocks blocks) never
 		// seen before, into one of 4 targets at the default bound: what
 		// one pick of a huge body costs the index at steady state.
-		x := NewIndex[int](0)
-		chain := make([]uint64, DefaultMaxBlocks)
-		next := uint64(1)
-		insert := func(i int) {
-			for j := range chain {
-				chain[j] = next * 0x9e3779b97f4a7c15
-				next++
-			}
-			x.Insert(i%4, chain)
-		}
-		i := 0
-		for ; i < 4*2*DefaultMaxBlocksPerTarget/DefaultMaxBlocks; i++ { // every target past its bound
-			insert(i)
-		}
-		b.ReportAllocs()
-		for b.Loop() {
-			insert(i)
-			i++
-		}
+		benchFreshInserts(b, NewIndex[int](0), 4, DefaultMaxBlocks, 4*2*DefaultMaxBlocksPerTarget/DefaultMaxBlocks)
 	})
 	b.Run("miss", func(b *testing.B) {
 		x := NewIndex[int](8192)
@@ -180,4 +144,28 @@ func BenchmarkInsert(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// benchFreshInserts measures inserting prompts of blocks hashes never seen
+// before into x, one target of targets in turn, after warm inserts (enough
+// to fill every target past its bound).
+func benchFreshInserts(b *testing.B, x *Index[int], targets, blocks, warm int) {
+	chain := make([]uint64, blocks)
+	next := uint64(1)
+	insert := func(i int) {
+		for j := range chain {
+			chain[j] = next * 0x9e3779b97f4a7c15
+			next++
+		}
+		x.Insert(i%targets, chain)
+	}
+	i := 0
+	for ; i < warm; i++ {
+		insert(i)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		insert(i)
+		i++
+	}
 }

@@ -17,8 +17,8 @@ const (
 	// with the default block size, about 16k tokens. Beyond it a prompt's
 	// prefix rarely tells targets apart, while every block costs the index
 	// a map insert and, at its bound, an eviction on each pick: a new
-	// prompt of 4096 blocks cost 3.6-4.2 ms per pick, one of 1024 blocks
-	// 0.9-1.1 ms (BenchmarkInsert/fresh-longest).
+	// prompt of 4096 blocks cost 3.6-4.3 ms per pick, one of 1024 blocks
+	// 0.85-1.3 ms (BenchmarkInsert/fresh-longest, 6 runs each).
 	DefaultMaxBlocks = 1024
 )
 
