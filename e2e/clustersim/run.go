@@ -211,7 +211,7 @@ func (r *run) newScheduler() error {
 	if err != nil {
 		return fmt.Errorf("clustersim: decode policy: %w", err)
 	}
-	sc := scheduler.Config{Load: scheduler.LoadConfig{Interval: r.cfg.LoadInterval}}
+	var sc scheduler.Config
 	if r.cfg.Scheduler != nil {
 		r.cfg.Scheduler(&sc)
 	}

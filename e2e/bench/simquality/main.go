@@ -149,26 +149,20 @@ func (r *runner) scenario(ctx context.Context, sc scenario) (scenarioReport, err
 	if r.opts.rate > 0 {
 		rate = r.opts.rate
 	} else if sc.goodput != nil {
+		for _, rt := range rts {
+			goodput[rt.name] = make([]float64, len(seeds))
+		}
 		err := r.perSeed(ctx, seeds, func(ctx context.Context, seed uint64) error {
 			return forEach(ctx, rts, func(ctx context.Context, rt routing) error {
-				_, err := r.goodput(ctx, sc, rt, seed)
+				g, err := r.goodput(ctx, sc, rt, seed)
+				r.mu.Lock()
+				goodput[rt.name][seed-1] = g
+				r.mu.Unlock()
 				return err
 			})
 		})
 		if err != nil {
 			return sr, err
-		}
-		// Collect per seed, in seed order (the searches are memoized).
-		for _, rt := range rts {
-			vals := make([]float64, len(seeds))
-			for i, seed := range seeds {
-				g, err := r.goodput(ctx, sc, rt, seed)
-				if err != nil {
-					return sr, err
-				}
-				vals[i] = g
-			}
-			goodput[rt.name] = vals
 		}
 		base, err := ci.Median(goodput[rts[0].name], r.opts.resamples, 1)
 		if err != nil {
@@ -206,7 +200,7 @@ func (r *runner) scenario(ctx context.Context, sc scenario) (scenarioReport, err
 		}
 		sr.Routings = append(sr.Routings, rr)
 	}
-	sr.analyze(r.opts.resamples, reqPerSession)
+	sr.analyze(r.opts.resamples)
 	return sr, nil
 }
 

@@ -58,44 +58,31 @@ type routingReport struct {
 }
 
 // analyze computes every routing's intervals.
-func (sr *scenarioReport) analyze(resamples int, reqPerSession float64) {
+func (sr *scenarioReport) analyze(resamples int) {
+	median := func(xs []float64) ci.Interval {
+		iv, _ := ci.Median(xs, resamples, 1)
+		return iv
+	}
+	ratio := func(x, b []float64) ci.Interval {
+		iv, _ := ci.PairedRatio(x, b, resamples, 1)
+		return iv
+	}
+	ttftMean := func(s clustersim.Summary) float64 { return s.TTFTMean }
+	ttftP99 := func(s clustersim.Summary) float64 { return s.TTFTP99 }
+	hit := func(s clustersim.Summary) float64 { return s.HitRate }
 	base := &sr.Routings[0]
 	for i := range sr.Routings {
 		rr := &sr.Routings[i]
-		get := func(f func(clustersim.Summary) float64) []float64 {
-			out := make([]float64, len(rr.Seeds))
-			for k, s := range rr.Seeds {
-				out[k] = f(s)
-			}
-			return out
-		}
-		baseOf := func(f func(clustersim.Summary) float64) []float64 {
-			out := make([]float64, len(base.Seeds))
-			for k, s := range base.Seeds {
-				out[k] = f(s)
-			}
-			return out
-		}
-		median := func(xs []float64) ci.Interval {
-			iv, _ := ci.Median(xs, resamples, 1)
-			return iv
-		}
-		ratio := func(x, b []float64) ci.Interval {
-			iv, _ := ci.PairedRatio(x, b, resamples, 1)
-			return iv
-		}
-		ttftMean := func(s clustersim.Summary) float64 { return s.TTFTMean }
-		ttftP99 := func(s clustersim.Summary) float64 { return s.TTFTP99 }
+		get := func(f func(clustersim.Summary) float64) []float64 { return values(rr.Seeds, f) }
 		if rr.GoodputPerSeed != nil {
 			rr.Goodput = median(rr.GoodputPerSeed)
 			rr.GoodputRatio = ratio(rr.GoodputPerSeed, base.GoodputPerSeed)
 		}
 		rr.TTFTMean = median(get(ttftMean))
-		rr.TTFTMeanRatio = ratio(get(ttftMean), baseOf(ttftMean))
+		rr.TTFTMeanRatio = ratio(get(ttftMean), values(base.Seeds, ttftMean))
 		rr.TTFTP99 = median(get(ttftP99))
-		rr.TTFTP99Ratio = ratio(get(ttftP99), baseOf(ttftP99))
+		rr.TTFTP99Ratio = ratio(get(ttftP99), values(base.Seeds, ttftP99))
 		rr.TPOTMean = median(get(func(s clustersim.Summary) float64 { return s.TPOTMean }))
-		hit := func(s clustersim.Summary) float64 { return s.HitRate }
 		rr.HitRate = median(get(hit))
 		if bound := get(func(s clustersim.Summary) float64 { return s.HitBound }); bound[0] > 0 {
 			rr.HitOfBound = ratio(get(hit), bound)
@@ -106,7 +93,15 @@ func (sr *scenarioReport) analyze(resamples int, reqPerSession float64) {
 			rr.Failed += s.Failed
 		}
 	}
-	_ = reqPerSession
+}
+
+// values returns f of each summary.
+func values(seeds []clustersim.Summary, f func(clustersim.Summary) float64) []float64 {
+	out := make([]float64, len(seeds))
+	for i, s := range seeds {
+		out[i] = f(s)
+	}
+	return out
 }
 
 // markdown renders the report.
@@ -190,38 +185,19 @@ type plotRef struct{ caption, file string }
 // plot draws the ratio and goodput plots.
 func (rep *report) plot(dir string) ([]plotRef, error) {
 	var refs []plotRef
-	var groups []string
-	names := map[string]int{}
-	var order []string
+	var headlines []scenarioReport
 	for _, sr := range rep.Scenarios {
-		groups = append(groups, sr.Name)
-		for _, rr := range sr.Routings {
-			if rr.Name == bench.PolicyEngineDefault {
-				continue
-			}
-			if _, ok := names[rr.Name]; !ok {
-				names[rr.Name] = len(order)
-				order = append(order, rr.Name)
-			}
+		if sr.SearchGrid != "" {
+			headlines = append(headlines, sr)
 		}
 	}
-	ratioSeries := func(get func(routingReport) ci.Interval) []ciplot.Series {
-		series := make([]ciplot.Series, len(order))
-		for i, n := range order {
-			series[i] = ciplot.Series{Name: n, Points: make([]ci.Interval, len(groups))}
+	if len(headlines) > 0 {
+		file := "quality-goodput.png"
+		groups, series := seriesOf(headlines, false, func(rr routingReport) ci.Interval { return rr.Goodput })
+		if err := ciplot.Values(filepath.Join(dir, file), "Goodput at SLO (sessions/s)", "sessions/s", groups, series); err != nil {
+			return nil, fmt.Errorf("plot %s: %w", file, err)
 		}
-		for g, sr := range rep.Scenarios {
-			for _, rr := range sr.Routings {
-				if i, ok := names[rr.Name]; ok {
-					iv := get(rr)
-					if math.IsInf(iv.Hi, 0) || math.IsNaN(iv.Hi) {
-						iv = ci.Interval{}
-					}
-					series[i].Points[g] = iv
-				}
-			}
-		}
-		return series
+		refs = append(refs, plotRef{"Goodput at SLO per routing (median and 95% interval over seeds)", file})
 	}
 	for _, p := range []struct {
 		file, caption, title string
@@ -230,47 +206,39 @@ func (rep *report) plot(dir string) ([]plotRef, error) {
 		{"quality-ttft-mean.png", "Mean TTFT relative to engine_default, per scenario (median and 95% interval over seeds)", "Mean TTFT × engine default (below 1 is better)", func(rr routingReport) ci.Interval { return rr.TTFTMeanRatio }},
 		{"quality-ttft-p99.png", "p99 TTFT relative to engine_default, per scenario", "p99 TTFT × engine default (below 1 is better)", func(rr routingReport) ci.Interval { return rr.TTFTP99Ratio }},
 	} {
-		if err := ciplot.Ratios(filepath.Join(dir, p.file), p.title, "ratio", groups, ratioSeries(p.get)); err != nil {
+		groups, series := seriesOf(rep.Scenarios, true, p.get)
+		if err := ciplot.Ratios(filepath.Join(dir, p.file), p.title, "ratio", groups, series); err != nil {
 			return nil, fmt.Errorf("plot %s: %w", p.file, err)
 		}
 		refs = append(refs, plotRef{p.caption, p.file})
 	}
-	var gGroups []string
-	var gSeries []ciplot.Series
-	for _, sr := range rep.Scenarios {
-		if sr.SearchGrid == "" {
-			continue
-		}
-		gGroups = append(gGroups, sr.Name)
-	}
-	if len(gGroups) > 0 {
-		all := map[string]int{}
-		for _, sr := range rep.Scenarios {
-			if sr.SearchGrid == "" {
-				continue
-			}
-			for _, rr := range sr.Routings {
-				if _, ok := all[rr.Name]; !ok {
-					all[rr.Name] = len(gSeries)
-					gSeries = append(gSeries, ciplot.Series{Name: rr.Name, Points: make([]ci.Interval, len(gGroups))})
-				}
-			}
-		}
-		g := 0
-		for _, sr := range rep.Scenarios {
-			if sr.SearchGrid == "" {
-				continue
-			}
-			for _, rr := range sr.Routings {
-				gSeries[all[rr.Name]].Points[g] = rr.Goodput
-			}
-			g++
-		}
-		file := "quality-goodput.png"
-		if err := ciplot.Values(filepath.Join(dir, file), "Goodput at SLO (sessions/s)", "sessions/s", gGroups, gSeries); err != nil {
-			return nil, fmt.Errorf("plot %s: %w", file, err)
-		}
-		refs = append([]plotRef{{"Goodput at SLO per routing (median and 95% interval over seeds)", file}}, refs...)
-	}
 	return refs, nil
+}
+
+// seriesOf returns one group per scenario and one series per routing (in
+// the order routings first appear; engine_default left out with
+// skipBaseline), each point get of that routing in that scenario. Points
+// that are not finite are left without data.
+func seriesOf(scs []scenarioReport, skipBaseline bool, get func(routingReport) ci.Interval) ([]string, []ciplot.Series) {
+	groups := make([]string, len(scs))
+	index := map[string]int{}
+	var series []ciplot.Series
+	for g, sr := range scs {
+		groups[g] = sr.Name
+		for _, rr := range sr.Routings {
+			if skipBaseline && rr.Name == bench.PolicyEngineDefault {
+				continue
+			}
+			i, ok := index[rr.Name]
+			if !ok {
+				i = len(series)
+				index[rr.Name] = i
+				series = append(series, ciplot.Series{Name: rr.Name, Points: make([]ci.Interval, len(scs))})
+			}
+			if iv := get(rr); !math.IsInf(iv.Hi, 0) && !math.IsNaN(iv.Hi) {
+				series[i].Points[g] = iv
+			}
+		}
+	}
+	return groups, series
 }
