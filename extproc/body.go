@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -42,9 +43,11 @@ var errBadBody = errors.New("invalid request body")
 // Body is a parsed inference request body.
 type Body struct {
 	raw []byte
-	// root is raw parsed once (gjson copies the bytes into a string): the
-	// batch shape, the scheduler's view and the rewrite all read it.
-	root gjson.Result
+	// members are raw's top-level members, in order, found in one pass: the
+	// batch shape, the scheduler's view and the rewrite all read them. A
+	// path lookup on the whole body (gjson's Get) would rescan every member
+	// before the one it wants, the prompt included, once per field.
+	members []member
 	// Batch is the number of items SGLang will split the request into, or 0
 	// for a single (scalar) request. Bootstrap fields are lists of this length.
 	Batch int
@@ -66,22 +69,29 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 	if !gjson.ValidBytes(raw) {
 		return nil, fmt.Errorf("%w: the body is not valid JSON", errBadBody)
 	}
-	root := gjson.ParseBytes(raw)
+	// Parse raw in place: gjson.ParseBytes would copy the whole body into
+	// a string first. raw is never written to after this, and every value
+	// that outlives the request is copied out of it (describe).
+	root := gjson.Parse(unsafe.String(unsafe.SliceData(raw), len(raw)))
 	if !root.IsObject() {
 		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(root))
 	}
-	b := &Body{raw: raw, root: root}
+	b := &Body{raw: raw}
+	root.ForEach(func(key, value gjson.Result) bool {
+		b.members = append(b.members, member{name: key.String(), key: key, value: value})
+		return true
+	})
 	switch route {
 	case RouteGenerate:
-		if text := root.Get("text"); text.IsArray() {
+		if text := b.field("text"); text.IsArray() {
 			if b.Batch = len(text.Array()); b.Batch == 0 {
 				return nil, fmt.Errorf("%w: text must not be an empty list", errBadBody)
 			}
-		} else if ids := root.Get("input_ids"); ids.IsArray() && ids.Get("0").IsArray() {
+		} else if ids := b.field("input_ids"); ids.IsArray() && ids.Get("0").IsArray() {
 			b.Batch = len(ids.Array())
 		}
 	case RouteChat:
-		if n := root.Get("n"); n.Exists() && n.Type != gjson.Null {
+		if n := b.field("n"); n.Exists() && n.Type != gjson.Null {
 			if n.Type != gjson.Number || n.Int() < 1 || float64(n.Int()) != n.Num {
 				return nil, fmt.Errorf("%w: n must be a positive integer", errBadBody)
 			}
@@ -90,7 +100,7 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 			}
 		}
 	case RouteCompletions:
-		if p := root.Get("prompt"); p.IsArray() {
+		if p := b.field("prompt"); p.IsArray() {
 			items := p.Array()
 			if len(items) == 0 {
 				return nil, fmt.Errorf("%w: prompt must not be an empty list", errBadBody)
@@ -101,6 +111,24 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 		}
 	}
 	return b, nil
+}
+
+// member is one top-level member of a body.
+type member struct {
+	name       string // the key, unescaped
+	key, value gjson.Result
+}
+
+// field returns the value of the body's top-level member name, or a
+// Result that does not exist. Of duplicate keys it takes the last, as the
+// engines' JSON parsers do.
+func (b *Body) field(name string) gjson.Result {
+	for i := len(b.members) - 1; i >= 0; i-- {
+		if b.members[i].name == name {
+			return b.members[i].value
+		}
+	}
+	return gjson.Result{}
 }
 
 func kindOf(r gjson.Result) string {
@@ -158,24 +186,18 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	// copy for the engine's parser, which keeps the last.
 	out := make([]byte, 0, len(b.raw)+256)
 	out = append(out, '{')
-	var bad error
-	b.root.ForEach(func(key, value gjson.Result) bool {
-		if slices.Contains(routingFields, key.String()) {
-			return true
+	for _, m := range b.members {
+		if slices.Contains(routingFields, m.name) {
+			continue
 		}
-		end := value.Index + len(value.Raw)
-		if key.Index <= 0 || value.Index <= key.Index || end > len(b.raw) {
-			bad = fmt.Errorf("member %q has no position in the body", key.String())
-			return false
+		end := m.value.Index + len(m.value.Raw)
+		if m.key.Index <= 0 || m.value.Index <= m.key.Index || end > len(b.raw) {
+			return nil, nil, fmt.Errorf("member %q has no position in the body", m.name)
 		}
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, b.raw[key.Index:end]...)
-		return true
-	})
-	if bad != nil {
-		return nil, nil, bad
+		out = append(out, b.raw[m.key.Index:end]...)
 	}
 	field := func(name, value string) {
 		if len(out) > 1 {

@@ -28,45 +28,45 @@ func Describe(route Route, raw []byte) (scheduler.Request, error) {
 // its first item: it keys the prefix index, and the token estimate is
 // scaled by Items.
 func describe(route Route, b *Body, req *scheduler.Request) {
-	root := b.root
 	// A clone: gjson's string would share the memory of the whole body, and
 	// the model outlives the request (reservations, per-model estimates).
-	req.Model = strings.Clone(root.Get("model").String())
+	req.Model = strings.Clone(b.field("model").String())
 	req.Items = max(b.Batch, 1)
-	for _, path := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens", "sampling_params.max_new_tokens"} {
-		if v := root.Get(path); v.Type == gjson.Number && v.Int() > 0 {
+	for _, v := range []gjson.Result{b.field("max_tokens"), b.field("max_completion_tokens"), b.field("max_output_tokens"),
+		b.field("sampling_params").Get("max_new_tokens")} {
+		if v.Type == gjson.Number && v.Int() > 0 {
 			req.MaxTokens = int(v.Int())
 			break
 		}
 	}
 	switch route {
 	case RouteChat:
-		req.Prompt = renderMessages(root.Get("messages"), nil)
+		req.Prompt = renderMessages(b.field("messages"), nil)
 	case RouteCompletions:
-		prompt := root.Get("prompt")
+		prompt := b.field("prompt")
 		if prompt.IsArray() && b.Batch > 0 {
 			prompt = prompt.Get("0")
 		}
 		setPrompt(prompt, req)
 	case RouteGenerate:
-		if text := root.Get("text"); text.Exists() {
+		if text := b.field("text"); text.Exists() {
 			if text.IsArray() {
 				text = text.Get("0")
 			}
 			req.Prompt = []byte(text.String())
 		} else {
-			ids := root.Get("input_ids")
+			ids := b.field("input_ids")
 			if b.Batch > 0 {
 				ids = ids.Get("0")
 			}
 			setPrompt(ids, req)
 		}
 	case RouteResponses:
-		input := root.Get("input")
+		input := b.field("input")
 		if input.IsArray() {
-			req.Prompt = renderMessages(input, []byte(root.Get("instructions").String()))
+			req.Prompt = renderMessages(input, []byte(b.field("instructions").String()))
 		} else {
-			req.Prompt = append([]byte(root.Get("instructions").String()), input.String()...)
+			req.Prompt = append([]byte(b.field("instructions").String()), input.String()...)
 		}
 	}
 }

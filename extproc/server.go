@@ -129,7 +129,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			if req == nil {
 				return status.Error(codes.FailedPrecondition, "request body before request headers")
 			}
-			req.body = append(req.body, m.RequestBody.Body...)
+			if req.body == nil {
+				// BUFFERED: the whole body in one message. Keep the
+				// message's bytes rather than a copy (the message is not
+				// reused; nothing writes to them).
+				req.body = m.RequestBody.Body
+			} else {
+				req.body = append(req.body, m.RequestBody.Body...)
+			}
 			if s.opts.MaxBodyBytes > 0 && len(req.body) > s.opts.MaxBodyBytes {
 				resp = s.reject(req, http.StatusRequestEntityTooLarge, "body_too_large",
 					fmt.Sprintf("request body exceeds the %d-byte limit", s.opts.MaxBodyBytes))

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 
 	"github.com/duet-router/duet/scheduler"
 )
@@ -63,11 +64,12 @@ func client(t testing.TB, picker Picker, maxBody int) extprocv3.ExternalProcesso
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(ServerOptions(max(maxBody, 1<<20))...)
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		experimental.WithBufferPool(BufferPool(max(maxBody, 1<<20))))
 	if err != nil {
 		t.Fatal(err)
 	}

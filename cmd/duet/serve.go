@@ -97,8 +97,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		return fmt.Errorf("listen.admin: %w", err)
 	}
 
-	// Envoy sends the whole buffered body in one message: allow it plus framing.
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(cfg.Request.MaxBodyBytes + 1<<20))
+	gs := grpc.NewServer(extproc.ServerOptions(cfg.Request.MaxBodyBytes)...)
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
