@@ -68,11 +68,14 @@ func invariants[K comparable](x *Index[K]) error {
 			if tg.entries[en.next].prev != e {
 				return fmt.Errorf("slot %d: broken ring at entry %d", slot, e)
 			}
-			if tg.byHash[en.hash] != e {
-				return fmt.Errorf("slot %d: entry %d not indexed by its hash", slot, e)
+			if en.node < 0 || int(en.node) >= len(x.slab) {
+				return fmt.Errorf("slot %d: entry %d names node %d, beyond the slab", slot, e, en.node)
 			}
-			nd := x.nodes[en.hash]
-			if nd == nil || int(en.pos) >= len(nd.holders) || nd.holders[en.pos] != (holder{int32(slot), e}) {
+			nd := &x.slab[en.node]
+			if n, ok := x.nodes[nd.hash]; !ok || n != en.node {
+				return fmt.Errorf("slot %d: entry %d's node %d is not indexed by its hash", slot, e, en.node)
+			}
+			if int(en.pos) >= len(nd.holders) || nd.holders[en.pos] != (holder{int32(slot), e}) {
 				return fmt.Errorf("slot %d: entry %d has no matching holder record", slot, e)
 			}
 		}
@@ -88,11 +91,22 @@ func invariants[K comparable](x *Index[K]) error {
 		return fmt.Errorf("%d live + %d free slots != %d", live, len(x.free), len(x.targets))
 	}
 	records := 0
-	for h, nd := range x.nodes {
-		if len(nd.holders) == 0 {
-			return fmt.Errorf("node %#x is empty", h)
+	for h, n := range x.nodes {
+		nd := &x.slab[n]
+		if len(nd.holders) == 0 || nd.hash != h {
+			return fmt.Errorf("node %d for %#x is empty or names %#x", n, h, nd.hash)
+		}
+		seen := map[int32]bool{}
+		for _, hr := range nd.holders {
+			if seen[hr.slot] {
+				return fmt.Errorf("node %#x lists slot %d twice", h, hr.slot)
+			}
+			seen[hr.slot] = true
 		}
 		records += len(nd.holders)
+	}
+	if len(x.nodes)+len(x.freeNodes) != len(x.slab) {
+		return fmt.Errorf("%d nodes + %d free != slab of %d", len(x.nodes), len(x.freeNodes), len(x.slab))
 	}
 	if records != holds {
 		return fmt.Errorf("%d holder records, %d entries", records, holds)

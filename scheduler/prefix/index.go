@@ -13,12 +13,9 @@ const DefaultMaxBlocksPerTarget = 65536
 // maxBound keeps entry indices within int32.
 const maxBound = math.MaxInt32 - 1
 
-// maxSpareNodes bounds how many emptied nodes an Index keeps for reuse, and
-// maxSpareHolders how large a holder slice may be to be kept with one.
-const (
-	maxSpareNodes   = 4096
-	maxSpareHolders = 64
-)
+// maxSpareHolders is how large a freed node's holder slice may be to be
+// kept for the node's next use.
+const maxSpareHolders = 64
 
 // Index maps block hashes to the targets that (probably) cache them.
 // K is the target key type. Safe for concurrent use: [Index.Match] takes a
@@ -36,15 +33,17 @@ type Index[K comparable] struct {
 	keys    []K          // by slot, dense copy of targets[slot].key for Match
 	free    []int32      // free slots
 
-	nodes map[uint64]*node
-	spare []*node // emptied nodes kept for reuse
+	nodes     map[uint64]int32 // block hash -> index in slab
+	slab      []node
+	freeNodes []int32 // free indices in slab
 
 	scratch sync.Pool // *matchScratch[K]
 }
 
-// node lists the targets that hold one block hash. It exists only while
-// that list is non-empty.
+// node lists the targets that hold one block hash. It is in the nodes map
+// only while that list is non-empty.
 type node struct {
+	hash    uint64
 	holders []holder
 }
 
@@ -63,7 +62,7 @@ func NewIndex[K comparable](maxBlocksPerTarget int) *Index[K] {
 	return &Index[K]{
 		bound: min(maxBlocksPerTarget, maxBound),
 		byKey: make(map[K]*target[K]),
-		nodes: make(map[uint64]*node),
+		nodes: make(map[uint64]int32),
 	}
 }
 
@@ -91,22 +90,36 @@ func (x *Index[K]) Insert(key K, blocks []uint64) {
 	t := x.targetFor(key)
 	for i := len(blocks) - 1; i >= 0; i-- {
 		h := blocks[i]
-		if e, ok := t.byHash[h]; ok {
-			t.touch(e)
-			continue
+		n, ok := x.nodes[h]
+		if ok {
+			if e, held := x.heldBy(n, t.slot); held {
+				t.touch(e)
+				continue
+			}
 		}
+		// Evicting first cannot free n: t does not hold it.
 		if t.len() >= x.bound {
 			x.evict(t, t.oldest())
 		}
-		e := t.add(h)
-		nd := x.nodes[h]
-		if nd == nil {
-			nd = x.newNode()
-			x.nodes[h] = nd
+		if !ok {
+			n = x.newNode(h)
+			x.nodes[h] = n
 		}
+		e := t.add(n)
+		nd := &x.slab[n]
 		t.entries[e].pos = int32(len(nd.holders))
 		nd.holders = append(nd.holders, holder{slot: t.slot, entry: e})
 	}
+}
+
+// heldBy returns slot's entry for node n, if slot holds it.
+func (x *Index[K]) heldBy(n, slot int32) (int32, bool) {
+	for _, h := range x.slab[n].holders {
+		if h.slot == slot {
+			return h.entry, true
+		}
+	}
+	return 0, false
 }
 
 // Remove forgets key and every block it holds, as when its endpoint goes
@@ -120,7 +133,7 @@ func (x *Index[K]) Remove(key K) {
 		return
 	}
 	for e := t.entries[0].next; e != 0; e = t.entries[e].next {
-		x.unhold(t.entries[e].hash, t.entries[e].pos)
+		x.unhold(t.entries[e].node, t.entries[e].pos)
 	}
 	delete(x.byKey, key)
 	x.targets[t.slot] = nil
@@ -171,14 +184,14 @@ func (x *Index[K]) targetFor(key K) *target[K] {
 
 // evict drops entry e of t from both t and the block's node.
 func (x *Index[K]) evict(t *target[K], e int32) {
-	x.unhold(t.entries[e].hash, t.entries[e].pos)
+	x.unhold(t.entries[e].node, t.entries[e].pos)
 	t.drop(e)
 }
 
-// unhold deletes holder record pos from the node of hash, moving the last
-// record into its place, and deletes the node once it is empty.
-func (x *Index[K]) unhold(hash uint64, pos int32) {
-	nd := x.nodes[hash]
+// unhold deletes holder record pos from node n, moving the last record into
+// its place, and frees the node once it is empty.
+func (x *Index[K]) unhold(n, pos int32) {
+	nd := &x.slab[n]
 	last := int32(len(nd.holders) - 1)
 	if pos != last {
 		moved := nd.holders[last]
@@ -187,26 +200,23 @@ func (x *Index[K]) unhold(hash uint64, pos int32) {
 	}
 	nd.holders = nd.holders[:last]
 	if last == 0 {
-		delete(x.nodes, hash)
-		x.recycle(nd)
+		delete(x.nodes, nd.hash)
+		if cap(nd.holders) > maxSpareHolders {
+			nd.holders = nil
+		}
+		x.freeNodes = append(x.freeNodes, n)
 	}
 }
 
-func (x *Index[K]) newNode() *node {
-	if n := len(x.spare); n > 0 {
-		nd := x.spare[n-1]
-		x.spare = x.spare[:n-1]
-		return nd
+// newNode returns the index of an empty node for hash, reusing a freed one
+// when it can. It may grow the slab: pointers into it are then stale.
+func (x *Index[K]) newNode(hash uint64) int32 {
+	if k := len(x.freeNodes); k > 0 {
+		n := x.freeNodes[k-1]
+		x.freeNodes = x.freeNodes[:k-1]
+		x.slab[n].hash = hash
+		return n
 	}
-	return new(node)
-}
-
-func (x *Index[K]) recycle(nd *node) {
-	if len(x.spare) >= maxSpareNodes {
-		return
-	}
-	if cap(nd.holders) > maxSpareHolders {
-		nd.holders = nil
-	}
-	x.spare = append(x.spare, nd)
+	x.slab = append(x.slab, node{hash: hash})
+	return int32(len(x.slab) - 1)
 }

@@ -52,7 +52,7 @@ func (x *Index[K]) Match(blocks []uint64, fn func(key K, matched int)) {
 
 // collect fills s.results for blocks. The caller holds the read lock.
 func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
-	if x.nodes[blocks[0]] == nil {
+	if _, ok := x.nodes[blocks[0]]; !ok {
 		return
 	}
 
@@ -60,7 +60,7 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 	lo, hi := 0, len(blocks) // present(lo), !present(hi)
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
-		if x.nodes[blocks[mid]] != nil {
+		if _, ok := x.nodes[blocks[mid]]; ok {
 			lo = mid
 		} else {
 			hi = mid
@@ -75,11 +75,12 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 	defer clear(seen)
 
 	for i := lo; i >= 0; {
-		nd := x.nodes[blocks[i]]
-		if nd == nil { // only if prefix closure was broken (misuse, collision)
+		n, ok := x.nodes[blocks[i]]
+		if !ok { // only if prefix closure was broken (misuse, collision)
 			i--
 			continue
 		}
+		nd := &x.slab[n]
 		c := len(nd.holders)
 
 		// Start of the run of blocks held by exactly these holders: the
@@ -108,8 +109,8 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 
 // count returns how many targets hold hash.
 func (x *Index[K]) count(hash uint64) int {
-	if nd := x.nodes[hash]; nd != nil {
-		return len(nd.holders)
+	if n, ok := x.nodes[hash]; ok {
+		return len(x.slab[n].holders)
 	}
 	return 0
 }
