@@ -61,12 +61,18 @@ bench-sim:
 bench-quality: build envoy
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 
-# Overhead benchmark (issue 10): Envoy alone against Envoy + duet (ext_proc
-# only, aggregated, PD) in front of a fake engine that answers at once,
-# alternating variants, load generator and servers pinned to separate CPUs;
-# regenerates docs/benchmarks/overhead.md (about 4 minutes). OVERHEAD_FLAGS
-# passes flags, e.g. OVERHEAD_FLAGS='-bodies 1,32,256 -reps 3'.
-bench-overhead: build envoy
+# The standalone router the overhead benchmark compares with (SMG), in .venv.
+$(VENV)/.bench-installed: $(VENV)/.installed e2e/bench/overhead/requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r e2e/bench/overhead/requirements.txt
+	touch $@
+
+# Overhead benchmark (issue 10): Envoy alone against Envoy with ext_proc
+# floors, Envoy + duet (ext_proc only, aggregated, PD) and the standalone
+# router SMG, in front of fake engines that answer at once, alternating
+# variants, load generator and servers pinned to separate CPUs; regenerates
+# docs/benchmarks/overhead.md (about 25 minutes). OVERHEAD_FLAGS passes
+# flags, e.g. OVERHEAD_FLAGS='-cases 32@500 -variants "duet aggregated" -reps 3'.
+bench-overhead: build envoy $(VENV)/.bench-installed
 	$(GO) run ./e2e/bench/overhead $(OVERHEAD_FLAGS)
 
 # Soak (not in CI): 20 minutes of mixed load with faults injected; reports

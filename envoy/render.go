@@ -20,6 +20,11 @@ const (
 	ClusterDecode  = "duet_decode"
 	ClusterPrefill = "duet_prefill"
 	ClusterDuet    = "duet_extproc"
+	// ClusterFeedback reaches duet too, for the access-log streams only:
+	// those streams live as long as Envoy, and on ClusterDuet they would
+	// count against its circuit breaker, which sheds ext_proc streams
+	// (Params.MaxRoutingRequests).
+	ClusterFeedback = "duet_feedback"
 )
 
 // Log names of the two gRPC access-log (ALS) streams Envoy opens to duet:
@@ -85,6 +90,9 @@ type Params struct {
 	MaxBodyBytes int
 	// MessageTimeout bounds each ext_proc exchange.
 	MessageTimeout time.Duration
+	// MaxRoutingRequests caps the open ext_proc streams to duet (the duet
+	// cluster's circuit breaker): beyond it Envoy answers 503 at once.
+	MaxRoutingRequests int
 	// StreamIdleTimeout closes idle client and upstream streams.
 	StreamIdleTimeout time.Duration
 	// Prefill engines; empty renders an aggregated (mirror-free) bootstrap.
@@ -129,7 +137,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"list":     func(a Address) []Address { return []Address{a} },
 	"join":     strings.Join,
 	"grpcLog": func(indent, name string, d templateData) grpcLog {
-		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterDuet, Headers: LoggedRequestHeaders}
+		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: LoggedRequestHeaders}
 	},
 	"usageRules": func(indent string, sse bool, d templateData) usageRules {
 		if sse {
@@ -216,6 +224,7 @@ type usageRules struct {
 type templateData struct {
 	Params
 	ClusterDecode, ClusterPrefill, ClusterDuet    string
+	ClusterFeedback                               string
 	HeaderDecodeEndpoint, HeaderPrefillEndpoint   string
 	HeaderMirror, HeaderPrefillRank, HeaderDPRank string
 	HeaderPrefix, MetadataNamespace               string
@@ -228,8 +237,8 @@ func Render(w io.Writer, p Params) error {
 	if len(p.Decode) == 0 {
 		return errors.New("render envoy bootstrap: no decode endpoints")
 	}
-	if p.MaxBodyBytes <= 0 || p.MessageTimeout <= 0 || p.StreamIdleTimeout <= 0 {
-		return errors.New("render envoy bootstrap: body limit and timeouts must be positive")
+	if p.MaxBodyBytes <= 0 || p.MessageTimeout <= 0 || p.StreamIdleTimeout <= 0 || p.MaxRoutingRequests <= 0 {
+		return errors.New("render envoy bootstrap: body limit, routing request limit and timeouts must be positive")
 	}
 	for _, a := range append(append([]Address{p.Listen, p.Admin, p.Duet}, p.Prefill...), p.Decode...) {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
@@ -248,6 +257,7 @@ func Render(w io.Writer, p Params) error {
 		ClusterDecode:         ClusterDecode,
 		ClusterPrefill:        ClusterPrefill,
 		ClusterDuet:           ClusterDuet,
+		ClusterFeedback:       ClusterFeedback,
 		ErrorEnvelopeLua:      ErrorEnvelopeLua(),
 		HeaderDecodeEndpoint:  extproc.HeaderDecodeEndpoint,
 		HeaderPrefillEndpoint: extproc.HeaderPrefillEndpoint,

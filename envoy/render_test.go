@@ -18,7 +18,7 @@ import (
 func params() Params {
 	return Params{
 		Listen: Address{"127.0.0.1", 8080}, Admin: Address{"127.0.0.1", 9901}, Duet: Address{"127.0.0.1", 9002},
-		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute,
+		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute, MaxRoutingRequests: 256,
 		Prefill: []Address{{"10.0.0.1", 30000}}, Decode: []Address{{"10.0.0.2", 30000}, {"10.0.0.3", 30000}},
 	}
 }
@@ -62,6 +62,7 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} },
 			[]string{"type: STRICT_DNS"}, []string{"dns_lookup_family", "dns_refresh_rate"}},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
+		{"routing request limit", func(p *Params) { p.MaxRoutingRequests = 64 }, []string{"{max_requests: 64, max_pending_requests: 64}"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,6 +103,7 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"no decode", func(p *Params) { p.Decode = nil }},
 		{"no body limit", func(p *Params) { p.MaxBodyBytes = 0 }},
 		{"no timeout", func(p *Params) { p.MessageTimeout = 0 }},
+		{"no routing request limit", func(p *Params) { p.MaxRoutingRequests = 0 }},
 		{"yaml injection", func(p *Params) { p.Decode = []Address{{"a\"}\n- x", 1}} }},
 		{"empty host", func(p *Params) { p.Duet = Address{"", 1} }},
 		{"headless IP", func(p *Params) { p.Headless = true }},
@@ -206,7 +208,7 @@ func TestRenderFeedback(t *testing.T) {
 		}{
 			{[]any{"log_name"}, tt.logName},
 			{[]any{"transport_api_version"}, "V3"},
-			{[]any{"grpc_service", "envoy_grpc", "cluster_name"}, ClusterDuet},
+			{[]any{"grpc_service", "envoy_grpc", "cluster_name"}, ClusterFeedback},
 			{[]any{"buffer_size_bytes"}, 0},
 		} {
 			if got := node(t, common, c.path...); got != c.want {

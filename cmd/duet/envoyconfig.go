@@ -54,9 +54,10 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 			envoy.ClusterDecode, envoy.ClusterPrefill)
 	}
 	p := envoy.Params{
-		MaxBodyBytes:      cfg.Request.MaxBodyBytes,
-		MessageTimeout:    cfg.Envoy.MessageTimeout,
-		StreamIdleTimeout: cfg.Envoy.StreamIdleTimeout,
+		MaxBodyBytes:       cfg.Request.MaxBodyBytes,
+		MessageTimeout:     cfg.Envoy.MessageTimeout,
+		MaxRoutingRequests: cfg.Envoy.MaxRoutingRequests,
+		StreamIdleTimeout:  cfg.Envoy.StreamIdleTimeout,
 	}
 	var err error
 	for _, a := range []struct {

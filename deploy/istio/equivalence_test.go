@@ -20,7 +20,7 @@ func bootstrapParams() envoy.Params {
 	return envoy.Params{
 		Listen: envoy.Address{Host: "0.0.0.0", Port: 8080}, Admin: envoy.Address{Host: "127.0.0.1", Port: 9901},
 		Duet:         envoy.Address{Host: "duet.inference.svc.cluster.local", Port: 9002},
-		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute,
+		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute, MaxRoutingRequests: 256,
 		Prefill: []envoy.Address{{Host: "sglang-prefill.inference.svc.cluster.local", Port: 30000}},
 		Decode:  []envoy.Address{{Host: "sglang-decode.inference.svc.cluster.local", Port: 30000}},
 		// The engines are headless Services, as with duet's kubernetes: section.

@@ -61,7 +61,7 @@ func liveManifests(dir string, addrs harness.Addresses) ([]string, error) {
 	if err := yaml.Unmarshal(data, &ef); err != nil {
 		return nil, err
 	}
-	hosts := map[string][]string{"duet_extproc": {addrs.DuetGRPC}}
+	hosts := map[string][]string{"duet_extproc": {addrs.DuetGRPC}, "duet_feedback": {addrs.DuetGRPC}}
 	for _, role := range []struct {
 		cluster string
 		urls    []string

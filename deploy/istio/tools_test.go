@@ -340,7 +340,7 @@ func TestIstioGeneratedGatewayLoadsInEnvoy(t *testing.T) {
 	}
 	f := readGateway(t, boot)
 
-	for _, c := range []string{"duet_extproc", "duet_decode", "duet_prefill"} {
+	for _, c := range []string{"duet_extproc", "duet_feedback", "duet_decode", "duet_prefill"} {
 		if !f.clusters[c] {
 			t.Errorf("cluster %s missing from the generated configuration", c)
 		}

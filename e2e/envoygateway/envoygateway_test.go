@@ -5,10 +5,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,6 +81,13 @@ func startGateway(t *testing.T) *harness.Stack {
 			}
 			if p := tr.problems(); len(p) > 0 {
 				return nil, fmt.Errorf("Envoy Gateway did not take the manifests whole:\n  %s", strings.Join(p, "\n  "))
+			}
+			// The ext_proc cluster sheds past envoy.max_routing_requests
+			// (policies.yaml's backendSettings.circuitBreaker).
+			if out, err := os.ReadFile(filepath.Join(dir, "envoy-gateway-output.json")); err != nil {
+				return nil, err
+			} else if !regexp.MustCompile(`"maxRequests":\s*256`).Match(out) || !regexp.MustCompile(`"maxPendingRequests":\s*256`).Match(out) {
+				return nil, errors.New("the translated ext_proc cluster has no circuit breaker of 256 requests")
 			}
 			m, err := remap(addrs)
 			if err != nil {

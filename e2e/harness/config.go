@@ -68,6 +68,9 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	opts = opts.withDefaults()
 	var b strings.Builder
 	fmt.Fprintf(&b, "log_level: %s\nlisten:\n  grpc: %s\n  admin: %s\n", opts.LogLevel, addrs.DuetGRPC, addrs.DuetAdmin)
+	if opts.Pprof {
+		b.WriteString("  pprof: true\n")
+	}
 	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
 	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
 	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
@@ -79,6 +82,9 @@ func DuetConfig(opts Options, addrs Addresses) string {
 		b.WriteString("engine_ranks: true\n")
 	}
 	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", addrs.EnvoyListen, addrs.EnvoyAdmin)
+	if opts.MaxRoutingRequests > 0 {
+		fmt.Fprintf(&b, "  max_routing_requests: %d\n", opts.MaxRoutingRequests)
+	}
 	if addrs.EnvoyDuet != "" {
 		fmt.Fprintf(&b, "  duet: %s\n", addrs.EnvoyDuet)
 	}

@@ -42,6 +42,10 @@ type Options struct {
 	LoadInterval time.Duration
 	// EngineRanks sets duet's engine_ranks: engines, not duet, choose DP ranks.
 	EngineRanks bool
+	// Pprof serves /debug/pprof/ on duet's admin port (listen.pprof).
+	Pprof bool
+	// MaxRoutingRequests sets envoy.max_routing_requests (0: duet's default).
+	MaxRoutingRequests int
 	// CoverDelay is duet's load.cover_delay (0: duet's default).
 	CoverDelay time.Duration
 	// DuetYAML is appended to duet's configuration, e.g. a health section.

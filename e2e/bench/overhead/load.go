@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -14,11 +17,22 @@ import (
 	"github.com/duet-router/duet/e2e/bench"
 )
 
-// loadCase is one load: a body size and either a fixed rate (open loop)
-// or a number of workers sending back to back (closed loop, saturation).
+// The APIs a case can send to.
+const (
+	apiChat     = "chat"     // POST /v1/chat/completions
+	apiGenerate = "generate" // POST /generate (SGLang's native API)
+)
+
+// loadCase is one load: a body size, an API, streamed or not, and either a
+// fixed rate (open loop) or a number of workers sending back to back
+// (closed loop, saturation).
 type loadCase struct {
 	// bodyBytes is the size of the request body.
 	bodyBytes int
+	// api is apiChat or apiGenerate.
+	api string
+	// stream asks for a streamed (SSE) answer.
+	stream bool
 	// rate is the open-loop rate in requests per second; 0 means closed
 	// loop with workers.
 	rate int
@@ -26,12 +40,28 @@ type loadCase struct {
 	workers int
 }
 
-// String names the case, e.g. "32 KiB, 200 rps" or "1 KiB, concurrency 20".
+// String names the case, e.g. "32 KiB, 200 rps", "1 KiB, concurrency 20"
+// or "32 KiB /generate streamed, 500 rps".
 func (c loadCase) String() string {
-	if c.rate > 0 {
-		return fmt.Sprintf("%s, %d rps", sizeName(c.bodyBytes), c.rate)
+	name := sizeName(c.bodyBytes)
+	if c.api == apiGenerate {
+		name += " /generate"
 	}
-	return fmt.Sprintf("%s, concurrency %d", sizeName(c.bodyBytes), c.workers)
+	if c.stream {
+		name += " streamed"
+	}
+	if c.rate > 0 {
+		return fmt.Sprintf("%s, %d rps", name, c.rate)
+	}
+	return fmt.Sprintf("%s, concurrency %d", name, c.workers)
+}
+
+// path is the case's request path.
+func (c loadCase) path() string {
+	if c.api == apiGenerate {
+		return "/generate"
+	}
+	return "/v1/chat/completions"
 }
 
 // sizeName writes a byte count in KiB, e.g. "32 KiB".
@@ -42,14 +72,26 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// chatBody returns a non-streaming chat completion request of exactly
-// size bytes (or the smallest one, if size is below it) asking for one
-// token, its prompt padded with text.
-func chatBody(size int) []byte {
-	const head = `{"model":"sim-model","max_tokens":1,"stream":false,"messages":[{"role":"user","content":"`
-	const tail = `"}]}`
+// counterDigits is the width of the request number written into every
+// body, so that no two requests carry the same prompt.
+const counterDigits = 12
+
+// requestBody returns c's request body, of exactly c.bodyBytes bytes (or
+// the smallest one, if that is below it), asking for one token, its prompt
+// padded with text; and the offset of the prompt's first byte, where
+// distinct writes each request's number.
+func requestBody(c loadCase) ([]byte, int) {
+	var head, tail string
+	switch c.api {
+	case apiGenerate:
+		head = fmt.Sprintf(`{"sampling_params":{"max_new_tokens":1},"stream":%t,"text":"`, c.stream)
+		tail = `"}`
+	default:
+		head = fmt.Sprintf(`{"model":"sim-model","max_tokens":1,"stream":%t,"messages":[{"role":"user","content":"`, c.stream)
+		tail = `"}]}`
+	}
 	const words = "the quick brown fox jumps over the lazy dog "
-	pad := max(size-len(head)-len(tail), 0)
+	pad := max(c.bodyBytes-len(head)-len(tail), counterDigits)
 	var b strings.Builder
 	b.Grow(len(head) + pad + len(tail))
 	b.WriteString(head)
@@ -57,7 +99,24 @@ func chatBody(size int) []byte {
 		b.WriteString(words[:min(len(words), len(head)+pad-b.Len())])
 	}
 	b.WriteString(tail)
-	return []byte(b.String())
+	return []byte(b.String()), len(head)
+}
+
+// distinct returns a targeter of c's requests to base: each body is body
+// with the request's number written at at, so that every prompt is new to
+// duet's prefix index (and SMG's), as distinct users' prompts are.
+func distinct(base string, c loadCase, body []byte, at int) vegeta.Targeter {
+	var n atomic.Uint64
+	header := http.Header{"Content-Type": {"application/json"}}
+	url := base + c.path()
+	return func(t *vegeta.Target) error {
+		b := bytes.Clone(body)
+		num := strconv.AppendUint(nil, n.Add(1), 10)
+		copy(b[at:at+counterDigits], strings.Repeat("0", counterDigits-len(num)))
+		copy(b[at+counterDigits-len(num):], num)
+		t.Method, t.URL, t.Body, t.Header = "POST", url, b, header
+		return nil
+	}
 }
 
 // sample is what one measurement saw.
@@ -164,15 +223,13 @@ func attack(ctx context.Context, client *http.Client, target vegeta.Targeter, c 
 	return out
 }
 
-// measure sends c's load to url with vegeta for warmup (not recorded),
+// measure sends c's load to url with vegeta, every body distinct, for warmup (not recorded),
 // then for duration, on the same connections (client), noting how busy the
 // CPUs named loadCPU and serverCPU (as in /proc/stat, e.g. "cpu0"; empty:
 // not noted) were meanwhile.
-func measure(ctx context.Context, client *http.Client, url string, body []byte, c loadCase, warmup, duration time.Duration, loadCPU, serverCPU string) (sample, error) {
-	target := vegeta.NewStaticTargeter(vegeta.Target{
-		Method: "POST", URL: url + "/v1/chat/completions", Body: body,
-		Header: map[string][]string{"Content-Type": {"application/json"}},
-	})
+func measure(ctx context.Context, client *http.Client, url string, c loadCase, warmup, duration time.Duration, loadCPU, serverCPU string) (sample, error) {
+	body, at := requestBody(c)
+	target := distinct(url, c, body, at)
 	if warmup > 0 {
 		for range attack(ctx, client, target, c, warmup, "warmup") {
 		}

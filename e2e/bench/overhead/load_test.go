@@ -2,28 +2,70 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
-func TestChatBody(t *testing.T) {
-	for _, size := range []int{1 << 10, 32 << 10, 256 << 10, 10} {
-		b := chatBody(size)
-		if size >= 200 && len(b) != size {
-			t.Errorf("chatBody(%d) is %d bytes", size, len(b))
+func TestRequestBody(t *testing.T) {
+	for _, c := range []loadCase{
+		{bodyBytes: 1 << 10, api: apiChat}, {bodyBytes: 32 << 10, api: apiChat, stream: true},
+		{bodyBytes: 256 << 10, api: apiGenerate}, {bodyBytes: 10, api: apiGenerate, stream: true},
+	} {
+		b, at := requestBody(c)
+		if c.bodyBytes >= 200 && len(b) != c.bodyBytes {
+			t.Errorf("%v: %d bytes", c, len(b))
 		}
 		var req struct {
-			MaxTokens int `json:"max_tokens"`
-			Messages  []struct {
+			MaxTokens      int  `json:"max_tokens"`
+			Stream         bool `json:"stream"`
+			SamplingParams struct {
+				MaxNewTokens int `json:"max_new_tokens"`
+			} `json:"sampling_params"`
+			Text     string `json:"text"`
+			Messages []struct {
 				Content string `json:"content"`
 			} `json:"messages"`
 		}
 		if err := json.Unmarshal(b, &req); err != nil {
-			t.Fatalf("chatBody(%d) is not JSON: %v", size, err)
+			t.Fatalf("%v: not JSON: %v", c, err)
 		}
-		if req.MaxTokens != 1 || len(req.Messages) != 1 {
-			t.Errorf("chatBody(%d) = %+v", size, req)
+		prompt := req.Text
+		if c.api == apiChat {
+			if req.MaxTokens != 1 || len(req.Messages) != 1 {
+				t.Fatalf("%v: %+v", c, req)
+			}
+			prompt = req.Messages[0].Content
+		} else if req.SamplingParams.MaxNewTokens != 1 {
+			t.Errorf("%v: %+v", c, req)
 		}
+		if req.Stream != c.stream || !strings.HasPrefix(string(b[at:]), prompt[:counterDigits]) {
+			t.Errorf("%v: stream %t, prompt at %d: %.20q", c, req.Stream, at, b[at:])
+		}
+	}
+}
+
+func TestDistinctBodies(t *testing.T) {
+	c := loadCase{bodyBytes: 1 << 10, api: apiChat, rate: 1}
+	body, at := requestBody(c)
+	next := distinct("http://x", c, body, at)
+	seen := map[string]bool{}
+	for i := range 3 {
+		var tgt vegeta.Target
+		if err := next(&tgt); err != nil {
+			t.Fatal(err)
+		}
+		if !json.Valid(tgt.Body) || len(tgt.Body) != len(body) || tgt.URL != "http://x/v1/chat/completions" {
+			t.Fatalf("request %d: %d bytes to %s: %.80s", i, len(tgt.Body), tgt.URL, tgt.Body)
+		}
+		prompt := string(tgt.Body[at : at+counterDigits])
+		if want := fmt.Sprintf("%012d", i+1); prompt != want || seen[prompt] {
+			t.Errorf("request %d starts its prompt with %q, want %q", i, prompt, want)
+		}
+		seen[prompt] = true
 	}
 }
 
@@ -52,6 +94,9 @@ func TestLoadCaseString(t *testing.T) {
 		t.Error(got)
 	}
 	if got := (loadCase{bodyBytes: 1 << 10, workers: 20}).String(); got != "1 KiB, concurrency 20" {
+		t.Error(got)
+	}
+	if got := (loadCase{bodyBytes: 32 << 10, api: apiGenerate, stream: true, rate: 500}).String(); got != "32 KiB /generate streamed, 500 rps" {
 		t.Error(got)
 	}
 }

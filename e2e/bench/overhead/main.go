@@ -1,11 +1,14 @@
 // Command overhead measures what duet adds to Envoy (`make
 // bench-overhead`, issue 10): in one run it alternates Envoy alone in front
-// of a fake engine that answers at once (direct), Envoy + ext_proc to duet
-// without the access logs and usage filters (ext_proc only), the bootstrap
-// `duet envoy-config` renders for an aggregated pool, and the one for a PD
-// pool, under fixed-rate open-loop loads and a closed-loop saturation run
-// (vegeta over loopback). The servers are pinned to one CPU and the load
-// generator to another. It writes docs/benchmarks/overhead.md.
+// of a fake engine that answers at once (direct); Envoy with ext_proc to
+// processors that decide nothing (the floors: empty answers, the body sent
+// back, full-duplex streaming); Envoy + ext_proc to duet without the access
+// logs and usage filters (ext_proc only); the bootstraps `duet
+// envoy-config` renders for an aggregated and a PD pool; and the
+// standalone router users pick instead (SMG), aggregated and PD. Loads are
+// fixed-rate open loops and closed-loop saturation runs (vegeta over
+// loopback), every body distinct. The servers are pinned to one CPU and the
+// load generator to another. It writes docs/benchmarks/overhead.md.
 package main
 
 import (
@@ -15,11 +18,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,18 +38,24 @@ const pinnedEnv = "DUET_OVERHEAD_PINNED"
 
 // options are the command-line flags.
 type options struct {
-	out, bodies, rates, loadCPU, serverCPU, logDir string
-	duration, warmup                               time.Duration
-	concurrency, reps, dp                          int
-	pin, keepLogs                                  bool
+	out, cases, variants, loadCPU, serverCPU, logDir, profile, duetEnv string
+	duration, warmup                                                   time.Duration
+	reps, dp                                                           int
+	pin, keepLogs                                                      bool
 }
+
+// defaultCases are the cases of `make bench-overhead`: chat at 1, 32 and
+// 256 KiB under every load (256 KiB at 1,000 rps, 256 MB/s, is beyond
+// every variant, direct included), and /generate and a streamed chat at
+// the headline 32 KiB and 500 rps.
+const defaultCases = "1@200,1@500,1@1000,1@c20,32@200,32@500,32@1000,32@c20,256@200,256@500,256@c20,32/generate@500,32/stream@500"
 
 func main() {
 	var o options
+	var floorAddr, floorMode string
 	flag.StringVar(&o.out, "out", "docs/benchmarks/overhead.md", "report to write (relative to the repository root)")
-	flag.StringVar(&o.bodies, "bodies", "1,32", "request body sizes in KiB, comma-separated (e.g. 1,32,256)")
-	flag.StringVar(&o.rates, "rates", "200,500", "open-loop rates in requests per second, comma-separated")
-	flag.IntVar(&o.concurrency, "concurrency", 20, "closed-loop workers of the saturation run (0: no saturation run)")
+	flag.StringVar(&o.cases, "cases", defaultCases, "cases, comma-separated: KiB[/generate][/stream]@RATE (open loop, requests per second) or @cN (closed loop, N workers)")
+	flag.StringVar(&o.variants, "variants", strings.Join(allVariants(), ","), "variants to run, comma-separated")
 	flag.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of each run")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unrecorded load before each run, on the same connections")
 	flag.IntVar(&o.reps, "reps", 2, "repetitions; variants alternate within each")
@@ -54,7 +65,19 @@ func main() {
 	flag.StringVar(&o.serverCPU, "server-cpu", "1", "taskset CPU list of Envoy, duet and the engines")
 	flag.StringVar(&o.logDir, "log-dir", "", "directory for the processes' configs and logs (default: a temporary one, removed unless -keep-logs)")
 	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the temporary log directory")
+	flag.StringVar(&o.duetEnv, "duet-env", "", "extra environment of every duet process, space-separated NAME=VALUE (e.g. GOGC=400)")
+	flag.StringVar(&o.profile, "profile", "", "directory for CPU and allocation profiles of duet, taken during every run of a duet variant (listen.pprof on); profiling costs duet a little CPU")
+	flag.StringVar(&floorAddr, "serve-floor", "", "internal: serve a floor ext_proc processor on this address and nothing else")
+	flag.StringVar(&floorMode, "floor-mode", floorEmpty, "internal: the floor processor's mode")
 	flag.Parse()
+
+	if floorAddr != "" {
+		if err := serveFloor(floorAddr, floorMode, floorMaxBody); err != nil {
+			fmt.Fprintln(os.Stderr, "overhead:", err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	if o.pin && os.Getenv(pinnedEnv) == "" {
 		if err := reexecPinned(o.loadCPU); err != nil {
@@ -93,7 +116,11 @@ func reexecPinned(cpu string) error {
 // repetition with the variants alternating, and writes the report.
 func run(ctx context.Context, o options) (err error) {
 	began := time.Now()
-	cases, err := parseCases(o.bodies, o.rates, o.concurrency)
+	cases, err := parseCases(o.cases)
+	if err != nil {
+		return err
+	}
+	variants, err := parseVariants(o.variants)
 	if err != nil {
 		return err
 	}
@@ -121,7 +148,6 @@ func run(ctx context.Context, o options) (err error) {
 		loadCPU, serverCPU = cpuName(o.loadCPU), cpuName(o.serverCPU)
 	}
 
-	variants := allVariants()
 	stacks := map[string]*stack{}
 	defer func() {
 		for _, s := range stacks {
@@ -131,7 +157,7 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	for i, v := range variants {
-		s, err := startStack(ctx, tools, filepath.Join(dir, fmt.Sprintf("%d-%s", i, strings.ReplaceAll(v, " ", "-"))), v, o.dp, pin)
+		s, err := startStack(ctx, tools, filepath.Join(dir, fmt.Sprintf("%d-%s", i, strings.ReplaceAll(v, " ", "-"))), v, o.dp, pin, o.profile != "", strings.Fields(o.duetEnv))
 		if err != nil {
 			return fmt.Errorf("start: %w (logs in %s)", err, dir)
 		}
@@ -140,24 +166,28 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Fprintf(os.Stderr, "overhead: %d variants up (logs in %s); %d cases × %d reps × %s\n",
 		len(variants), dir, len(cases), o.reps, o.duration)
 
-	bodies := map[int][]byte{}
-	for _, c := range cases {
-		if bodies[c.bodyBytes] == nil {
-			bodies[c.bodyBytes] = chatBody(c.bodyBytes)
-		}
-	}
 	var results []result
 	for rep := 1; rep <= o.reps; rep++ {
 		for _, c := range cases {
 			for _, v := range variants {
+				var prof *profiler
+				if o.profile != "" && stacks[v].duetAdmin != "" {
+					secs := int(math.Ceil((o.warmup + o.duration).Seconds()))
+					prof = startProfile(ctx, stacks[v].duetAdmin, secs, o.profile, fmt.Sprintf("%s-%s-rep%d", c, v, rep))
+				}
 				client := newClient()
-				smp, err := measure(ctx, client, stacks[v].url, bodies[c.bodyBytes], c, o.warmup, o.duration, loadCPU, serverCPU)
+				smp, err := measure(ctx, client, stacks[v].url, c, o.warmup, o.duration, loadCPU, serverCPU)
 				client.CloseIdleConnections()
 				if err != nil {
 					return fmt.Errorf("%s, %s, rep %d: %w", v, c, rep, err)
 				}
+				if prof != nil {
+					if err := prof.wait(); err != nil {
+						return fmt.Errorf("%s, %s, rep %d: %w", v, c, rep, err)
+					}
+				}
 				st := summarize(smp)
-				fmt.Fprintf(os.Stderr, "rep %d  %-22s %-16s p50 %7s p99 %7s  sent %6.0f/s  2xx %6.0f/s  cpu load %s server %s  errors %d %s\n",
+				fmt.Fprintf(os.Stderr, "rep %d  %-34s %-18s p50 %7s p99 %7s  sent %6.0f/s  2xx %6.0f/s  cpu load %s server %s  errors %d %s\n",
 					rep, c, v, msf(st.P50), msf(st.P99), st.Rate, st.Throughput, percent(st.LoadCPU), percent(st.ServerCPU), st.Errors, smp.firstError)
 				results = append(results, result{Variant: v, Case: c, Rep: rep, Stats: st})
 			}
@@ -171,17 +201,26 @@ func run(ctx context.Context, o options) (err error) {
 		Machine:  machine(),
 		Envoy:    envoyVersion + " (`.venv/bin/envoy`, `--concurrency 1`)",
 		Pinning:  pinText(o),
-		Load: fmt.Sprintf("vegeta (github.com/tsenart/vegeta/v12 library) over loopback HTTP/1.1 keep-alive, POST /v1/chat/completions, "+
-			"non-streaming, max_tokens 1, one fixed body per size; open loop at fixed rates and closed loop with %d workers; "+
+		Load: fmt.Sprintf("vegeta (github.com/tsenart/vegeta/v12 library) over loopback HTTP/1.1 keep-alive, "+
+			"POST /v1/chat/completions (or /generate where the case says so), max_tokens 1, non-streaming unless the case says streamed; "+
+			"every body distinct (a request number at the start of its prompt, so every prompt is new to duet's and SMG's prefix indexes); "+
+			"open loop at fixed rates, closed loop with N workers (concurrency N); "+
 			"%s measured after %s of unrecorded warmup per run; variants alternate within each of %d repetitions; "+
 			"fake engine: duet-sim --dp-size %d --decode-ms-per-token 0 --prefill-ms-per-1k-tokens 0 (null mode, PD: prefill + decode modes); "+
-			"duet logs at info, Envoy at warn", o.concurrency, o.duration, o.warmup, o.reps, o.dp),
+			"duet logs at info, Envoy at warn, SMG at warn%s", o.duration, o.warmup, o.reps, o.dp, duetEnvText(o.duetEnv)),
 	}
 	m.Notes = append(m.Notes,
 		"Variants: **direct**: a minimal hand-written bootstrap (one route to the engine, no ext_proc, no access log); "+
+			"**ext_proc floor**: the ext_proc only bootstrap (below) with a processor that decides nothing in duet's place "+
+			"(empty answers to the headers and the buffered body; this command's -serve-floor, with duet's gRPC server options, GOMAXPROCS=1): "+
+			"what Envoy's ext_proc costs by itself; **floor + body**: the same, but the body answer sends the body back as a body mutation "+
+			"with its content-length, the shape and size of duet's answer; **floor full-duplex**: request_body_mode FULL_DUPLEX_STREAMED "+
+			"(trailers SEND), the processor holding the headers until the body has arrived, then streaming it back unchanged; "+
 			"**ext_proc only**: the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) "+
 			"and without the json_to_metadata, sse_to_metadata and Lua filters; **duet aggregated**: that bootstrap as rendered, "+
-			"one engine in the decode pool; **duet PD**: the rendered bootstrap of one prefill and one decode engine (the mirror)",
+			"one engine in the decode pool; **duet PD**: the rendered bootstrap of one prefill and one decode engine (the mirror); "+
+			"**SMG aggregated** and **SMG PD**: the standalone router users pick instead (Shepherd Model Gateway, pip smg=="+smgVersion+
+			", Rust), no Envoy, cache_aware policies, in front of the same fake engines, pinned like the servers",
 		"Above a variant's capacity an open-loop run queues: its latencies then measure the queue, and 2xx rps is what it served")
 	if s := stacks[variantPD]; s != nil {
 		if note, err := mirrorNote(ctx, s.envoyAdmin); err == nil {
@@ -202,6 +241,9 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		out = filepath.Join(root, out)
 	}
+	if o.profile != "" {
+		out = filepath.Join(o.profile, "overhead.md") // a profiled run is not the report's
+	}
 	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
@@ -209,30 +251,81 @@ func run(ctx context.Context, o options) (err error) {
 	return nil
 }
 
-// parseCases returns, per body size, one open-loop case per rate, then the
-// closed-loop case (if concurrency > 0).
-func parseCases(bodies, rates string, concurrency int) ([]loadCase, error) {
-	sizes, err := parseInts(bodies)
-	if err != nil {
-		return nil, fmt.Errorf("-bodies: %w", err)
+// duetEnvText names -duet-env in the report, if given.
+func duetEnvText(env string) string {
+	if env == "" {
+		return ""
 	}
-	rs, err := parseInts(rates)
-	if err != nil {
-		return nil, fmt.Errorf("-rates: %w", err)
-	}
+	return "; duet ran with " + env
+}
+
+// floorMaxBody is the floor processors' body limit: duet's default.
+const floorMaxBody = 32 << 20
+
+// parseCases parses the -cases list (see its usage).
+func parseCases(spec string) ([]loadCase, error) {
 	var cases []loadCase
-	for _, kib := range sizes {
-		for _, r := range rs {
-			cases = append(cases, loadCase{bodyBytes: kib << 10, rate: r})
+	for f := range strings.SplitSeq(spec, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
 		}
-		if concurrency > 0 {
-			cases = append(cases, loadCase{bodyBytes: kib << 10, workers: concurrency})
+		what, load, ok := strings.Cut(f, "@")
+		if !ok {
+			return nil, fmt.Errorf("-cases: %q has no @RATE or @cN", f)
 		}
+		parts := strings.Split(what, "/")
+		kib, err := parseInts(parts[0])
+		if err != nil || len(kib) != 1 {
+			return nil, fmt.Errorf("-cases: %q: the body size %q is not a number of KiB", f, parts[0])
+		}
+		c := loadCase{bodyBytes: kib[0] << 10, api: apiChat}
+		for _, p := range parts[1:] {
+			switch p {
+			case "generate":
+				c.api = apiGenerate
+			case "stream":
+				c.stream = true
+			default:
+				return nil, fmt.Errorf("-cases: %q: unknown option %q (want generate or stream)", f, p)
+			}
+		}
+		n, err := parseInts(strings.TrimPrefix(load, "c"))
+		if err != nil || len(n) != 1 {
+			return nil, fmt.Errorf("-cases: %q: %q is not RATE or cN", f, load)
+		}
+		if strings.HasPrefix(load, "c") {
+			c.workers = n[0]
+		} else {
+			c.rate = n[0]
+		}
+		cases = append(cases, c)
 	}
 	if len(cases) == 0 {
-		return nil, errors.New("no case to run: give -bodies and -rates or -concurrency")
+		return nil, errors.New("no case to run: give -cases")
 	}
 	return cases, nil
+}
+
+// parseVariants parses the -variants list; direct is always measured
+// first, as every other variant is compared with it.
+func parseVariants(spec string) ([]string, error) {
+	want := map[string]bool{variantDirect: true}
+	for f := range strings.SplitSeq(spec, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !slices.Contains(allVariants(), f) {
+			return nil, fmt.Errorf("-variants: unknown variant %q (known: %s)", f, strings.Join(allVariants(), ", "))
+		}
+		want[f] = true
+	}
+	var out []string
+	for _, v := range allVariants() {
+		if want[v] {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // parseInts parses a comma-separated list of positive integers.

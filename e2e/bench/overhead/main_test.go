@@ -1,28 +1,43 @@
 package main
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestParseCases(t *testing.T) {
-	cases, err := parseCases("1, 32", "200,500", 20)
+	cases, err := parseCases("1@200, 32/generate@500,256/stream@c20,32/generate/stream@1000")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []loadCase{
-		{bodyBytes: 1 << 10, rate: 200}, {bodyBytes: 1 << 10, rate: 500}, {bodyBytes: 1 << 10, workers: 20},
-		{bodyBytes: 32 << 10, rate: 200}, {bodyBytes: 32 << 10, rate: 500}, {bodyBytes: 32 << 10, workers: 20},
+		{bodyBytes: 1 << 10, api: apiChat, rate: 200},
+		{bodyBytes: 32 << 10, api: apiGenerate, rate: 500},
+		{bodyBytes: 256 << 10, api: apiChat, stream: true, workers: 20},
+		{bodyBytes: 32 << 10, api: apiGenerate, stream: true, rate: 1000},
 	}
-	if len(cases) != len(want) {
-		t.Fatalf("got %v", cases)
+	if !slices.Equal(cases, want) {
+		t.Errorf("got %v, want %v", cases, want)
 	}
-	for i := range want {
-		if cases[i] != want[i] {
-			t.Errorf("case %d: got %v, want %v", i, cases[i], want[i])
+	for _, bad := range []string{"", "1", "x@200", "1@x", "1/foo@200", "1@c", "0@200"} {
+		if _, err := parseCases(bad); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
-	if _, err := parseCases("1,x", "200", 0); err == nil {
-		t.Error("bad size accepted")
+	if _, err := parseCases(defaultCases); err != nil {
+		t.Errorf("the default cases: %v", err)
 	}
-	if _, err := parseCases("1", "", 0); err == nil {
-		t.Error("no case accepted")
+}
+
+func TestParseVariants(t *testing.T) {
+	got, err := parseVariants("SMG PD, duet aggregated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{variantDirect, variantAgg, variantSMGPD}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v (direct first, in the report's order)", got, want)
+	}
+	if _, err := parseVariants("nginx"); err == nil {
+		t.Error("an unknown variant was accepted")
 	}
 }

@@ -17,16 +17,35 @@ import (
 
 // The variants, in the order they alternate and appear in the report.
 const (
-	variantDirect  = "direct"
-	variantExtProc = "ext_proc only"
-	variantAgg     = "duet aggregated"
-	variantPD      = "duet PD"
+	variantDirect      = "direct"
+	variantFloor       = "ext_proc floor"
+	variantFloorBody   = "floor + body"
+	variantFloorDuplex = "floor full-duplex"
+	variantExtProc     = "ext_proc only"
+	variantAgg         = "duet aggregated"
+	variantPD          = "duet PD"
+	variantSMG         = "SMG aggregated"
+	variantSMGPD       = "SMG PD"
 )
 
 // allVariants lists every variant.
 func allVariants() []string {
-	return []string{variantDirect, variantExtProc, variantAgg, variantPD}
+	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
+		variantAgg, variantPD, variantSMG, variantSMGPD}
 }
+
+// floorModes maps each floor variant to its processor's mode.
+var floorModes = map[string]string{
+	variantFloor:       floorEmpty,
+	variantFloorBody:   floorEcho,
+	variantFloorDuplex: floorDuplex,
+}
+
+// isPD reports whether a variant runs a prefill and a decode engine.
+func isPD(variant string) bool { return variant == variantPD || variant == variantSMGPD }
+
+// isSMG reports whether a variant is the standalone router, without Envoy.
+func isSMG(variant string) bool { return variant == variantSMG || variant == variantSMGPD }
 
 // pinning says on which CPUs the servers run.
 type pinning struct {
@@ -56,7 +75,9 @@ type stack struct {
 	url string
 	// envoyAdmin is Envoy's admin base URL.
 	envoyAdmin string
-	procs      []*harness.Process
+	// duetAdmin is duet's admin base URL (duet variants only).
+	duetAdmin string
+	procs     []*harness.Process
 }
 
 // fastSim are the duet-sim flags of a fake engine that answers at once.
@@ -65,8 +86,9 @@ func fastSim() []string {
 }
 
 // startStack starts variant's processes in dir (a directory of its own),
-// pinned as pin says, and waits until Envoy is ready.
-func startStack(ctx context.Context, tools harness.Tools, dir, variant string, dp int, pin pinning) (_ *stack, err error) {
+// pinned as pin says, duet with the extra environment duetEnv and serving
+// pprof if asked, and waits until Envoy (or SMG) is ready.
+func startStack(ctx context.Context, tools harness.Tools, dir, variant string, dp int, pin pinning, pprof bool, duetEnv []string) (_ *stack, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("%s: %w", variant, err)
 	}
@@ -86,7 +108,7 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	next := func() int { p := ports[0]; ports = ports[1:]; return p }
 	addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
 
-	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second}
+	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second, Pprof: pprof}
 	spec := harness.SimSpec{DPSize: dp, Args: fastSim()}
 	startSim := func(name, mode string) (string, error) {
 		listen, boot := addr(next()), next()
@@ -103,8 +125,10 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 		EnvoyListen: addr(next()), EnvoyAdmin: addr(next()),
 	}
 	decodeMode := "null"
-	if variant == variantPD {
+	prefillBoot := 0
+	if isPD(variant) {
 		decodeMode = "decode"
+		prefillBoot = ports[1] // startSim takes the listen port, then this one
 		u, err := startSim("prefill", "prefill")
 		if err != nil {
 			return nil, err
@@ -117,6 +141,9 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	}
 	addrs.Decode = []string{u}
 
+	if isSMG(variant) {
+		return s, s.startSMG(ctx, tools, dir, addrs, prefillBoot, pin)
+	}
 	var bootstrap []byte
 	if variant == variantDirect {
 		bootstrap = []byte(directBootstrap(addrs.EnvoyListen, addrs.EnvoyAdmin, addrs.Decode[0]))
@@ -125,18 +152,43 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 		if err := os.WriteFile(cfg, []byte(harness.DuetConfig(opts, addrs)), 0o644); err != nil {
 			return nil, err
 		}
-		duet, err := s.start(dir, "duet", pin.argv([]string{"GOMAXPROCS=1"}, tools.Duet, "serve", "-config", cfg))
-		if err != nil {
-			return nil, err
-		}
-		if err := harness.WaitHTTP(ctx, duet, "http://"+addrs.DuetAdmin+"/readyz"); err != nil {
-			return nil, err
-		}
 		if bootstrap, err = exec.CommandContext(ctx, tools.Duet, "envoy-config", "-config", cfg).Output(); err != nil {
 			return nil, fmt.Errorf("duet envoy-config: %w", err)
 		}
-		if variant == variantExtProc {
+		if mode, ok := floorModes[variant]; ok {
+			// The floor processor listens where duet would: the rendered
+			// bootstrap's ext_proc cluster.
+			self, err := os.Executable()
+			if err != nil {
+				return nil, err
+			}
+			floor, err := s.start(dir, "floor", pin.argv([]string{"GOMAXPROCS=1"}, self, "-serve-floor", addrs.DuetGRPC, "-floor-mode", mode))
+			if err != nil {
+				return nil, err
+			}
+			if err := waitTCP(ctx, floor, addrs.DuetGRPC); err != nil {
+				return nil, err
+			}
+		} else {
+			duet, err := s.start(dir, "duet", pin.argv(append([]string{"GOMAXPROCS=1"}, duetEnv...), tools.Duet, "serve", "-config", cfg))
+			if err != nil {
+				return nil, err
+			}
+			if err := harness.WaitHTTP(ctx, duet, "http://"+addrs.DuetAdmin+"/readyz"); err != nil {
+				return nil, err
+			}
+			s.duetAdmin = "http://" + addrs.DuetAdmin
+		}
+		switch variant {
+		case variantExtProc, variantFloor, variantFloorBody:
 			if bootstrap, err = stripFeedback(bootstrap); err != nil {
+				return nil, err
+			}
+		case variantFloorDuplex:
+			if bootstrap, err = stripFeedback(bootstrap); err != nil {
+				return nil, err
+			}
+			if bootstrap, err = fullDuplex(bootstrap); err != nil {
 				return nil, err
 			}
 		}
@@ -158,6 +210,59 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	}
 	s.url = "http://" + addrs.EnvoyListen
 	return s, nil
+}
+
+// smgVersion is the standalone router the SMG variants run (pip package
+// smg, installed into .venv by `make bench-overhead`).
+const smgVersion = "1.13.0"
+
+// startSMG starts the standalone router in front of the engines in addrs:
+// one worker (aggregated) or a prefill with its bootstrap port and a
+// decode (PD), with its cache-aware policies, as its users run it.
+func (s *stack) startSMG(ctx context.Context, tools harness.Tools, dir string, addrs harness.Addresses, prefillBoot int, pin pinning) error {
+	smg := filepath.Join(filepath.Dir(tools.Python), "smg")
+	if _, err := os.Stat(smg); err != nil {
+		return fmt.Errorf("the SMG variants need smg==%s in .venv (make bench-overhead installs it): %w", smgVersion, err)
+	}
+	ports, err := harness.FreePorts(2)
+	if err != nil {
+		return err
+	}
+	listen := "127.0.0.1:" + strconv.Itoa(ports[0])
+	host, port := splitHostPort(listen)
+	argv := []string{smg, "launch", "--host", host, "--port", port, "--log-level", "warn",
+		"--prometheus-host", "127.0.0.1", "--prometheus-port", strconv.Itoa(ports[1])}
+	if len(addrs.Prefill) > 0 {
+		argv = append(argv, "--pd-disaggregation", "--prefill", addrs.Prefill[0], strconv.Itoa(prefillBoot),
+			"--decode", addrs.Decode[0], "--prefill-policy", "cache_aware", "--decode-policy", "cache_aware")
+	} else {
+		argv = append(argv, "--worker-urls", addrs.Decode[0], "--policy", "cache_aware")
+	}
+	p, err := s.start(dir, "smg", pin.argv(nil, argv...))
+	if err != nil {
+		return err
+	}
+	s.url = "http://" + listen
+	// /readiness answers 200 once every worker passed its health check.
+	return harness.WaitHTTP(ctx, p, s.url+"/readiness")
+}
+
+// waitTCP waits until addr accepts connections, or p exits, or ctx ends.
+func waitTCP(ctx context.Context, p *harness.Process, addr string) error {
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return conn.Close()
+		}
+		if p.Exited() {
+			return fmt.Errorf("%s exited before listening on %s (log: %s)", p.Name, addr, p.LogPath)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %s on %s: %w", p.Name, addr, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // start runs argv as the process name, logging into dir.

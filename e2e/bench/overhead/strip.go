@@ -82,3 +82,56 @@ func asMap(v any) map[string]any {
 	m, _ := v.(map[string]any)
 	return m
 }
+
+// fullDuplex switches the ext_proc filters of a bootstrap to
+// FULL_DUPLEX_STREAMED request bodies (which requires sending the request
+// trailers too): the "floor, full duplex" variant. It fails if the
+// bootstrap has no ext_proc filter.
+func fullDuplex(bootstrap []byte) ([]byte, error) {
+	var doc map[string]any
+	if err := yaml.Unmarshal(bootstrap, &doc); err != nil {
+		return nil, fmt.Errorf("parse bootstrap: %w", err)
+	}
+	changed := 0
+	eachHTTPFilter(doc, func(f map[string]any) {
+		if name, _ := f["name"].(string); name != "envoy.filters.http.ext_proc" {
+			return
+		}
+		mode := asMap(asMap(f["typed_config"])["processing_mode"])
+		if mode == nil {
+			return
+		}
+		mode["request_body_mode"] = "FULL_DUPLEX_STREAMED"
+		mode["request_trailer_mode"] = "SEND"
+		changed++
+	})
+	if changed == 0 {
+		return nil, fmt.Errorf("full duplex: no ext_proc filter with a processing_mode found")
+	}
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("render full-duplex bootstrap: %w", err)
+	}
+	return out, nil
+}
+
+// eachHTTPFilter calls fn with every HTTP filter of every listener's
+// connection manager in doc.
+func eachHTTPFilter(doc map[string]any, fn func(map[string]any)) {
+	resources, _ := doc["static_resources"].(map[string]any)
+	listeners, _ := resources["listeners"].([]any)
+	for _, l := range listeners {
+		chains, _ := asMap(l)["filter_chains"].([]any)
+		for _, c := range chains {
+			filters, _ := asMap(c)["filters"].([]any)
+			for _, f := range filters {
+				httpFilters, _ := asMap(asMap(f)["typed_config"])["http_filters"].([]any)
+				for _, hf := range httpFilters {
+					if m := asMap(hf); m != nil {
+						fn(m)
+					}
+				}
+			}
+		}
+	}
+}

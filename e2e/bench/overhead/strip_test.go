@@ -76,3 +76,29 @@ func TestStripFeedbackNothingToStrip(t *testing.T) {
 		t.Error("a bootstrap without feedback pieces was accepted")
 	}
 }
+
+func TestFullDuplex(t *testing.T) {
+	withMode := strings.Replace(bootstrapFixture, "typed_config: {message_timeout: 2s}",
+		"typed_config: {message_timeout: 2s, processing_mode: {request_header_mode: SEND, request_body_mode: BUFFERED, request_trailer_mode: SKIP}}", 1)
+	out, err := fullDuplex([]byte(withMode))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(out, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var modes []map[string]any
+	eachHTTPFilter(doc, func(f map[string]any) {
+		if m := asMap(asMap(f["typed_config"])["processing_mode"]); m != nil {
+			modes = append(modes, m)
+		}
+	})
+	if len(modes) != 1 || modes[0]["request_body_mode"] != "FULL_DUPLEX_STREAMED" ||
+		modes[0]["request_trailer_mode"] != "SEND" || modes[0]["request_header_mode"] != "SEND" {
+		t.Errorf("processing modes after fullDuplex: %v", modes)
+	}
+	if _, err := fullDuplex([]byte(bootstrapFixture)); err == nil {
+		t.Error("a bootstrap without a processing_mode was accepted")
+	}
+}

@@ -226,6 +226,11 @@ type Envoy struct {
 	Duet string `yaml:"duet"`
 	// MessageTimeout bounds each ext_proc exchange.
 	MessageTimeout time.Duration `yaml:"message_timeout"`
+	// MaxRoutingRequests caps the requests Envoy may have in duet's hands
+	// at once (open ext_proc streams: from a request's headers until duet
+	// has answered its body). Beyond it Envoy sheds: an immediate 503,
+	// rather than a queue that ends in message_timeout.
+	MaxRoutingRequests int `yaml:"max_routing_requests"`
 	// StreamIdleTimeout closes client streams idle for this long.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Clusters names the engine pools' clusters in Envoy's configuration.
@@ -246,19 +251,21 @@ type EnvoyClusters struct {
 
 // Defaults used where the file is silent.
 const (
-	DefaultGRPC              = "127.0.0.1:9002"
-	DefaultAdmin             = "127.0.0.1:9003"
-	DefaultPrefillPolicy     = "cache_aware"
-	DefaultDecodePolicy      = "least_tokens"
-	DefaultMaxBodyBytes      = 32 << 20
-	DefaultEnvoyListen       = "127.0.0.1:8080"
-	DefaultEnvoyAdmin        = "127.0.0.1:9901"
-	DefaultMessageTimeout    = 2 * time.Second
-	DefaultStreamIdleTimeout = 15 * time.Minute
-	DefaultDecodeCluster     = "duet_decode"
-	DefaultPrefillCluster    = "duet_prefill"
-	DefaultDiscoveryInterval = 10 * time.Second
-	DefaultDiscoveryTimeout  = 2 * time.Second
+	DefaultGRPC           = "127.0.0.1:9002"
+	DefaultAdmin          = "127.0.0.1:9003"
+	DefaultPrefillPolicy  = "cache_aware"
+	DefaultDecodePolicy   = "least_tokens"
+	DefaultMaxBodyBytes   = 32 << 20
+	DefaultEnvoyListen    = "127.0.0.1:8080"
+	DefaultEnvoyAdmin     = "127.0.0.1:9901"
+	DefaultMessageTimeout = 2 * time.Second
+	// DefaultMaxRoutingRequests: see docs/configuration.md.
+	DefaultMaxRoutingRequests = 256
+	DefaultStreamIdleTimeout  = 15 * time.Minute
+	DefaultDecodeCluster      = "duet_decode"
+	DefaultPrefillCluster     = "duet_prefill"
+	DefaultDiscoveryInterval  = 10 * time.Second
+	DefaultDiscoveryTimeout   = 2 * time.Second
 
 	DefaultHealthInterval     = 5 * time.Second
 	DefaultHealthTimeout      = time.Second
@@ -314,6 +321,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Request.MaxBodyBytes == 0 {
 		c.Request.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Envoy.MaxRoutingRequests == 0 {
+		c.Envoy.MaxRoutingRequests = DefaultMaxRoutingRequests
 	}
 	if c.Envoy.MessageTimeout == 0 {
 		c.Envoy.MessageTimeout = DefaultMessageTimeout
@@ -425,6 +435,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Request.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("request.max_body_bytes: %d is below the 1024-byte minimum", c.Request.MaxBodyBytes))
+	}
+	if c.Envoy.MaxRoutingRequests < 0 {
+		errs = append(errs, errors.New("envoy.max_routing_requests: must be positive"))
 	}
 	if c.Envoy.MessageTimeout < 0 {
 		errs = append(errs, errors.New("envoy.message_timeout: must be positive"))
