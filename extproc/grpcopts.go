@@ -37,21 +37,30 @@ func ServerOptions(maxBodyBytes int) []grpc.ServerOption {
 		grpc.InitialConnWindowSize(grpcWindow),
 		grpc.ReadBufferSize(grpcIOBuffer),
 		grpc.WriteBufferSize(grpcIOBuffer),
-		experimental.BufferPool(BufferPool(maxBodyBytes)),
+		experimental.BufferPool(BufferPool()),
 	}
 }
 
 // BufferPool returns the gRPC buffer pool of duet's ext_proc server: a
-// sync.Pool per power of two from 256 B up to the largest ext_proc message
-// for maxBodyBytes, handing buffers out without zeroing them. gRPC fills
-// every byte of a buffer it asks for (a message read off the wire, or one
-// marshalled into it), so the zeroing of grpc-go's own tiered pool (its
-// only public kind) is pure cost: it cleared up to twice the message on
-// every Get. Tests that play Envoy's side use it too, so that a benchmark
-// measures duet's costs rather than its client's.
-func BufferPool(maxBodyBytes int) mem.BufferPool {
-	return &bufferPool{top: bits.Len(uint(maxMessageBytes(maxBodyBytes) - 1))}
+// sync.Pool per power of two from 256 B to 4 MiB (larger buffers, for
+// bodies of megabytes, are allocated and left to the collector rather than
+// kept in a pool), handing buffers out without zeroing them. gRPC
+// fills every byte of a buffer it asks for (a message read off the wire, or
+// one marshalled into it), so the zeroing of grpc-go's own tiered pool (its
+// only public kind) is pure cost: it cleared up to 1 MiB on every Get.
+//
+// The proto codec marshals into, and reads messages out of, the process's
+// default pool whatever a server is given, so a program serving ext_proc
+// also installs this one as the default, in an init function:
+// experimental.SetDefaultBufferPool(extproc.BufferPool()). Tests that play
+// Envoy's side use it too, so that a benchmark measures duet's costs
+// rather than its client's.
+func BufferPool() mem.BufferPool {
+	return &bufferPool{top: maxBufferExp}
 }
+
+// maxBufferExp is the largest pooled size, 2^22 bytes.
+const maxBufferExp = 22
 
 // minBufferExp is the smallest pooled size, 2^8 bytes; smaller Gets are
 // served from that tier.

@@ -3,11 +3,11 @@ package extproc
 import "testing"
 
 func TestBufferPool(t *testing.T) {
-	p := BufferPool(1 << 20) // messages up to 2 MiB: tiers 2^8 .. 2^21
+	p := BufferPool() // tiers 2^8 .. 2^22
 	tests := []struct {
 		n, wantCap int
 	}{
-		{0, 0}, {1, 256}, {256, 256}, {257, 512}, {33 << 10, 64 << 10}, {2 << 20, 2 << 20}, {2<<20 + 1, 2<<20 + 1},
+		{0, 0}, {1, 256}, {256, 256}, {257, 512}, {33 << 10, 64 << 10}, {2 << 20, 2 << 20}, {4 << 20, 4 << 20}, {4<<20 + 1, 4<<20 + 1},
 	}
 	for _, tt := range tests {
 		for range 2 { // fresh, then (for pooled sizes) reused

@@ -69,7 +69,7 @@ func client(t testing.TB, picker Picker, maxBody int) extprocv3.ExternalProcesso
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		experimental.WithBufferPool(BufferPool(max(maxBody, 1<<20))))
+		experimental.WithBufferPool(BufferPool()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,8 +54,11 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 
 	// Match the prefix once for both roles, outside the pick lock (the index
 	// has its own); a concurrent insert at worst shows up in the next pick.
+	// Only roles whose policy reads prefix matches use the index.
+	prefillIndexed := pd && readsPrefix(s.prefillPolicy)
+	decodeIndexed := readsPrefix(s.decodePolicy)
 	var matches []prefixMatch
-	if len(req.Blocks) > 0 {
+	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed) {
 		n := float64(len(req.Blocks))
 		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
 			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n})
@@ -112,11 +115,12 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: decodeTokens}
 	s.ledger.mu.Unlock()
 
-	for _, ts := range chosen {
+	indexed := [2]bool{prefillIndexed, decodeIndexed}
+	for i, ts := range chosen {
 		if ts == nil {
 			continue
 		}
-		if len(req.Blocks) > 0 {
+		if len(req.Blocks) > 0 && indexed[i] {
 			s.index.Insert(ts.key, req.Blocks)
 		}
 		if ts.picks != nil {

@@ -166,7 +166,7 @@ func TestPickEvictsRemovedEndpoint(t *testing.T) {
 	other := newFakeEngine(t, serverInfo200(info(1, "null", -1)))
 	s := newTestScheduler(t, Config{
 		Decode:       []EndpointSpec{{URL: eng.url()}, {URL: other.url()}},
-		DecodePolicy: PolicySpec{Name: "least_tokens"},
+		DecodePolicy: PolicySpec{Name: "cache_aware"}, // a policy that reads the prefix index
 	}, nil)
 	mustDiscover(t, s)
 	if _, err := s.Pick(testContext(t), &Request{ID: "r", Prompt: make([]byte, 640)}); err != nil {
@@ -256,5 +256,34 @@ func TestRankLoadOfByRole(t *testing.T) {
 	vllm := rankLoadOf(decode, load.Rank{Rank: 0, Running: 3, KVUsage: 0.5})
 	if vllm.tokens != 0 || vllm.running != 3 {
 		t.Errorf("vLLM rank load %+v, want request counts only", vllm)
+	}
+}
+
+// Picks record prompts in the prefix index only for a role whose policy
+// reads prefix matches: for the others it would be work for nothing.
+func TestPrefixIndexOnlyForPrefixReaders(t *testing.T) {
+	tests := []struct {
+		policy PolicySpec
+		want   bool
+	}{
+		{PolicySpec{Name: "least_tokens"}, false},
+		{PolicySpec{Name: "round_robin"}, false},
+		{PolicySpec{Name: "cache_aware"}, true},
+		{PolicySpec{Name: "weighted", Weights: map[string]float64{"tokens": 1, "prefix": 1}}, true},
+		{PolicySpec{Name: "weighted", Weights: map[string]float64{"tokens": 1}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.policy.Name, tt.policy.Weights), func(t *testing.T) {
+			eng := newFakeEngine(t, serverInfo200(info(1, "null", -1)))
+			s := newTestScheduler(t, Config{Decode: []EndpointSpec{{URL: eng.url()}}, DecodePolicy: tt.policy}, nil)
+			mustDiscover(t, s)
+			d, err := s.Pick(testContext(t), &Request{ID: "r", Prompt: make([]byte, 640)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.index.Blocks(d.Decode.Key()) > 0; got != tt.want {
+				t.Errorf("prompt recorded in the prefix index: %t, want %t", got, tt.want)
+			}
+		})
 	}
 }

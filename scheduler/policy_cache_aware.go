@@ -70,6 +70,10 @@ func newCacheAware(spec PolicySpec) (Policy, error) {
 // Name implements Policy.
 func (*cacheAware) Name() string { return policyCacheAware }
 
+// ReadsPrefix implements PrefixReader: cache_aware is the prefix index's
+// main reader.
+func (*cacheAware) ReadsPrefix() bool { return true }
+
 // Pick implements Policy.
 func (p *cacheAware) Pick(_ context.Context, _ *Request, cands []Candidate) (int, error) {
 	if len(cands) == 0 {

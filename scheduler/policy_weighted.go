@@ -57,6 +57,10 @@ func newWeighted(spec PolicySpec) (Policy, error) {
 // Name implements Policy.
 func (*weighted) Name() string { return policyWeighted }
 
+// ReadsPrefix implements PrefixReader: only a prefix scorer with a weight
+// reads the prefix index.
+func (p *weighted) ReadsPrefix() bool { return p.weights[scorerPrefix] > 0 }
+
 // Pick implements Policy.
 func (p *weighted) Pick(_ context.Context, _ *Request, cands []Candidate) (int, error) {
 	if len(cands) == 0 {

@@ -203,8 +203,13 @@ func TestSetEndpointsRejects(t *testing.T) {
 func TestSetEndpointsRemoveKeepsOthers(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 1, Interval: -1}, 0, 3, 2)
 	s := f.s
+	// A policy that reads the prefix index, so that picks record prompts in it.
+	var err error
+	if s.decodePolicy, err = NewPolicy(PolicySpec{Name: "cache_aware"}); err != nil {
+		t.Fatal(err)
+	}
 	a, b, c := f.decode[0], f.decode[1], f.decode[2]
-	pickPrompted(t, s, "before", 30) // round_robin: every target holds reservations
+	pickPrompted(t, s, "before", 30) // distinct prompts: every target holds reservations
 
 	// Eject a's rank 1 and all of c: health that must survive, and must go.
 	f.leg(RoleDecode, a.addr(), 1, legFailed)

@@ -22,6 +22,9 @@ func statusScheduler(t *testing.T) (*Scheduler, *time.Time) {
 		PrefillPolicy: PolicySpec{Name: "round_robin"},
 		Health:        HealthConfig{FailuresToEject: 1, BaseEjection: time.Minute},
 	}, nil)
+	// round_robin spreads the picks predictably; marked as a prefix reader,
+	// its picks record prompts in the index, for Status to show.
+	s.prefillPolicy = prefixReading{s.prefillPolicy}
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	s.now = func() time.Time { return now }
 	s.discoverMu.Lock()
@@ -130,8 +133,14 @@ func TestStatusLoadsPicksAndDecisions(t *testing.T) {
 			} else {
 				picks[1] += ts.Picks
 			}
-			if ts.Picks > 0 && ts.PrefixBlocks == 0 {
+			// Prompts are recorded only for the role whose policy reads
+			// the prefix index: prefill (marked so), not decode
+			// (least_tokens).
+			if e.Endpoint.Role == RolePrefill && ts.Picks > 0 && ts.PrefixBlocks == 0 {
 				t.Errorf("%s was picked but holds no prefix blocks", ts.Name)
+			}
+			if e.Endpoint.Role == RoleDecode && ts.PrefixBlocks != 0 {
+				t.Errorf("%s holds %d prefix blocks, but least_tokens does not read the index", ts.Name, ts.PrefixBlocks)
 			}
 			if ts.Picks > 0 && ts.Load.Reserved == 0 && ts.Name != decisions[0].Decode.String() {
 				t.Errorf("%s was picked but has nothing reserved: %+v", ts.Name, ts.Load)
@@ -316,3 +325,8 @@ func TestStatusDecisionStringsAreCopies(t *testing.T) {
 		})
 	}
 }
+
+// prefixReading marks a policy as a reader of the prefix index.
+type prefixReading struct{ Policy }
+
+func (prefixReading) ReadsPrefix() bool { return true }

@@ -20,8 +20,15 @@ import (
 	"os/signal"
 	"syscall"
 
+	"google.golang.org/grpc/experimental"
+
 	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/extproc"
 )
+
+// The gRPC proto codec takes its buffers from the process's default pool
+// (see extproc.BufferPool); grpc-go allows replacing it only at init.
+func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

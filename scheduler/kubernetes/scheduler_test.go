@@ -89,7 +89,7 @@ func TestSchedulerFollowsSlices(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	sched, err := scheduler.New(scheduler.Config{
 		EmptyPools: true, PD: true,
-		DecodePolicy: scheduler.PolicySpec{Name: "least_tokens"},
+		DecodePolicy: scheduler.PolicySpec{Name: "cache_aware"}, // reads the prefix index, so picks record prompts
 		Load:         scheduler.LoadConfig{Interval: -1},
 		Health:       scheduler.HealthConfig{Interval: -1},
 		Registerer:   reg,

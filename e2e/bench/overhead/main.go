@@ -30,7 +30,10 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/experimental"
+
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/extproc"
 )
 
 // pinnedEnv marks the process that already runs under taskset.
@@ -49,6 +52,10 @@ type options struct {
 // every variant, direct included), and /generate and a streamed chat at
 // the headline 32 KiB and 500 rps.
 const defaultCases = "1@200,1@500,1@1000,1@c20,32@200,32@500,32@1000,32@c20,256@200,256@500,256@c20,32/generate@500,32/stream@500"
+
+// The floor processors run in this binary: they take duet's gRPC buffers
+// (see extproc.BufferPool).
+func init() { experimental.SetDefaultBufferPool(extproc.BufferPool()) }
 
 func main() {
 	var o options
