@@ -121,8 +121,9 @@ func distinct(base string, c loadCase, body []byte, at int) vegeta.Targeter {
 
 // sample is what one measurement saw.
 type sample struct {
-	// latencies are every answered or failed request's, in ms.
-	latencies []float64
+	// latencies are every answered or failed request's, in ms;
+	// errLatencies those of the non-2xx answers and transport errors.
+	latencies, errLatencies []float64
 	// ok counts 2xx answers; codes counts the other statuses (0: no
 	// answer: a transport error or timeout).
 	ok    int
@@ -148,9 +149,11 @@ type stats struct {
 	// and the servers' CPUs (-1: unknown).
 	LoadCPU, ServerCPU float64
 	// Errors counts non-2xx answers and transport errors; Codes lists
-	// them, e.g. "503×3 err×1".
+	// them, e.g. "503×3 err×1"; ErrP50 is their median latency (ms), which
+	// tells a shed request (answered at once) from one that timed out.
 	Errors int
 	Codes  string
+	ErrP50 float64
 }
 
 // summarize computes a sample's stats.
@@ -184,6 +187,9 @@ func summarize(s sample) stats {
 		parts = append(parts, fmt.Sprintf("%s×%d", name, s.codes[c]))
 	}
 	st.Codes = strings.Join(parts, " ")
+	errSorted := slices.Clone(s.errLatencies)
+	slices.Sort(errSorted)
+	st.ErrP50 = bench.Percentile(errSorted, 50)
 	return st
 }
 
@@ -256,6 +262,7 @@ func measure(ctx context.Context, client *http.Client, url string, c loadCase, w
 			s.ok++
 		default:
 			s.codes[int(r.Code)]++
+			s.errLatencies = append(s.errLatencies, float64(r.Latency)/float64(time.Millisecond))
 			if r.Code == 0 && s.firstError == "" {
 				s.firstError = r.Error
 			}

@@ -126,7 +126,8 @@ func writeReport(w io.Writer, m meta, variants []string, cases []loadCase, resul
 	}
 	b.WriteString("\nEach cell is the range (min–max) over the repetitions; \"added\" and \"× direct\" " +
 		"compare each repetition with the baseline's run of the same repetition. Latencies are in ms, " +
-		"over every request sent (errors included).\n")
+		"over every request sent (errors included); an errors cell gives the errors' own median latency, which tells a " +
+		"request shed at once from one that waited.\n")
 	if len(variants) == 0 {
 		return writeOut(w, &b)
 	}
@@ -148,6 +149,15 @@ func writeReport(w io.Writer, m meta, variants []string, cases []loadCase, resul
 				continue
 			}
 			errs := span(values(rs, func(s stats) float64 { return float64(s.Errors) }), func(x float64) string { return fmt.Sprintf("%.0f", x) })
+			var withErrs []result
+			for _, r := range rs {
+				if r.Stats.Errors > 0 {
+					withErrs = append(withErrs, r)
+				}
+			}
+			if len(withErrs) > 0 {
+				errs += ", in " + ms(func(s stats) float64 { return s.ErrP50 })(withErrs) + " ms p50"
+			}
 			if c.rate > 0 {
 				added := func(f func(stats) float64) string {
 					if v == base {
@@ -187,7 +197,7 @@ func writeReport(w io.Writer, m meta, variants []string, cases []loadCase, resul
 				s := r.Stats
 				errs := fmt.Sprint(s.Errors)
 				if s.Codes != "" {
-					errs += " (" + s.Codes + ")"
+					errs += " (" + s.Codes + ", p50 " + msf(s.ErrP50) + " ms)"
 				}
 				fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", c, v, r.Rep,
 					msf(s.P50), msf(s.P90), msf(s.P99), msf(s.P999), rps(s.Rate), rps(s.Throughput), percent(s.ServerCPU), percent(s.LoadCPU), errs)
