@@ -47,11 +47,12 @@ type options struct {
 	pin, keepLogs                                                      bool
 }
 
-// defaultCases are the cases of `make bench-overhead`: chat at 1, 32 and
-// 256 KiB under every load (256 KiB at 1,000 rps, 256 MB/s, is beyond
-// every variant, direct included), and /generate and a streamed chat at
-// the headline 32 KiB and 500 rps.
-const defaultCases = "1@200,1@500,1@1000,1@c20,32@200,32@500,32@1000,32@c20,256@200,256@500,256@c20,32/generate@500,32/stream@500"
+// defaultCases are the cases of `make bench-overhead`: chat at 1 and
+// 32 KiB at 200, 500 and 1,000 rps and with 20 workers; 256 KiB at 100 and
+// 200 rps and with 20 workers (Envoy alone serves 160-260 rps of 256 KiB
+// on one core, so 500 and 1,000 rps would only measure queues); and
+// /generate and a streamed chat at the headline 32 KiB and 500 rps.
+const defaultCases = "1@200,1@500,1@1000,1@c20,32@200,32@500,32@1000,32@c20,256@100,256@200,256@c20,32/generate@500,32/stream@500"
 
 // The floor processors run in this binary: they take duet's gRPC buffers
 // (see extproc.BufferPool).
@@ -217,17 +218,7 @@ func run(ctx context.Context, o options) (err error) {
 			"duet logs at info, Envoy at warn, SMG at warn%s", o.duration, o.warmup, o.reps, o.dp, duetEnvText(o.duetEnv)),
 	}
 	m.Notes = append(m.Notes,
-		"Variants: **direct**: a minimal hand-written bootstrap (one route to the engine, no ext_proc, no access log); "+
-			"**ext_proc floor**: the ext_proc only bootstrap (below) with a processor that decides nothing in duet's place "+
-			"(empty answers to the headers and the buffered body; this command's -serve-floor, with duet's gRPC server options, GOMAXPROCS=1): "+
-			"what Envoy's ext_proc costs by itself; **floor + body**: the same, but the body answer sends the body back as a body mutation "+
-			"with its content-length, the shape and size of duet's answer; **floor full-duplex**: request_body_mode FULL_DUPLEX_STREAMED "+
-			"(trailers SEND), the processor holding the headers until the body has arrived, then streaming it back unchanged; "+
-			"**ext_proc only**: the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) "+
-			"and without the json_to_metadata, sse_to_metadata and Lua filters; **duet aggregated**: that bootstrap as rendered, "+
-			"one engine in the decode pool; **duet PD**: the rendered bootstrap of one prefill and one decode engine (the mirror); "+
-			"**SMG aggregated** and **SMG PD**: the standalone router users pick instead (Shepherd Model Gateway, pip smg=="+smgVersion+
-			", Rust), no Envoy, cache_aware policies, in front of the same fake engines, pinned like the servers",
+		"Variants: "+variantsText(variants),
 		"Above a variant's capacity an open-loop run queues: its latencies then measure the queue, and 2xx rps is what it served")
 	if s := stacks[variantPD]; s != nil {
 		if note, err := mirrorNote(ctx, s.envoyAdmin); err == nil {
@@ -256,6 +247,33 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	fmt.Fprintf(os.Stderr, "overhead: wrote %s in %s\n", out, time.Since(began).Round(time.Second))
 	return nil
+}
+
+// variantDescriptions say what each variant runs, for the report.
+var variantDescriptions = map[string]string{
+	variantDirect: "a minimal hand-written bootstrap (one route to the engine, no ext_proc, no access log)",
+	variantFloor: "the ext_proc only bootstrap (below) with a processor that decides nothing in duet's place " +
+		"(empty answers to the headers and the buffered body; this command's -serve-floor, with duet's gRPC server options, GOMAXPROCS=1): " +
+		"what Envoy's ext_proc costs by itself",
+	variantFloorBody: "the same, but the body answer sends the body back as a body mutation with its content-length, " +
+		"the shape and size of duet's answer",
+	variantFloorDuplex: "request_body_mode FULL_DUPLEX_STREAMED (trailers SEND), the processor holding the headers until " +
+		"the body has arrived, then streaming it back unchanged",
+	variantExtProc: "the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) " +
+		"and without the json_to_metadata, sse_to_metadata and Lua filters",
+	variantAgg:   "the bootstrap `duet envoy-config` renders, one engine in the decode pool",
+	variantPD:    "the rendered bootstrap of one prefill and one decode engine (the mirror)",
+	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
+	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
+}
+
+// variantsText describes the variants that ran.
+func variantsText(variants []string) string {
+	parts := make([]string, 0, len(variants))
+	for _, v := range variants {
+		parts = append(parts, "**"+v+"**: "+variantDescriptions[v])
+	}
+	return strings.Join(parts, "; ")
 }
 
 // duetEnvText names -duet-env in the report, if given.

@@ -41,3 +41,11 @@ func TestParseVariants(t *testing.T) {
 		t.Error("an unknown variant was accepted")
 	}
 }
+
+func TestEveryVariantIsDescribed(t *testing.T) {
+	for _, v := range allVariants() {
+		if variantDescriptions[v] == "" {
+			t.Errorf("variant %q has no description for the report", v)
+		}
+	}
+}
