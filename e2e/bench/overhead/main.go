@@ -215,7 +215,9 @@ func run(ctx context.Context, o options) (err error) {
 			"open loop at fixed rates, closed loop with N workers (concurrency N); "+
 			"%s measured after %s of unrecorded warmup per run; variants alternate within each of %d repetitions; "+
 			"fake engine: duet-sim --dp-size %d --decode-ms-per-token 0 --prefill-ms-per-1k-tokens 0 (null mode, PD: prefill + decode modes); "+
-			"duet logs at info, Envoy at warn, SMG at warn%s", o.duration, o.warmup, o.reps, o.dp, duetEnvText(o.duetEnv)),
+			"duet with its default policies (prefill %s, decode and aggregated %s); "+
+			"duet logs at info, Envoy at warn, SMG at warn%s", o.duration, o.warmup, o.reps, o.dp,
+			duetPrefillPolicy, duetDecodePolicy, duetEnvText(o.duetEnv)),
 	}
 	m.Notes = append(m.Notes,
 		"Variants: "+variantsText(variants),

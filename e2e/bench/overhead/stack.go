@@ -108,7 +108,10 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	next := func() int { p := ports[0]; ports = ports[1:]; return p }
 	addr := func(p int) string { return "127.0.0.1:" + strconv.Itoa(p) }
 
-	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second, Pprof: pprof}
+	// duet's default policies (docs/configuration.md), as users run it; the
+	// harness's own default, round_robin, reads no prefix index.
+	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second, Pprof: pprof,
+		PrefillPolicy: duetPrefillPolicy, DecodePolicy: duetDecodePolicy}
 	spec := harness.SimSpec{DPSize: dp, Args: fastSim()}
 	startSim := func(name, mode string) (string, error) {
 		listen, boot := addr(next()), next()
@@ -211,6 +214,13 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	s.url = "http://" + addrs.EnvoyListen
 	return s, nil
 }
+
+// duet's default policies: cache_aware for prefill, least_tokens for decode
+// (and for an aggregated pool).
+const (
+	duetPrefillPolicy = "cache_aware"
+	duetDecodePolicy  = "least_tokens"
+)
 
 // smgVersion is the standalone router the SMG variants run (pip package
 // smg, installed into .venv by `make bench-overhead`).
