@@ -70,7 +70,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed e2e/bench/overhead/requirements.txt
 # floors, Envoy + duet (ext_proc only, aggregated, PD) and the standalone
 # router SMG, in front of fake engines that answer at once, alternating
 # variants, load generator and servers pinned to separate CPUs; regenerates
-# docs/benchmarks/overhead.md (about 25 minutes). OVERHEAD_FLAGS passes
+# docs/benchmarks/overhead.md (about 20 minutes). OVERHEAD_FLAGS passes
 # flags, e.g. OVERHEAD_FLAGS='-cases 32@500 -variants "duet aggregated" -reps 3'.
 bench-overhead: build envoy $(VENV)/.bench-installed
 	$(GO) run ./e2e/bench/overhead $(OVERHEAD_FLAGS)
