@@ -82,7 +82,7 @@ func (f floorProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			last = m.RequestHeaders.EndOfStream
 			if f.mode != floorDuplex || last {
-				out = append(out, headersResponse(nil))
+				out = append(out, headersResponse())
 			}
 		case *extprocv3.ProcessingRequest_RequestBody:
 			body = append(body, m.RequestBody.Body...)
@@ -99,15 +99,13 @@ func (f floorProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer
 				}))
 			case floorDuplex:
 				if last {
-					out = append(out, headersResponse(nil))
-					out = append(out, streamedBody(body)...)
+					out = append(out, duplexAnswer(body)...)
 				}
 			}
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			last = true
 			if f.mode == floorDuplex {
-				out = append(out, headersResponse(nil))
-				out = append(out, streamedBody(body)...)
+				out = append(out, duplexAnswer(body)...)
 			}
 			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 				RequestTrailers: &extprocv3.TrailersResponse{},
@@ -126,10 +124,17 @@ func (f floorProcessor) Process(stream extprocv3.ExternalProcessor_ProcessServer
 	}
 }
 
-func headersResponse(c *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+// headersResponse lets the request headers through unchanged.
+func headersResponse() *extprocv3.ProcessingResponse {
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-		RequestHeaders: &extprocv3.HeadersResponse{Response: c},
+		RequestHeaders: &extprocv3.HeadersResponse{},
 	}}
+}
+
+// duplexAnswer is the duplex floor's answer once the whole request has
+// arrived: the held headers, then the body streamed back.
+func duplexAnswer(body []byte) []*extprocv3.ProcessingResponse {
+	return append([]*extprocv3.ProcessingResponse{headersResponse()}, streamedBody(body)...)
 }
 
 func bodyResponse(c *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {

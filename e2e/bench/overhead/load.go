@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -111,9 +110,7 @@ func distinct(base string, c loadCase, body []byte, at int) vegeta.Targeter {
 	url := base + c.path()
 	return func(t *vegeta.Target) error {
 		b := bytes.Clone(body)
-		num := strconv.AppendUint(nil, n.Add(1), 10)
-		copy(b[at:at+counterDigits], strings.Repeat("0", counterDigits-len(num)))
-		copy(b[at+counterDigits-len(num):], num)
+		copy(b[at:], fmt.Sprintf("%0*d", counterDigits, n.Add(1)))
 		t.Method, t.URL, t.Body, t.Header = "POST", url, b, header
 		return nil
 	}

@@ -149,17 +149,8 @@ func (r *runner) scenario(ctx context.Context, sc scenario) (scenarioReport, err
 	if r.opts.rate > 0 {
 		rate = r.opts.rate
 	} else if sc.goodput != nil {
-		for _, rt := range rts {
-			goodput[rt.name] = make([]float64, len(seeds))
-		}
-		err := r.perSeed(ctx, seeds, func(ctx context.Context, seed uint64) error {
-			return forEach(ctx, rts, func(ctx context.Context, rt routing) error {
-				g, err := r.goodput(ctx, sc, rt, seed)
-				r.mu.Lock()
-				goodput[rt.name][seed-1] = g
-				r.mu.Unlock()
-				return err
-			})
+		goodput, err = perSeedRouting(ctx, r, seeds, rts, func(ctx context.Context, rt routing, seed uint64) (float64, error) {
+			return r.goodput(ctx, sc, rt, seed)
 		})
 		if err != nil {
 			return sr, err
@@ -175,20 +166,8 @@ func (r *runner) scenario(ctx context.Context, sc scenario) (scenarioReport, err
 		return sr, fmt.Errorf("%s: no rate to compare at (engine default goodput 0)", sc.name)
 	}
 	sr.Rate, sr.RequestRate = rate, rate*reqPerSession
-	summaries := map[string][]clustersim.Summary{}
-	for _, rt := range rts {
-		summaries[rt.name] = make([]clustersim.Summary, len(seeds))
-	}
-	err = r.perSeed(ctx, seeds, func(ctx context.Context, seed uint64) error {
-		return forEach(ctx, rts, func(ctx context.Context, rt routing) error {
-			s, err := r.summary(ctx, sc, rate, rt, seed)
-			if err == nil {
-				r.mu.Lock()
-				summaries[rt.name][seed-1] = s
-				r.mu.Unlock()
-			}
-			return err
-		})
+	summaries, err := perSeedRouting(ctx, r, seeds, rts, func(ctx context.Context, rt routing, seed uint64) (clustersim.Summary, error) {
+		return r.summary(ctx, sc, rate, rt, seed)
 	})
 	if err != nil {
 		return sr, err
@@ -230,6 +209,30 @@ func (r *runner) perSeed(ctx context.Context, seeds []uint64, f func(context.Con
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// perSeedRouting runs f for every seed (as perSeed does) and every routing
+// (concurrently, as forEach does) and returns the results by routing name,
+// indexed by seed-1.
+func perSeedRouting[T any](ctx context.Context, r *runner, seeds []uint64, rts []routing,
+	f func(context.Context, routing, uint64) (T, error)) (map[string][]T, error) {
+	out := make(map[string][]T, len(rts))
+	for _, rt := range rts {
+		out[rt.name] = make([]T, len(seeds))
+	}
+	err := r.perSeed(ctx, seeds, func(ctx context.Context, seed uint64) error {
+		return forEach(ctx, rts, func(ctx context.Context, rt routing) error {
+			v, err := f(ctx, rt, seed)
+			if err != nil {
+				return err
+			}
+			r.mu.Lock()
+			out[rt.name][seed-1] = v
+			r.mu.Unlock()
+			return nil
+		})
+	})
+	return out, err
 }
 
 // forEach runs f for every routing concurrently (the runner bounds the
