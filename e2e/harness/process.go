@@ -53,6 +53,9 @@ func runProcess(logPath string, flag int, name string, argv []string) (*Process,
 	return p, nil
 }
 
+// Pid is the process's id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has ended.
 func (p *Process) Exited() bool {
 	select {

@@ -133,6 +133,9 @@ type sample struct {
 	// loadBusy and serverBusy are the busy shares of the load generator's
 	// and the servers' CPUs while it ran (-1: unknown).
 	loadBusy, serverBusy float64
+	// cpuPerReq is each role's CPU time per request sent, µs (nil:
+	// unknown).
+	cpuPerReq map[string]float64
 }
 
 // stats summarize a sample.
@@ -145,6 +148,9 @@ type stats struct {
 	// LoadCPU and ServerCPU are the busy shares of the load generator's
 	// and the servers' CPUs (-1: unknown).
 	LoadCPU, ServerCPU float64
+	// CPUPerReq is each role's (roleProxy, roleProcessor, roleEngines) CPU
+	// time per request sent, µs; absent roles are not in the variant.
+	CPUPerReq map[string]float64
 	// Errors counts non-2xx answers and transport errors; Codes lists
 	// them, e.g. "503×3 err×1"; ErrP50 is their median latency (ms), which
 	// tells a shed request (answered at once) from one that timed out.
@@ -161,6 +167,7 @@ func summarize(s sample) stats {
 		P50: bench.Percentile(sorted, 50), P90: bench.Percentile(sorted, 90),
 		P99: bench.Percentile(sorted, 99), P999: bench.Percentile(sorted, 99.9),
 		Sent: len(s.latencies), OK: s.ok, LoadCPU: s.loadBusy, ServerCPU: s.serverBusy,
+		CPUPerReq: s.cpuPerReq,
 	}
 	if secs := s.sendSpan.Seconds(); secs > 0 && st.Sent > 1 {
 		// n requests sent at a steady rate span n-1 intervals.
@@ -229,8 +236,9 @@ func attack(ctx context.Context, client *http.Client, target vegeta.Targeter, c 
 // measure sends c's load to url with vegeta, every body distinct, for warmup (not recorded),
 // then for duration, on the same connections (client), noting how busy the
 // CPUs named loadCPU and serverCPU (as in /proc/stat, e.g. "cpu0"; empty:
-// not noted) were meanwhile.
-func measure(ctx context.Context, client *http.Client, url string, c loadCase, warmup, duration time.Duration, loadCPU, serverCPU string) (sample, error) {
+// not noted) were meanwhile, and how much CPU time the processes in pids
+// (by role) used per request.
+func measure(ctx context.Context, client *http.Client, url string, c loadCase, warmup, duration time.Duration, loadCPU, serverCPU string, pids map[string][]int) (sample, error) {
 	body, at := requestBody(c)
 	target := distinct(url, c, body, at)
 	if warmup > 0 {
@@ -242,7 +250,7 @@ func measure(ctx context.Context, client *http.Client, url string, c loadCase, w
 	}
 	s := sample{codes: map[int]int{}}
 	var first, lastStart, last time.Time
-	before := readProcStat()
+	before, beforeRoles := readProcStat(), roleCPU(pids)
 	for r := range attack(ctx, client, target, c, duration, c.String()) {
 		if first.IsZero() || r.Timestamp.Before(first) {
 			first = r.Timestamp
@@ -268,7 +276,8 @@ func measure(ctx context.Context, client *http.Client, url string, c loadCase, w
 	if err := ctx.Err(); err != nil {
 		return sample{}, fmt.Errorf("measure %s: %w", c, err)
 	}
-	after := readProcStat()
+	after, afterRoles := readProcStat(), roleCPU(pids)
+	s.cpuPerReq = cpuPerRequest(beforeRoles, afterRoles, len(s.latencies))
 	s.loadBusy, s.serverBusy = busyShare(before, after, loadCPU), busyShare(before, after, serverCPU)
 	s.sendSpan, s.wall = lastStart.Sub(first), last.Sub(first)
 	return s, nil

@@ -140,6 +140,11 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return fmt.Errorf("envoy version: %w", err)
 	}
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return fmt.Errorf("profile dir: %w", err)
+		}
+	}
 	dir := o.logDir
 	if dir == "" {
 		if dir, err = os.MkdirTemp("", "duet-overhead-"); err != nil {
@@ -184,7 +189,7 @@ func run(ctx context.Context, o options) (err error) {
 					prof = startProfile(ctx, stacks[v].duetAdmin, secs, o.profile, fmt.Sprintf("%s-%s-rep%d", c, v, rep))
 				}
 				client := newClient()
-				smp, err := measure(ctx, client, stacks[v].url, c, o.warmup, o.duration, loadCPU, serverCPU)
+				smp, err := measure(ctx, client, stacks[v].url, c, o.warmup, o.duration, loadCPU, serverCPU, stacks[v].pids())
 				client.CloseIdleConnections()
 				if err != nil {
 					return fmt.Errorf("%s, %s, rep %d: %w", v, c, rep, err)
@@ -195,8 +200,9 @@ func run(ctx context.Context, o options) (err error) {
 					}
 				}
 				st := summarize(smp)
-				fmt.Fprintf(os.Stderr, "rep %d  %-34s %-18s p50 %7s p99 %7s  sent %6.0f/s  2xx %6.0f/s  cpu load %s server %s  errors %d %s\n",
-					rep, c, v, msf(st.P50), msf(st.P99), st.Rate, st.Throughput, percent(st.LoadCPU), percent(st.ServerCPU), st.Errors, smp.firstError)
+				fmt.Fprintf(os.Stderr, "rep %d  %-34s %-18s p50 %7s p99 %7s  sent %6.0f/s  2xx %6.0f/s  cpu load %s server %s  µs/req %.0f/%.0f/%.0f  errors %d %s\n",
+					rep, c, v, msf(st.P50), msf(st.P99), st.Rate, st.Throughput, percent(st.LoadCPU), percent(st.ServerCPU),
+					st.CPUPerReq[roleProxy], st.CPUPerReq[roleProcessor], st.CPUPerReq[roleEngines], st.Errors, smp.firstError)
 				results = append(results, result{Variant: v, Case: c, Rep: rep, Stats: st})
 			}
 		}

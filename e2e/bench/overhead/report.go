@@ -189,6 +189,7 @@ func writeReport(w io.Writer, m meta, variants []string, cases []loadCase, resul
 			}
 		}
 	}
+	writeCPUPerRequest(&b, variants, cases, results)
 	b.WriteString("\n## Every repetition\n\nServer CPU and load CPU are how busy the servers' core and the load generator's core were during the run.\n\n" +
 		"| case | variant | rep | p50 | p90 | p99 | p99.9 | sent rps | 2xx rps | server CPU | load CPU | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range cases {
@@ -205,6 +206,61 @@ func writeReport(w io.Writer, m meta, variants []string, cases []loadCase, resul
 		}
 	}
 	return writeOut(w, &b)
+}
+
+// writeCPUPerRequest writes, per case, each variant's CPU time per request
+// by role and in all, and the total's difference to the baseline (the first
+// variant) per repetition: what a variant costs the shared core, which is
+// steadier than its latency and sets its throughput on that core.
+func writeCPUPerRequest(b *strings.Builder, variants []string, cases []loadCase, results []result) {
+	b.WriteString("\n## CPU per request\n\n" +
+		"CPU time (user + system, every thread, from /proc/<pid>/stat in 10 ms ticks) that each role's processes used during a run, " +
+		"divided by the requests sent, in µs: **proxy** is Envoy (SMG for the SMG variants), **processor** duet or the floor processor, " +
+		"**engines** the fake engines (two in PD). Ranges over the repetitions; \"added\" pairs each repetition's total with the baseline's.\n")
+	total := func(s stats) float64 {
+		var t float64
+		for _, v := range s.CPUPerReq {
+			t += v
+		}
+		return t
+	}
+	us := func(v float64) string { return fmt.Sprintf("%.0f", v) }
+	base := variants[0]
+	for _, c := range cases {
+		baseRs := pick(results, base, c)
+		var rows strings.Builder
+		for _, v := range variants {
+			rs := pick(results, v, c)
+			if len(rs) == 0 || rs[0].Stats.CPUPerReq == nil {
+				continue
+			}
+			fmt.Fprintf(&rows, "| %s", v)
+			for _, role := range roles {
+				cell := "—"
+				if _, ok := rs[0].Stats.CPUPerReq[role]; ok {
+					cell = span(values(rs, func(s stats) float64 { return s.CPUPerReq[role] }), us)
+				}
+				fmt.Fprintf(&rows, " | %s", cell)
+			}
+			added := "—"
+			if v != base {
+				added = span(paired(rs, baseRs, total, func(a, b float64) float64 { return a - b }), signedUs)
+			}
+			fmt.Fprintf(&rows, " | %s | %s |\n", span(values(rs, total), us), added)
+		}
+		if rows.Len() == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "\n### %s\n\n| variant | proxy | processor | engines | total | added |\n|---|---|---|---|---|---|\n%s", c, rows.String())
+	}
+}
+
+// signedUs formats a difference in µs with its sign.
+func signedUs(v float64) string {
+	if v >= 0 {
+		return fmt.Sprintf("+%.0f", v)
+	}
+	return fmt.Sprintf("−%.0f", -v)
 }
 
 // writeOut writes b to w.

@@ -31,8 +31,10 @@ func TestWriteReport(t *testing.T) {
 	for rep := 1; rep <= 2; rep++ {
 		f := float64(rep)
 		results = append(results,
-			result{Variant: variantDirect, Case: open, Rep: rep, Stats: stats{P50: f, P99: 2 * f, Rate: 200, Throughput: 200, ServerCPU: 0.2 * f, LoadCPU: -1}},
-			result{Variant: variantAgg, Case: open, Rep: rep, Stats: stats{P50: f + 3, P99: 2*f + 5, Rate: 199, Throughput: 198, ServerCPU: 0.5, LoadCPU: 0.1, Errors: 1, Codes: "503×1", ErrP50: 0.4 * f}},
+			result{Variant: variantDirect, Case: open, Rep: rep, Stats: stats{P50: f, P99: 2 * f, Rate: 200, Throughput: 200, ServerCPU: 0.2 * f, LoadCPU: -1,
+				CPUPerReq: map[string]float64{roleProxy: 100 * f, roleEngines: 50}}},
+			result{Variant: variantAgg, Case: open, Rep: rep, Stats: stats{P50: f + 3, P99: 2*f + 5, Rate: 199, Throughput: 198, ServerCPU: 0.5, LoadCPU: 0.1, Errors: 1, Codes: "503×1", ErrP50: 0.4 * f,
+				CPUPerReq: map[string]float64{roleProxy: 300, roleProcessor: 200 + f, roleEngines: 50}}},
 			result{Variant: variantDirect, Case: closed, Rep: rep, Stats: stats{Throughput: 1000 * f, ServerCPU: 1, LoadCPU: 0.3}},
 			result{Variant: variantAgg, Case: closed, Rep: rep, Stats: stats{Throughput: 400 * f, ServerCPU: 1, LoadCPU: -1}},
 		)
@@ -48,10 +50,18 @@ func TestWriteReport(t *testing.T) {
 		"| duet aggregated | 4.00–5.00 | 0.00 | 7.00–9.00 | 0.00 | +3.00 | +5.00 | 199 | 198 | 50 % | 1, in 0.40–0.80 ms p50 |",
 		"| direct | 1,000–2,000 | — | 0.00 | 0.00 | 0.00 | 100 % | 30 % | 0 |",
 		"| duet aggregated | 400–800 | 0.40× | 0.00 | 0.00 | 0.00 | 100 % | — | 0 |",
+		"### 32 KiB, 200 rps\n\n| variant | proxy | processor | engines | total | added |",
+		"| direct | 100–200 | — | 50 | 150–250 | — |",
+		// Totals 551 and 552 against direct's 150 and 250.
+		"| duet aggregated | 300 | 201–202 | 50 | 551–552 | +302–+401 |",
 		"| 32 KiB, 200 rps | duet aggregated | 2 | 5.00 | 0.00 | 9.00 | 0.00 | 199 | 198 | 50 % | 10 % | 1 (503×1, p50 0.80 ms) |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
+	}
+	// The closed-loop case has no CPU per request: no table for it.
+	if strings.Contains(out, "### 1 KiB, concurrency 20") {
+		t.Errorf("a CPU table for a case without CPU figures:\n%s", out)
 	}
 }

@@ -285,6 +285,25 @@ func (s *stack) start(dir, name string, argv []string) (*harness.Process, error)
 	return p, nil
 }
 
+// processRoles maps the names stack.start gives its processes to their
+// roles.
+var processRoles = map[string]string{
+	"envoy": roleProxy, "smg": roleProxy,
+	"duet": roleProcessor, "floor": roleProcessor,
+	"prefill": roleEngines, "decode": roleEngines,
+}
+
+// pids lists the stack's process ids by role.
+func (s *stack) pids() map[string][]int {
+	out := map[string][]int{}
+	for _, p := range s.procs {
+		if role, ok := processRoles[p.Name]; ok {
+			out[role] = append(out[role], p.Pid())
+		}
+	}
+	return out
+}
+
 // close stops every process, Envoy first.
 func (s *stack) close() error {
 	var errs []error
