@@ -26,8 +26,11 @@ func Describe(route Route, raw []byte) (scheduler.Request, error) {
 // body: model, prompt (rendered in a stable text form, or token ids),
 // requested output length and number of items. The prompt of a batch is
 // its first item: it keys the prefix index, and the token estimate is
-// scaled by Items.
+// scaled by Items. A text prompt is written over req.Prompt's memory
+// (req.Prompt[:0]), so a caller can hand in a reused buffer.
 func describe(route Route, b *Body, req *scheduler.Request) {
+	dst := req.Prompt[:0]
+	req.Prompt = nil
 	// A clone: gjson's string would share the memory of the whole body, and
 	// the model outlives the request (reservations, per-model estimates).
 	req.Model = strings.Clone(b.field("model").String())
@@ -41,40 +44,41 @@ func describe(route Route, b *Body, req *scheduler.Request) {
 	}
 	switch route {
 	case RouteChat:
-		req.Prompt = renderMessages(b.field("messages"), nil)
+		req.Prompt = renderMessages(dst, b.field("messages"))
 	case RouteCompletions:
 		prompt := b.field("prompt")
 		if prompt.IsArray() && b.Batch > 0 {
 			prompt = prompt.Get("0")
 		}
-		setPrompt(prompt, req)
+		setPrompt(dst, prompt, req)
 	case RouteGenerate:
 		if text := b.field("text"); text.Exists() {
 			if text.IsArray() {
 				text = text.Get("0")
 			}
-			req.Prompt = []byte(text.String())
+			req.Prompt = append(dst, text.String()...)
 		} else {
 			ids := b.field("input_ids")
 			if b.Batch > 0 {
 				ids = ids.Get("0")
 			}
-			setPrompt(ids, req)
+			setPrompt(dst, ids, req)
 		}
 	case RouteResponses:
 		input := b.field("input")
 		if input.IsArray() {
-			req.Prompt = renderMessages(input, []byte(b.field("instructions").String()))
+			req.Prompt = renderMessages(append(dst, b.field("instructions").String()...), input)
 		} else {
-			req.Prompt = append([]byte(b.field("instructions").String()), input.String()...)
+			req.Prompt = append(append(dst, b.field("instructions").String()...), input.String()...)
 		}
 	}
 }
 
-// setPrompt takes a prompt that is either text or a list of token ids.
-func setPrompt(v gjson.Result, req *scheduler.Request) {
+// setPrompt takes a prompt that is either text (appended to dst) or a list
+// of token ids.
+func setPrompt(dst []byte, v gjson.Result, req *scheduler.Request) {
 	if !v.IsArray() {
-		req.Prompt = []byte(v.String())
+		req.Prompt = append(dst, v.String()...)
 		return
 	}
 	ids := v.Array()
@@ -84,11 +88,10 @@ func setPrompt(v gjson.Result, req *scheduler.Request) {
 	}
 }
 
-// renderMessages renders chat messages as "role\ncontent\n" per message,
-// content parts joined, after prefix. Equal conversations render equally,
-// and a conversation that grows keeps its earlier rendering as a prefix.
-func renderMessages(msgs gjson.Result, prefix []byte) []byte {
-	out := append([]byte(nil), prefix...)
+// renderMessages appends chat messages to out as "role\ncontent\n" per
+// message, content parts joined. Equal conversations render equally, and a
+// conversation that grows keeps its earlier rendering as a prefix.
+func renderMessages(out []byte, msgs gjson.Result) []byte {
 	msgs.ForEach(func(_, m gjson.Result) bool {
 		out = append(out, m.Get("role").String()...)
 		out = append(out, '\n')

@@ -88,3 +88,38 @@ func TestDescribeModelDoesNotPinBody(t *testing.T) {
 	}
 	runtime.KeepAlive(model)
 }
+
+// describe writes a text prompt over the buffer it is handed, whatever that
+// held before, and token ids leave Prompt empty.
+func TestDescribeReusesPromptBuffer(t *testing.T) {
+	tests := []struct {
+		name   string
+		route  Route
+		body   string
+		prompt string
+	}{
+		{"chat", RouteChat, `{"messages":[{"role":"user","content":"hi"}]}`, "user\nhi\n"},
+		{"completions", RouteCompletions, `{"prompt":"Once"}`, "Once"},
+		{"generate", RouteGenerate, `{"text":"hello"}`, "hello"},
+		{"responses", RouteResponses, `{"instructions":"I.","input":[{"role":"user","content":"q"}]}`, "I.user\nq\n"},
+		{"token ids", RouteGenerate, `{"input_ids":[1,2]}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := ParseBody(tt.route, []byte(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 0, 64)
+			buf = append(buf, "stale prompt of an earlier request"...)
+			req := scheduler.Request{Prompt: buf}
+			describe(tt.route, b, &req)
+			if string(req.Prompt) != tt.prompt {
+				t.Fatalf("prompt %q, want %q", req.Prompt, tt.prompt)
+			}
+			if len(req.Prompt) > 0 && &req.Prompt[0] != &buf[:1][0] {
+				t.Error("the prompt did not reuse the buffer it was handed")
+			}
+		})
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -345,5 +347,52 @@ func TestDecodeFallbackHost(t *testing.T) {
 				t.Errorf("%s = %q, want %q", HeaderDecodeEndpoint, h[HeaderDecodeEndpoint], tt.want)
 			}
 		})
+	}
+}
+
+// promptRecorder is a Picker that copies each request's prompt while Pick
+// runs, the only time the prompt is valid.
+type promptRecorder struct {
+	mu      sync.Mutex
+	prompts []string
+}
+
+func (p *promptRecorder) Pick(_ context.Context, req *scheduler.Request) (scheduler.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prompts = append(p.prompts, string(req.Prompt))
+	return aggPick, nil
+}
+
+// Prompt buffers are reused from request to request: a short prompt after a
+// long one, and one after a request with token ids, carry nothing of the
+// earlier ones.
+func TestPromptBuffersAreReused(t *testing.T) {
+	rec := &promptRecorder{}
+	c := client(t, rec, 1<<20)
+	long := strings.Repeat("long ", 4000)
+	steps := []struct {
+		path, body, want string
+	}{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"` + long + `"}]}`, "user\n" + long + "\n"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"short"}]}`, "user\nshort\n"},
+		{"/generate", `{"input_ids":[1,2,3]}`, ""},
+		{"/generate", `{"text":"next"}`, "next"},
+	}
+	for _, st := range steps {
+		resp := exchange(t, c, "POST", st.path, nil, []byte(st.body))
+		if common(resp).GetBodyMutation() == nil {
+			t.Fatalf("%s: no body mutation: %v", st.body[:20], resp)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.prompts) != len(steps) {
+		t.Fatalf("%d picks, want %d", len(rec.prompts), len(steps))
+	}
+	for i, st := range steps {
+		if rec.prompts[i] != st.want {
+			t.Errorf("request %d: prompt of %d bytes %.40q, want %d bytes %.40q", i, len(rec.prompts[i]), rec.prompts[i], len(st.want), st.want)
+		}
 	}
 }

@@ -21,7 +21,8 @@ type Request struct {
 	Model string
 	// Prompt is the prompt in a stable text form (chat messages rendered by
 	// the caller); it feeds the token estimate and the prefix index. Ignored
-	// when TokenIDs is set.
+	// when TokenIDs is set. It is valid only during Pick: the caller reuses
+	// its memory afterwards, so neither Pick nor a Policy may keep it.
 	Prompt []byte
 	// TokenIDs is the prompt as token ids, when the client sent them.
 	TokenIDs []int64
