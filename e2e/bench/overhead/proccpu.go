@@ -79,13 +79,19 @@ func readProcs() map[int]procStat {
 	return out
 }
 
-// treeCPU sums the CPU time of roots and all their descendants in procs
-// (SMG's launcher starts its router as a child).
-func treeCPU(procs map[int]procStat, roots []int) time.Duration {
+// childrenOf maps each process in procs to its children.
+func childrenOf(procs map[int]procStat) map[int][]int {
 	children := map[int][]int{}
 	for pid, st := range procs {
 		children[st.ppid] = append(children[st.ppid], pid)
 	}
+	return children
+}
+
+// treeCPU sums the CPU time of roots and all their descendants in procs,
+// whose children childrenOf lists (SMG's launcher starts its router as a
+// child).
+func treeCPU(procs map[int]procStat, children map[int][]int, roots []int) time.Duration {
 	var ticks uint64
 	seen := map[int]bool{}
 	queue := append([]int(nil), roots...)
@@ -111,9 +117,10 @@ func roleCPU(pids map[string][]int) map[string]time.Duration {
 		return nil
 	}
 	procs := readProcs()
+	children := childrenOf(procs)
 	out := make(map[string]time.Duration, len(pids))
 	for role, roots := range pids {
-		out[role] = treeCPU(procs, roots)
+		out[role] = treeCPU(procs, children, roots)
 	}
 	return out
 }

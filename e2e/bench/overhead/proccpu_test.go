@@ -43,10 +43,11 @@ func TestTreeCPU(t *testing.T) {
 		20: {ppid: 1, ticks: 7},   // another root
 		30: {ppid: 1, ticks: 500}, // not asked for
 	}
-	if got, want := treeCPU(procs, []int{10, 20}), 1070*time.Millisecond; got != want {
+	children := childrenOf(procs)
+	if got, want := treeCPU(procs, children, []int{10, 20}), 1070*time.Millisecond; got != want {
 		t.Errorf("treeCPU = %v, want %v", got, want)
 	}
-	if got := treeCPU(procs, []int{99}); got != 0 {
+	if got := treeCPU(procs, children, []int{99}); got != 0 {
 		t.Errorf("treeCPU of a gone process = %v, want 0", got)
 	}
 }

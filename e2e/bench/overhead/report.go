@@ -49,11 +49,14 @@ func msf(v float64) string {
 }
 
 // signedMs formats a latency difference in ms with its sign.
-func signedMs(v float64) string {
+func signedMs(v float64) string { return withSign(v, msf) }
+
+// withSign formats a difference with f and its sign, "+" or "−".
+func withSign(v float64, f func(float64) string) string {
 	if v >= 0 {
-		return "+" + msf(v)
+		return "+" + f(v)
 	}
-	return "−" + msf(-v)
+	return "−" + f(-v)
 }
 
 // rps formats a rate with thousands separators, e.g. "1,234".
@@ -244,7 +247,8 @@ func writeCPUPerRequest(b *strings.Builder, variants []string, cases []loadCase,
 			}
 			added := "—"
 			if v != base {
-				added = span(paired(rs, baseRs, total, func(a, b float64) float64 { return a - b }), signedUs)
+				added = span(paired(rs, baseRs, total, func(a, b float64) float64 { return a - b }),
+					func(x float64) string { return withSign(x, us) })
 			}
 			fmt.Fprintf(&rows, " | %s | %s |\n", span(values(rs, total), us), added)
 		}
@@ -253,14 +257,6 @@ func writeCPUPerRequest(b *strings.Builder, variants []string, cases []loadCase,
 		}
 		fmt.Fprintf(b, "\n### %s\n\n| variant | proxy | processor | engines | total | added |\n|---|---|---|---|---|---|\n%s", c, rows.String())
 	}
-}
-
-// signedUs formats a difference in µs with its sign.
-func signedUs(v float64) string {
-	if v >= 0 {
-		return fmt.Sprintf("+%.0f", v)
-	}
-	return fmt.Sprintf("−%.0f", -v)
 }
 
 // writeOut writes b to w.
