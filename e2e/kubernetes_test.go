@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -135,6 +137,29 @@ func podSlice(service, pod, ip string, ready bool, ports map[string]int) *discov
 	return s
 }
 
+// chat sends one non-streamed chat request with the given request ID
+// through Envoy at envoyURL and returns the engine that answered it (its
+// X-Sim-Server header); anything but a 200 is an error.
+func chat(ctx context.Context, envoyURL, id string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envoyURL+"/v1/chat/completions",
+		bytes.NewReader(chatBody(false, "")))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("x-request-id", id)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("request %s: %w", id, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("request %s: status %d: %s", id, resp.StatusCode, body)
+	}
+	return resp.Header.Get("X-Sim-Server"), nil
+}
+
 // TestKubernetesDiscovery runs duet with Kubernetes discovery (an
 // in-memory API server reached through a kubeconfig) behind the Envoy
 // bootstrap `duet envoy-config` renders for it, whose engine clusters
@@ -257,29 +282,37 @@ envoy: {listen: "127.0.0.1:%d", admin: "127.0.0.1:%d"}
 	procs = append(procs, envoy)
 
 	envoyURL := fmt.Sprintf("http://127.0.0.1:%d", envoyPort)
-	// chats sends n chat requests; each must succeed. It counts the decode
-	// engines that served them.
+	// chats sends n chat requests at once; each must succeed. It counts the
+	// decode engines that served them. The requests overlap on purpose: with
+	// one request at a time every engine is idle at each pick, and
+	// least_tokens gives ties to the first candidate, so a new engine would
+	// be chosen only when a scrape happened to catch the old one busy.
+	// Overlapping requests hold reservations, which is what spreads them.
 	chats := func(phase string, n int) map[string]int {
 		t.Helper()
-		got := map[string]int{}
+		type result struct {
+			server string
+			err    error
+		}
+		results := make(chan result, n)
 		for i := range n {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, envoyURL+"/v1/chat/completions",
-				strings.NewReader(string(chatBody(false, ""))))
-			if err != nil {
-				t.Fatal(err)
+			go func() {
+				server, err := chat(ctx, envoyURL, requestID(t, i)+"-"+phase)
+				results <- result{server, err}
+			}()
+		}
+		got := map[string]int{}
+		var errs []error
+		for range n {
+			r := <-results
+			if r.err != nil {
+				errs = append(errs, r.err)
+				continue
 			}
-			req.Header.Set("content-type", "application/json")
-			req.Header.Set("x-request-id", requestID(t, i)+"-"+phase)
-			resp, err := httpClient.Do(req)
-			if err != nil {
-				t.Fatalf("%s: request %d: %v", phase, i, err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%s: request %d: status %d: %s", phase, i, resp.StatusCode, body)
-			}
-			got[resp.Header.Get("X-Sim-Server")]++
+			got[r.server]++
+		}
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("%s: %v", phase, err)
 		}
 		return got
 	}
