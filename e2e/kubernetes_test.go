@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -141,19 +140,13 @@ func podSlice(service, pod, ip string, ready bool, ports map[string]int) *discov
 // through Envoy at envoyURL and returns the engine that answered it (its
 // X-Sim-Server header); anything but a 200 is an error.
 func chat(ctx context.Context, envoyURL, id string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, envoyURL+"/v1/chat/completions",
-		bytes.NewReader(chatBody(false, "")))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("content-type", "application/json")
-	req.Header.Set("x-request-id", id)
-	resp, err := httpClient.Do(req)
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, body, err := harness.Send(ctx, envoyURL, http.MethodPost, "/v1/chat/completions",
+		map[string]string{"x-request-id": id}, chatBody(false, ""))
 	if err != nil {
 		return "", fmt.Errorf("request %s: %w", id, err)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("request %s: status %d: %s", id, resp.StatusCode, body)
 	}

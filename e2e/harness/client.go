@@ -25,11 +25,17 @@ import (
 // sets content-type), and returns the response with its whole body, already
 // read and closed.
 func (s *Stack) Send(ctx context.Context, method, path string, hdr map[string]string, body []byte) (*http.Response, []byte, error) {
+	return Send(ctx, s.EnvoyURL, method, path, hdr, body)
+}
+
+// Send sends a request to the Envoy at baseURL, as [Stack.Send] does, for
+// tests that run their own Envoy rather than a Stack.
+func Send(ctx context.Context, baseURL, method, path string, hdr map[string]string, body []byte) (*http.Response, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, s.EnvoyURL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, rd)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
