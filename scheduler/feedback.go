@@ -31,7 +31,7 @@ type Feedback struct {
 // engine-reported prompt length. A leg whose Address and Rank name no known
 // target is ignored for health.
 func (s *Scheduler) Complete(f Feedback) {
-	model, promptBytes, ok := s.ledger.release(f.RequestID, f.Role)
+	model, promptBytes, ok := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)
 	if ok && f.PromptTokens > 0 {
 		s.tokens.Observe(model, promptBytes, f.PromptTokens)
 	}

@@ -49,6 +49,9 @@ type ledger struct {
 	// counts a prefill target's load as the larger of its scraped pending
 	// tokens and its holds (unless LoadConfig.PrefillCovered).
 	prefillInFlight bool
+	// legEnded, if set, is told of every leg that ends (its feedback, the
+	// whole request's, or the ttl), once per leg, with mu held.
+	legEnded func(LegReport)
 }
 
 // targetState is one target's entry. Snapshots point at it, so it lives
@@ -64,9 +67,12 @@ type targetState struct {
 	waiting   int
 	scrapedAt int64 // when the last successful scrape finished, Unix ns; 0: never
 	reserved  int64
-	picked    uint64 // times chosen since the entry was created (Status)
-	holds     map[*hold]struct{}
-	removed   bool // dropped from the ledger; stale snapshots may still point here
+	// reservedWork is the part of reserved that duet expects the engine to
+	// compute: each hold's tokens less the prefix duet believed cached.
+	reservedWork int64
+	picked       uint64 // times chosen since the entry was created (Status)
+	holds        map[*hold]struct{}
+	removed      bool // dropped from the ledger; stale snapshots may still point here
 	// health is the target's own health record and endpoint its endpoint's
 	// (see health.go); picks skip the target while either is ejected.
 	health, endpoint *healthState
@@ -86,6 +92,17 @@ type reservation struct {
 	promptBytes int
 	holds       []*hold
 	emptySince  time.Time // when the last hold ended; zero while holds remain
+	// legs remember each role's target until its leg is reported to
+	// legEnded, even after a covering scrape ended the hold.
+	legs []legRecord
+}
+
+// legRecord is one leg of a reservation, kept for LegReport.
+type legRecord struct {
+	role         Role
+	target       *targetState
+	tokens, work int64
+	reported     bool
 }
 
 // hold is a reservation's tokens on one target.
@@ -94,6 +111,7 @@ type hold struct {
 	target *targetState
 	role   Role
 	tokens int64
+	work   int64 // tokens less the believed cached prefix (<= tokens)
 }
 
 func newLedger(coverDelay, staleAfter, ttl time.Duration) *ledger {
@@ -139,9 +157,10 @@ func (l *ledger) freshSince(now time.Time) int64 {
 // loadSince is load with the freshness cutoff computed once per pick.
 // Caller holds mu.
 func (l *ledger) loadSince(ts *targetState, freshSince int64) Load {
-	ld := Load{Tokens: ts.reserved, Reserved: ts.reserved}
+	ld := Load{Tokens: ts.reserved, Reserved: ts.reserved, ReservedWork: ts.reservedWork}
 	if ts.scrapedAt != 0 && ts.scrapedAt >= freshSince {
 		ld.Fresh = true
+		ld.Scraped = ts.scraped
 		if l.prefillInFlight && ts.role == RolePrefill {
 			ld.Tokens = max(ts.reserved, ts.scraped)
 		} else {
@@ -153,33 +172,74 @@ func (l *ledger) loadSince(ts *targetState, freshSince int64) Load {
 	return ld
 }
 
-// reserve adds tokens on ts for request id. Caller holds mu.
+// reserve adds tokens on ts for request id, all of them work. Caller
+// holds mu.
 func (l *ledger) reserve(ts *targetState, id string, role Role, tokens int64, now time.Time, model string, promptBytes int) {
+	l.reserveWork(ts, id, role, tokens, tokens, now, model, promptBytes)
+}
+
+// reserveWork adds tokens on ts for request id, of which work (clamped to
+// [0, tokens]) are expected to be computed there. Caller holds mu.
+func (l *ledger) reserveWork(ts *targetState, id string, role Role, tokens, work int64, now time.Time, model string, promptBytes int) {
 	if ts.removed || tokens <= 0 {
 		return
 	}
+	work = min(max(work, 0), tokens)
 	res, ok := l.requests[id]
 	if !ok {
 		res = &reservation{id: id, at: now, model: model, promptBytes: promptBytes}
 		l.requests[id] = res
 	}
-	h := &hold{res: res, target: ts, role: role, tokens: tokens}
+	h := &hold{res: res, target: ts, role: role, tokens: tokens, work: work}
 	res.holds = append(res.holds, h)
+	res.legs = append(res.legs, legRecord{role: role, target: ts, tokens: tokens, work: work})
 	res.emptySince = time.Time{}
 	ts.holds[h] = struct{}{}
 	ts.reserved += tokens
+	ts.reservedWork += work
 }
 
 // release ends request id's holds of role, or with role "" all of them and
 // the request's record. It reports the request's model and prompt size; ok
 // is false when the request is unknown (never reserved, or long finished).
 func (l *ledger) release(id string, role Role) (model string, promptBytes int, ok bool) {
+	return l.releaseLeg(id, role, false)
+}
+
+// releaseLeg is release for a leg (or request) that ended, failed or not:
+// the ended legs are reported to legEnded.
+func (l *ledger) releaseLeg(id string, role Role, failed bool) (model string, promptBytes int, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	res, found := l.requests[id]
+	if !found {
+		return "", 0, false
+	}
+	l.reportLegs(res, role, failed, l.now())
 	return l.releaseLocked(id, role)
 }
 
-// releaseLocked is release with mu held.
+// reportLegs tells legEnded of res's unreported legs of role (all with
+// role ""). Caller holds mu.
+func (l *ledger) reportLegs(res *reservation, role Role, failed bool, now time.Time) {
+	if l.legEnded == nil {
+		return
+	}
+	for i := range res.legs {
+		g := &res.legs[i]
+		if g.reported || role != "" && g.role != role {
+			continue
+		}
+		g.reported = true
+		l.legEnded(LegReport{
+			RequestID: res.id, Role: g.role, Target: g.target.key,
+			Picked: res.at, Ended: now, Tokens: g.tokens, Work: g.work, Failed: failed,
+		})
+	}
+}
+
+// releaseLocked ends request id's holds of role (all with role "") without
+// reporting legs. Caller holds mu.
 func (l *ledger) releaseLocked(id string, role Role) (model string, promptBytes int, ok bool) {
 	res, found := l.requests[id]
 	if !found {
@@ -202,6 +262,7 @@ func (l *ledger) drop(h *hold, now time.Time) {
 	if _, ok := ts.holds[h]; ok {
 		delete(ts.holds, h)
 		ts.reserved -= h.tokens
+		ts.reservedWork -= h.work
 	}
 	res := h.res
 	for i, x := range res.holds {
@@ -261,6 +322,7 @@ func (l *ledger) expire(now time.Time) int {
 			if len(res.holds) > 0 {
 				n++
 			}
+			l.reportLegs(res, "", true, now)
 			for _, h := range append([]*hold(nil), res.holds...) {
 				l.drop(h, now)
 			}

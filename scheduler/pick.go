@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/duet-router/duet/scheduler/prefix"
 )
 
 // Pick chooses the targets for one request: a decode target with the decode
@@ -60,8 +62,10 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	var matches []prefixMatch
 	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed) {
 		n := float64(len(req.Blocks))
+		perBlock := s.tokensPerBlock(req)
 		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
-			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n})
+			cached := min(int64(float64(matched)*perBlock), req.PromptTokens-1)
+			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n, tokens: max(cached, 0)})
 		})
 	}
 
@@ -71,6 +75,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	var prefillFiltered bool
 	s.ledger.mu.Lock()
 	now := s.now()
+	req.Now = now
 	// The decision is recorded for Status in place, under the pick lock.
 	rec := s.decisions.record(now, id, req.Path, req.Model)
 	fail := func(err error) (Decision, error) {
@@ -97,7 +102,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		d.Prefill = &t
 		chosen[0] = snap.prefill.states[i]
 		chosen[0].picked++
-		s.ledger.reserve(chosen[0], id, RolePrefill, prefillTokens, now, req.Model, len(req.Prompt))
+		s.ledger.reserveWork(chosen[0], id, RolePrefill, prefillTokens, prefillTokens-c.CachedTokens, now, req.Model, len(req.Prompt))
 		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: prefillTokens}
 	}
 	i, c, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
@@ -157,10 +162,31 @@ func (s *Scheduler) outputTokens(req *Request) int {
 }
 
 // prefixMatch is one target's share of the request's prompt blocks that the
-// prefix index believes it caches.
+// prefix index believes it caches, and the same in tokens.
 type prefixMatch struct {
 	key      TargetKey
 	fraction float64
+	tokens   int64
+}
+
+// tokensPerBlock is the estimated prompt tokens one hashed block stands
+// for: the prompt's tokens spread over its length in block units.
+func (s *Scheduler) tokensPerBlock(req *Request) float64 {
+	if len(req.TokenIDs) > 0 {
+		return float64(orPositive(s.hasher.BlockTokens, prefix.DefaultBlockTokens)) * float64(req.PromptTokens) / float64(len(req.TokenIDs))
+	}
+	if len(req.Prompt) == 0 {
+		return 0
+	}
+	return float64(orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)) * float64(req.PromptTokens) / float64(len(req.Prompt))
+}
+
+// orPositive returns v, or def when v is not positive.
+func orPositive(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // allEjected is Pick's error when every target of role is ejected.
@@ -183,7 +209,7 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, sc
 		}
 		for _, m := range matches {
 			if i, ok := p.index[m.key]; ok {
-				cands[i].Prefix = m.fraction
+				cands[i].Prefix, cands[i].CachedTokens = m.fraction, m.tokens
 			}
 		}
 		*scratch = cands
@@ -202,7 +228,7 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, sc
 	}
 	for _, m := range matches {
 		if i, ok := p.index[m.key]; ok && pos[i] >= 0 {
-			cands[pos[i]].Prefix = m.fraction
+			cands[pos[i]].Prefix, cands[pos[i]].CachedTokens = m.fraction, m.tokens
 		}
 	}
 	s.posScratch = pos

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Request is what the scheduler and its policies know about one request.
@@ -34,6 +35,8 @@ type Request struct {
 
 	// Set by the scheduler before the policies run.
 
+	// Now is the time of the pick on the scheduler's clock.
+	Now time.Time
 	// PromptTokens is the estimated (or, with TokenIDs, exact) prompt
 	// length in tokens, over all items; at least 1.
 	PromptTokens int64
@@ -56,6 +59,13 @@ type Load struct {
 	// Fresh reports whether a scrape younger than the staleness bound backs
 	// the engine-reported numbers; stale numbers are not used (zero).
 	Fresh bool
+	// Scraped is the engine-reported part: a prefill rank's pending prompt
+	// tokens, a decode rank's tokens in use and queued; 0 when not Fresh.
+	Scraped int64
+	// ReservedWork is the part of Reserved that duet expects the engine to
+	// compute: each reservation's tokens less the prefix duet believed the
+	// target cached when it was picked.
+	ReservedWork int64
 }
 
 // Candidate is one target as a policy sees it for one request.
@@ -66,6 +76,10 @@ type Candidate struct {
 	// Prefix is the fraction (0 to 1) of the request's prompt blocks that
 	// duet's prefix index believes are cached on this target.
 	Prefix float64
+	// CachedTokens is Prefix in tokens: the estimated prompt tokens the
+	// target would not have to compute. Only the hashed part of a prompt
+	// (see prefix.DefaultMaxBlocks) can count.
+	CachedTokens int64
 }
 
 // Policy chooses one target among candidates.
@@ -99,6 +113,36 @@ func readsPrefix(p Policy) bool {
 	return ok && r.ReadsPrefix()
 }
 
+// LegObserver is implemented by policies that learn from the legs placed
+// with them (an engine's measured speed, a router-side count of requests in
+// flight). The scheduler calls ObserveLeg once for every leg that ends, by
+// its feedback, the whole request's, or the reservation's expiry, under
+// the same lock as Pick: never concurrently with Pick or itself. It must be
+// cheap and must not call the scheduler.
+type LegObserver interface {
+	// ObserveLeg reports one ended leg of the policy's role.
+	ObserveLeg(LegReport)
+}
+
+// LegReport is one ended leg, as a LegObserver sees it.
+type LegReport struct {
+	// RequestID is the request's ID as given to Pick.
+	RequestID string
+	// Role is the leg's role.
+	Role Role
+	// Target is the target the leg was placed on.
+	Target TargetKey
+	// Picked is when the target was chosen; Ended when the leg's feedback
+	// (or the request's, or the expiry) arrived.
+	Picked, Ended time.Time
+	// Tokens is what the pick reserved on the target, and Work the part of
+	// it duet expected the engine to compute (Tokens less the believed
+	// cached prefix).
+	Tokens, Work int64
+	// Failed reports a failed leg, or one that ended without feedback.
+	Failed bool
+}
+
 // PolicySpec names a policy and its parameters. Parameters a policy does
 // not use are ignored; zero values mean the policy's defaults.
 type PolicySpec struct {
@@ -119,6 +163,9 @@ type PolicySpec struct {
 	Weights map[string]float64
 	// Seed seeds random and power_of_two; 0 means a random seed.
 	Seed uint64
+	// Role is the role the policy serves; the scheduler sets it. Policies
+	// that price a role's own costs (least_cost) read it.
+	Role Role
 }
 
 // policyFactories builds each policy from its spec.
@@ -130,6 +177,7 @@ var policyFactories = map[string]func(PolicySpec) (Policy, error){
 	policyPrefixHash:  newPrefixHash,
 	policyCacheAware:  newCacheAware,
 	policyWeighted:    newWeighted,
+	policyLeastCost:   newLeastCost,
 }
 
 // PolicyNames lists the policy names NewPolicy accepts, sorted.
@@ -151,6 +199,7 @@ const (
 	policyPrefixHash  = "prefix_hash"
 	policyCacheAware  = "cache_aware"
 	policyWeighted    = "weighted"
+	policyLeastCost   = "least_cost"
 )
 
 // NewPolicy returns the policy spec names, configured by spec.

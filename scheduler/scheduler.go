@@ -53,6 +53,11 @@ type Config struct {
 	PrefillPolicy PolicySpec
 	// DecodePolicy is the decode pool's policy; default round_robin.
 	DecodePolicy PolicySpec
+	// PrefillPolicyInstance and DecodePolicyInstance, if set, replace the
+	// policies PrefillPolicy and DecodePolicy name: a policy built outside
+	// this package, such as a peer router's rule ported for comparison in
+	// the routing-quality simulator. Each instance serves one scheduler.
+	PrefillPolicyInstance, DecodePolicyInstance Policy
 	// DiscoveryInterval is the time between discovery rounds in Run;
 	// default 10s.
 	DiscoveryInterval time.Duration
@@ -131,6 +136,11 @@ type PrefixConfig struct {
 	BlockTokens int
 	// MaxBlocksPerTarget bounds the index's memory per target (default 65536).
 	MaxBlocksPerTarget int
+	// IgnoreCapacity keeps MaxBlocksPerTarget as every target's bound. By
+	// default a target that reports its KV capacity holds at most that
+	// capacity's worth of blocks, so the index forgets about as fast as the
+	// engine's cache evicts (docs/scheduling.md).
+	IgnoreCapacity bool
 }
 
 // TokenConfig configures the token estimate.
@@ -170,19 +180,21 @@ type Scheduler struct {
 
 	snap atomic.Pointer[snapshot]
 
-	engineRanks      bool
-	ledger           *ledger
-	tokens           *TokenEstimator
-	hasher           prefix.Hasher
-	index            *prefix.Index[TargetKey]
-	scraper          *load.Scraper
-	loadCfg          LoadConfig
-	defaultMaxTokens int
-	metrics          *metrics
-	anonymous        atomic.Uint64
-	fallbackTurn     atomic.Uint64 // rotates DecodeFallback over the eligible engines
-	health           *health
-	onEject          func(Ejection)
+	engineRanks bool
+	ledger      *ledger
+	tokens      *TokenEstimator
+	hasher      prefix.Hasher
+	index       *prefix.Index[TargetKey]
+	// prefixIgnoreCapacity is PrefixConfig.IgnoreCapacity.
+	prefixIgnoreCapacity bool
+	scraper              *load.Scraper
+	loadCfg              LoadConfig
+	defaultMaxTokens     int
+	metrics              *metrics
+	anonymous            atomic.Uint64
+	fallbackTurn         atomic.Uint64 // rotates DecodeFallback over the eligible engines
+	health               *health
+	onEject              func(Ejection)
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -239,11 +251,18 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 
 	var err error
+	cfg.PrefillPolicy.Role, cfg.DecodePolicy.Role = RolePrefill, RoleDecode
 	if s.prefillPolicy, err = policyOrDefault(cfg.PrefillPolicy); err != nil {
 		return nil, fmt.Errorf("scheduler: prefill policy: %w", err)
 	}
 	if s.decodePolicy, err = policyOrDefault(cfg.DecodePolicy); err != nil {
 		return nil, fmt.Errorf("scheduler: decode policy: %w", err)
+	}
+	if cfg.PrefillPolicyInstance != nil {
+		s.prefillPolicy = cfg.PrefillPolicyInstance
+	}
+	if cfg.DecodePolicyInstance != nil {
+		s.decodePolicy = cfg.DecodePolicyInstance
 	}
 
 	s.engineRanks = cfg.EngineRanks
@@ -260,6 +279,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	s.ledger = newLedger(s.loadCfg.CoverDelay, s.loadCfg.StaleAfter, s.loadCfg.ReservationTTL)
 	s.ledger.now = s.now
 	s.ledger.prefillInFlight = !s.loadCfg.PrefillCovered
+	s.ledger.legEnded = s.legEnded()
 	s.tokens = NewTokenEstimator(cfg.Tokens.CharsPerToken)
 	s.defaultMaxTokens = cfg.Tokens.DefaultMaxTokens
 	if s.defaultMaxTokens <= 0 {
@@ -267,6 +287,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 	s.hasher = prefix.Hasher{BlockBytes: cfg.Prefix.BlockBytes, BlockTokens: cfg.Prefix.BlockTokens}
 	s.index = prefix.NewIndex[TargetKey](cfg.Prefix.MaxBlocksPerTarget)
+	s.prefixIgnoreCapacity = cfg.Prefix.IgnoreCapacity
 	s.scraper = load.NewScraper(s.client, s.loadCfg.Timeout)
 	s.scraper.SetClock(s.now)
 	if cfg.Registerer != nil {
@@ -286,6 +307,24 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	s.health.updateEndpoints(refs, nil)
 	s.publish()
 	return s, nil
+}
+
+// legEnded returns the ledger's leg callback: each role's policy that is a
+// LegObserver hears of its role's legs. Nil when neither policy observes.
+func (s *Scheduler) legEnded() func(LegReport) {
+	prefill, _ := s.prefillPolicy.(LegObserver)
+	decode, _ := s.decodePolicy.(LegObserver)
+	if prefill == nil && decode == nil {
+		return nil
+	}
+	return func(r LegReport) {
+		switch {
+		case r.Role == RolePrefill && prefill != nil:
+			prefill.ObserveLeg(r)
+		case r.Role == RoleDecode && decode != nil:
+			decode.ObserveLeg(r)
+		}
+	}
 }
 
 // policyOrDefault builds the policy of spec, round_robin if it names none.

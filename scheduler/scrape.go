@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/duet-router/duet/scheduler/load"
+	"github.com/duet-router/duet/scheduler/prefix"
 )
 
 // runScrapes scrapes every ready endpoint's load each LoadConfig.Interval
@@ -91,6 +92,32 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 		ranks = append(ranks, rankLoadOf(ep, r))
 	}
 	s.ledger.observe(ranks, rep.StartedAt, rep.FinishedAt)
+	s.boundPrefixes(ep.Role, ranks)
+}
+
+// boundPrefixes bounds each scraped rank's entry in the prefix index by the
+// rank's KV capacity, so that duet forgets a prefix about when the engine's
+// cache must have evicted it: an index that believes more than the engine
+// holds sends requests after prefixes that are gone. Roles whose policy
+// reads no prefix are not indexed, and PrefixConfig.IgnoreCapacity keeps
+// only MaxBlocksPerTarget.
+func (s *Scheduler) boundPrefixes(role Role, ranks []rankLoad) {
+	if s.prefixIgnoreCapacity {
+		return
+	}
+	policy := s.decodePolicy
+	if role == RolePrefill {
+		policy = s.prefillPolicy
+	}
+	if !readsPrefix(policy) {
+		return
+	}
+	perBlock := float64(orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)) / s.tokens.Ratio("")
+	for _, r := range ranks {
+		if r.capacity > 0 && perBlock > 0 {
+			s.index.SetBound(r.key, int(float64(r.capacity)/perBlock))
+		}
+	}
 }
 
 // rankLoadOf keys one reported rank by the target it belongs to. A

@@ -88,6 +88,10 @@ func (x *Index[K]) Insert(key K, blocks []uint64) {
 	defer x.mu.Unlock()
 
 	t := x.targetFor(key)
+	bound := t.limit(x.bound)
+	if len(blocks) > bound {
+		blocks = blocks[:bound]
+	}
 	for i := len(blocks) - 1; i >= 0; i-- {
 		h := blocks[i]
 		n, ok := x.nodes[h]
@@ -98,7 +102,7 @@ func (x *Index[K]) Insert(key K, blocks []uint64) {
 			}
 		}
 		// Evicting first cannot free n: t does not hold it.
-		if t.len() >= x.bound {
+		if t.len() >= bound {
 			x.evict(t, t.oldest())
 		}
 		if !ok {
@@ -109,6 +113,20 @@ func (x *Index[K]) Insert(key K, blocks []uint64) {
 		nd := &x.slab[n]
 		t.entries[e].pos = int32(len(nd.holders))
 		nd.holders = append(nd.holders, holder{slot: t.slot, entry: e})
+	}
+}
+
+// SetBound bounds the blocks key holds to blocks (at most the index's own
+// bound; blocks <= 0 restores it), evicting its least recently used blocks
+// beyond it. The scheduler bounds each target by the engine's KV capacity,
+// so that the index forgets about as fast as the engine's cache evicts.
+func (x *Index[K]) SetBound(key K, blocks int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := x.targetFor(key)
+	t.bound = max(blocks, 0)
+	for limit := t.limit(x.bound); t.len() > limit; {
+		x.evict(t, t.oldest())
 	}
 }
 

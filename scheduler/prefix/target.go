@@ -23,6 +23,15 @@ type target[K comparable] struct {
 	entries []entry
 	free    int32
 	held    int // entries in use
+	bound   int // the target's own bound (SetBound); 0: the index's
+}
+
+// limit returns the target's bound within the index's bound.
+func (t *target[K]) limit(index int) int {
+	if t.bound > 0 && t.bound < index {
+		return t.bound
+	}
+	return index
 }
 
 func newTarget[K comparable](key K, slot int32) *target[K] {

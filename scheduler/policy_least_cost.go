@@ -1,0 +1,280 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+)
+
+// least_cost prices each candidate by what this request would cost there
+// and picks the cheapest. It weighs a prefix hit against the queue it
+// joins, where cache_aware follows a rule (a match threshold and a balance
+// gate) that long prompts defeat.
+//
+// On the prefill role the price is in seconds:
+//
+//	cost = wait + (1 + reuse) × compute
+//	wait    = max(finish − now, steps(pending) × step)
+//	compute = max(1, steps(uncached)) × step
+//
+// wait is how long the rank stays busy with work already sent to it: duet
+// predicts each rank's finish time (each pick adds its compute to it; a
+// leg's feedback corrects it), and the engine's reported pending tokens
+// (Load.Scraped, which also count traffic duet did not send) are a floor.
+// uncached is the prompt less the prefix duet believes the rank caches
+// (Candidate.CachedTokens). steps(n) is ⌈n / chunk⌉ with the engine's
+// chunked_prefill_size from /server_info (an engine that reports none is
+// priced per token), and step is the engine's time per step, learned
+// online from the prefill legs' feedback (see ObserveLeg): before an
+// engine has any, the pool's estimate stands in, and before the pool has
+// any, every engine is priced alike.
+//
+// The reuse term prices what computing the request's uncached tokens costs
+// later: they enter the rank's cache and evict as many tokens of other
+// prefixes, which later requests recompute as often as prompts are reused.
+// reuse is that rate, learned from the workload: an average, over picks, of
+// the best share of the prompt any candidate caches. Without it, a
+// pick that avoids a short queue by spreading a conversation to an idle
+// rank looks free, and conversations scatter until no cache holds them.
+//
+// On the decode role the price is in tokens, the unit of decode cost:
+//
+//	after = Load.Tokens + prompt + max_tokens
+//	cost  = max(after, heaviest rank of the engine) + after + 4 × overflow
+//
+// With DP attention an engine's ranks step in lockstep, so every request on
+// an engine generates at the pace of its heaviest rank: the first term is
+// the request's own time per token, the second keeps the ranks balanced,
+// and overflow (after beyond the rank's KV capacity) is what must drain
+// before the engine can admit the request at all.
+//
+// Ties go to the candidate with fewer tokens, then to the earliest.
+type leastCost struct {
+	role Role
+	// chunk remembers each engine's chunk size from its candidates, for
+	// pricing the legs ObserveLeg reports (which name only the target).
+	chunk map[string]int
+	// speed is the learned step time per engine URL; pool is all engines'.
+	speed map[string]*stepTime
+	pool  stepTime
+	// ranks is the predicted state of each prefill target.
+	ranks map[TargetKey]*rankQueue
+	// reuse is the learned share of prompt tokens that is reusable.
+	reuse float64
+	// engineMax is decode scratch: the heaviest rank's tokens per engine.
+	engineMax map[*Endpoint]int64
+}
+
+// rankQueue is least_cost's model of one prefill rank's queue.
+type rankQueue struct {
+	// finish is when the rank is predicted to end the work sent to it.
+	finish time.Time
+	// inFlight counts the legs placed there and not yet ended.
+	inFlight int
+	// lastEnd is when its previous leg ended: a leg's service time runs
+	// from its pick or that end, whichever is later.
+	lastEnd time.Time
+}
+
+// Learning constants of least_cost.
+const (
+	// costAlpha is the weight of a new service-time sample.
+	costAlpha = 0.1
+	// reuseAlpha is the weight of one pick in the learned reuse rate.
+	reuseAlpha = 0.02
+	// costWarmSamples is how many samples an estimate takes before it
+	// clips outliers (a leg held up by its decode, a rank that idled).
+	costWarmSamples = 8
+	// costClip bounds a warm estimate's samples to [est/costClip,
+	// est×costClip].
+	costClip = 3.0
+	// decodeOverflowWeight prices KV beyond a decode rank's capacity: it
+	// must drain before the request is admitted.
+	decodeOverflowWeight = 4
+)
+
+func newLeastCost(spec PolicySpec) (Policy, error) {
+	return &leastCost{
+		role:      spec.Role,
+		chunk:     map[string]int{},
+		speed:     map[string]*stepTime{},
+		ranks:     map[TargetKey]*rankQueue{},
+		engineMax: map[*Endpoint]int64{},
+	}, nil
+}
+
+// Name implements Policy.
+func (*leastCost) Name() string { return policyLeastCost }
+
+// ReadsPrefix implements PrefixReader: the prefill price reads the cached
+// prefix; the decode price does not (decode receives the whole KV).
+func (p *leastCost) ReadsPrefix() bool { return p.role != RoleDecode }
+
+// Pick implements Policy.
+func (p *leastCost) Pick(_ context.Context, req *Request, cands []Candidate) (int, error) {
+	if len(cands) == 0 {
+		return 0, noEndpoints(policyLeastCost)
+	}
+	if p.role == RoleDecode {
+		return p.pickDecode(req, cands), nil
+	}
+	return p.pickPrefill(req, cands), nil
+}
+
+// pickPrefill returns the cheapest prefill candidate and adds the
+// request's compute to its predicted queue.
+func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
+	var bestCached int64
+	for i := range cands {
+		bestCached = max(bestCached, cands[i].CachedTokens)
+	}
+	if req.PromptTokens > 0 {
+		p.reuse += reuseAlpha * (float64(bestCached)/float64(req.PromptTokens) - p.reuse)
+	}
+	best, bestCost, bestCompute := -1, 0.0, 0.0
+	for i := range cands {
+		c := &cands[i]
+		wait, compute := p.prefillSeconds(req, c)
+		cost := wait + (1+2*p.reuse)*compute
+		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
+			best, bestCost, bestCompute = i, cost, compute
+		}
+	}
+	q := p.rank(cands[best].Key())
+	if q.finish.Before(req.Now) {
+		q.finish = req.Now
+	}
+	q.finish = q.finish.Add(time.Duration(bestCompute * float64(time.Second)))
+	q.inFlight++
+	return best
+}
+
+// prefillSeconds returns how long c stays busy before req's prefill could
+// start there, and how long the prefill itself would take.
+func (p *leastCost) prefillSeconds(req *Request, c *Candidate) (wait, compute float64) {
+	chunk := int64(1)
+	if c.Endpoint != nil && c.Endpoint.ChunkTokens > 0 {
+		chunk = int64(c.Endpoint.ChunkTokens)
+		p.chunk[c.Endpoint.URL] = c.Endpoint.ChunkTokens
+	}
+	step := p.stepSeconds(c)
+	wait = float64(ceilDiv(c.Load.Scraped, chunk)) * step
+	if q := p.ranks[c.Key()]; q != nil && q.finish.After(req.Now) {
+		wait = max(wait, q.finish.Sub(req.Now).Seconds())
+	}
+	uncached := max(req.PromptTokens-c.CachedTokens, 1)
+	return wait, float64(max(1, ceilDiv(uncached, chunk))) * step
+}
+
+// rank returns key's queue model, creating it.
+func (p *leastCost) rank(key TargetKey) *rankQueue {
+	q := p.ranks[key]
+	if q == nil {
+		q = &rankQueue{}
+		p.ranks[key] = q
+	}
+	return q
+}
+
+// stepSeconds is the step time of c's engine: its own estimate, else the
+// pool's, else 1 (every engine alike).
+func (p *leastCost) stepSeconds(c *Candidate) float64 {
+	if c.Endpoint != nil {
+		if s := p.speed[c.Endpoint.URL]; s != nil && s.samples > 0 {
+			return s.seconds
+		}
+	}
+	if p.pool.samples > 0 {
+		return p.pool.seconds
+	}
+	return 1
+}
+
+// pickDecode returns the candidate with the lowest decode price.
+func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
+	clear(p.engineMax)
+	for i := range cands {
+		c := &cands[i]
+		if c.Load.Tokens > p.engineMax[c.Endpoint] {
+			p.engineMax[c.Endpoint] = c.Load.Tokens
+		}
+	}
+	need := req.PromptTokens + int64(max(req.Items, 1))*int64(max(req.MaxTokens, 0))
+	best := -1
+	var bestCost int64
+	for i := range cands {
+		c := &cands[i]
+		after := c.Load.Tokens + need
+		cost := max(after, p.engineMax[c.Endpoint]) + after
+		if c.Load.Capacity > 0 && after > c.Load.Capacity {
+			cost += decodeOverflowWeight * (after - c.Load.Capacity)
+		}
+		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
+			best, bestCost = i, cost
+		}
+	}
+	return best
+}
+
+// ObserveLeg implements LegObserver. A prefill leg ends its share of the
+// rank's predicted queue: once none is left in flight the rank is idle,
+// and a leg that ended later than predicted pushes the prediction back.
+// Its service time, divided by the steps its work took, is a sample of its
+// engine's step time; the service time runs from the pick, or from the end
+// of the target's previous leg if that came later (the rank was busy until
+// then). Failed legs teach nothing about speed.
+func (p *leastCost) ObserveLeg(r LegReport) {
+	if p.role == RoleDecode || r.Role != RolePrefill {
+		return
+	}
+	q := p.rank(r.Target)
+	q.inFlight = max(q.inFlight-1, 0)
+	if q.inFlight == 0 || r.Ended.After(q.finish) {
+		q.finish = r.Ended
+	}
+	start := r.Picked
+	if q.lastEnd.After(start) {
+		start = q.lastEnd
+	}
+	q.lastEnd = r.Ended
+	service := r.Ended.Sub(start).Seconds()
+	if r.Failed || service <= 0 {
+		return
+	}
+	chunk := int64(max(p.chunk[r.Target.URL], 1))
+	sample := service / float64(max(1, ceilDiv(r.Work, chunk)))
+	s := p.speed[r.Target.URL]
+	if s == nil {
+		s = &stepTime{}
+		p.speed[r.Target.URL] = s
+	}
+	s.add(sample)
+	p.pool.add(sample)
+}
+
+// stepTime is an exponentially weighted estimate of the seconds one prefill
+// step (one chunk, or one token on an unchunked engine) takes.
+type stepTime struct {
+	seconds float64
+	samples int
+}
+
+// add folds one sample into the estimate.
+func (s *stepTime) add(sample float64) {
+	if s.samples >= costWarmSamples {
+		sample = min(max(sample, s.seconds/costClip), s.seconds*costClip)
+	}
+	if s.samples == 0 {
+		s.seconds = sample
+	} else {
+		s.seconds += costAlpha * (sample - s.seconds)
+	}
+	s.samples++
+}
+
+// ceilDiv is ⌈a/b⌉ for a ≥ 0, b > 0.
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
