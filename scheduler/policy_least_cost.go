@@ -114,6 +114,9 @@ func (p *leastCost) Pick(_ context.Context, req *Request, cands []Candidate) (in
 	if len(cands) == 0 {
 		return 0, noEndpoints(policyLeastCost)
 	}
+	if req == nil {
+		req = &Request{}
+	}
 	if p.role == RoleDecode {
 		return p.pickDecode(req, cands), nil
 	}

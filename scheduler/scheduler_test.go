@@ -30,8 +30,8 @@ func TestNewRejects(t *testing.T) {
 		{"query", Config{Decode: []EndpointSpec{{URL: a + "?x=1"}}}, "no user info, query or fragment"},
 		{"negative DPSize", Config{Decode: []EndpointSpec{{URL: a, DPSize: -1}}}, "DPSize -1 out of range"},
 		{"bootstrap port too large", Config{Prefill: []EndpointSpec{{URL: a, BootstrapPort: 70000}}, Decode: []EndpointSpec{{URL: "http://127.0.0.1:1"}}}, "BootstrapPort 70000"},
-		{"unknown decode policy", Config{Decode: []EndpointSpec{{URL: a}}, DecodePolicy: PolicySpec{Name: "fastest"}}, `decode policy: unknown policy "fastest" (valid: cache_aware, least_tokens`},
-		{"unknown prefill policy", Config{Decode: []EndpointSpec{{URL: a}}, PrefillPolicy: PolicySpec{Name: "rr"}}, `prefill policy: unknown policy "rr" (valid: cache_aware, least_tokens`},
+		{"unknown decode policy", Config{Decode: []EndpointSpec{{URL: a}}, DecodePolicy: PolicySpec{Name: "fastest"}}, `decode policy: unknown policy "fastest" (valid: cache_aware, least_cost, least_tokens`},
+		{"unknown prefill policy", Config{Decode: []EndpointSpec{{URL: a}}, PrefillPolicy: PolicySpec{Name: "rr"}}, `prefill policy: unknown policy "rr" (valid: cache_aware, least_cost, least_tokens`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,180 @@
+package scheduler
+
+import (
+	"testing"
+	"time"
+)
+
+// costCands returns prefill candidates on engines (one URL each, given by
+// engine index) with chunk size chunk, each with its cached tokens and
+// scraped pending tokens.
+func costCands(chunk int, specs ...struct {
+	engine         int
+	cached, queued int64
+}) []Candidate {
+	eps := map[int]*Endpoint{}
+	out := make([]Candidate, len(specs))
+	for i, s := range specs {
+		ep := eps[s.engine]
+		if ep == nil {
+			ep = &Endpoint{Role: RolePrefill, URL: "http://e" + string(rune('0'+s.engine)), ChunkTokens: chunk, Ready: true}
+			eps[s.engine] = ep
+		}
+		out[i] = Candidate{Target: Target{Endpoint: ep, Rank: i}, CachedTokens: s.cached,
+			Load: Load{Scraped: s.queued, Tokens: s.queued, Fresh: true}}
+	}
+	return out
+}
+
+type costSpec = struct {
+	engine         int
+	cached, queued int64
+}
+
+// TestLeastCostPrefillPricesTheTrade checks the prefill price: a cached
+// prefix wins while the queue in front of it is shorter than what it saves,
+// and loses once the queue is longer.
+func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
+	tests := []struct {
+		name   string
+		prompt int64
+		cands  []costSpec
+		want   int
+	}{
+		{"idle pool, no cache: the earliest", 4096, []costSpec{{0, 0, 0}, {0, 0, 0}, {1, 0, 0}}, 0},
+		{"cached rank, idle: follow the cache", 8192, []costSpec{{0, 0, 0}, {0, 6144, 0}, {1, 0, 0}}, 1},
+		{"cached rank, short queue: still follow (3 steps + 2 < 8)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 3072}, {1, 0, 0}}, 1},
+		{"cached rank, long queue: leave it (12 steps + 2 > 8)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 12288}, {1, 0, 0}}, 0},
+		{"partly cached everywhere: the larger hit", 8192, []costSpec{{0, 1024, 0}, {1, 4096, 0}}, 1},
+		{"the shorter queue when nothing is cached", 2048, []costSpec{{0, 0, 4096}, {1, 0, 1024}, {1, 0, 2048}}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
+			req := &Request{PromptTokens: tt.prompt, Now: time.Unix(100, 0)}
+			if got := mustPick(t, p, req, costCands(1024, tt.cands...)); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLeastCostPredictsQueues checks the predicted finish: a pick adds its
+// compute to the rank, so the next request goes elsewhere, and the leg's
+// feedback empties the rank again.
+func TestLeastCostPredictsQueues(t *testing.T) {
+	p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
+	obs := p.(LegObserver)
+	now := time.Unix(100, 0)
+	cands := costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0})
+	req := &Request{PromptTokens: 8192, Now: now}
+	if got := mustPick(t, p, req, cands); got != 0 {
+		t.Fatalf("first pick = %d, want 0", got)
+	}
+	if got := mustPick(t, p, req, cands); got != 1 {
+		t.Fatalf("second pick = %d, want 1 (rank 0 is predicted busy)", got)
+	}
+	obs.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: now, Ended: now.Add(time.Second), Tokens: 8192, Work: 8192})
+	req.Now = now.Add(time.Second)
+	if got := mustPick(t, p, req, cands); got != 0 {
+		t.Errorf("pick after rank 0's feedback = %d, want 0 (idle again)", got)
+	}
+}
+
+// TestLeastCostLearnsEngineSpeed checks that step times are learned from
+// feedback per engine: with equal queues and no cache, the engine whose
+// legs took longer per step is avoided.
+func TestLeastCostLearnsEngineSpeed(t *testing.T) {
+	p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}).(*leastCost)
+	cands := costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0})
+	// Teach the policy the chunk sizes, then feed legs: engine 0 takes
+	// 0.4 s per 1024-token step, engine 1 0.1 s.
+	mustPick(t, p, &Request{PromptTokens: 1, Now: time.Unix(0, 0)}, cands)
+	t0 := time.Unix(10, 0)
+	for i := range 20 {
+		start := t0.Add(time.Duration(i) * 10 * time.Second)
+		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: start, Ended: start.Add(1600 * time.Millisecond), Work: 4096})
+		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[1].Key(), Picked: start, Ended: start.Add(400 * time.Millisecond), Work: 4096})
+	}
+	for engine, want := range map[string]float64{cands[0].Endpoint.URL: 0.4, cands[1].Endpoint.URL: 0.1} {
+		if got := p.speed[engine].seconds; got < want*0.95 || got > want*1.05 {
+			t.Errorf("%s: learned step %.3f s, want %.2f", engine, got, want)
+		}
+	}
+	// Engine 1 is 4x faster: even with 3 steps queued it beats an idle engine 0.
+	cands[1].Load.Scraped = 3072
+	if got := mustPick(t, p, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
+		t.Errorf("Pick = %d, want 1 (the faster engine)", got)
+	}
+	// A leg that failed teaches nothing.
+	before := p.speed[cands[0].Endpoint.URL].seconds
+	p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: time.Unix(2000, 0), Ended: time.Unix(2100, 0), Work: 1024, Failed: true})
+	if got := p.speed[cands[0].Endpoint.URL].seconds; got != before {
+		t.Errorf("failed leg changed the estimate: %v -> %v", before, got)
+	}
+}
+
+// TestLeastCostLearnsReuse checks the reuse rate: it stays zero on
+// prompts that share nothing and grows when the candidates cache most of
+// each prompt, which makes a cached rank worth a longer queue.
+func TestLeastCostLearnsReuse(t *testing.T) {
+	cold := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}).(*leastCost)
+	warm := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}).(*leastCost)
+	for i := range 300 {
+		now := time.Unix(int64(i), 0)
+		mustPick(t, cold, &Request{PromptTokens: 4096, Now: now}, costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0}))
+		mustPick(t, warm, &Request{PromptTokens: 4096, Now: now}, costCands(1024, costSpec{0, 3584, 0}, costSpec{1, 0, 0}))
+	}
+	if cold.reuse != 0 {
+		t.Errorf("reuse without shared prefixes = %v, want 0", cold.reuse)
+	}
+	if warm.reuse < 0.8 {
+		t.Errorf("reuse with 7/8 cached = %v, want about 0.875", warm.reuse)
+	}
+	// Cached rank queued 5 steps + 1 own, against 4 own steps idle: a
+	// one-off choice would leave (6 > 4); priced with reuse it stays.
+	cands := costCands(1024, costSpec{0, 3584, 5120}, costSpec{1, 0, 0})
+	if got := mustPick(t, cold, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
+		t.Errorf("cold policy Pick = %d, want 1", got)
+	}
+	if got := mustPick(t, warm, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 0 {
+		t.Errorf("warm policy Pick = %d, want 0", got)
+	}
+}
+
+// TestLeastCostDecode checks the decode price: the lockstep term prefers a
+// rank on an engine whose heaviest rank already paces it, and KV beyond a
+// rank's capacity is expensive.
+func TestLeastCostDecode(t *testing.T) {
+	a := &Endpoint{Role: RoleDecode, URL: "http://a"}
+	b := &Endpoint{Role: RoleDecode, URL: "http://b"}
+	cand := func(ep *Endpoint, rank int, tokens, capacity int64) Candidate {
+		return Candidate{Target: Target{Endpoint: ep, Rank: rank}, Load: Load{Tokens: tokens, Capacity: capacity, Fresh: true}}
+	}
+	tests := []struct {
+		name  string
+		need  int64
+		cands []Candidate
+		want  int
+	}{
+		// least_tokens would take a/1 (1000 tokens), whose engine steps at
+		// the pace of a/0 (30000); b/1 (2000) steps at b's pace (5000).
+		{"lockstep: avoid an engine paced by a heavy rank", 1000,
+			[]Candidate{cand(a, 0, 30000, 0), cand(a, 1, 1000, 0), cand(b, 0, 5000, 0), cand(b, 1, 2000, 0)}, 3},
+		{"small requests: the least-loaded rank", 100,
+			[]Candidate{cand(a, 0, 30000, 0), cand(a, 1, 2000, 0), cand(b, 0, 1000, 0), cand(b, 1, 1500, 0)}, 2},
+		{"KV overflow is avoided", 20000,
+			[]Candidate{cand(a, 0, 10000, 25000), cand(b, 0, 14000, 150000)}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RoleDecode})
+			if got := mustPick(t, p, &Request{PromptTokens: tt.need}, tt.cands); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
+	}
+	if mustPolicy(t, PolicySpec{Name: "least_cost", Role: RoleDecode}).(PrefixReader).ReadsPrefix() {
+		t.Error("decode least_cost reads prefixes: the decode index would be kept for nothing")
+	}
+}
