@@ -59,25 +59,32 @@ func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
 	}
 }
 
-// TestLeastCostPredictsQueues checks the predicted finish: a pick adds its
-// compute to the rank, so the next request goes elsewhere, and the leg's
-// feedback empties the rank again.
-func TestLeastCostPredictsQueues(t *testing.T) {
-	p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
-	obs := p.(LegObserver)
-	now := time.Unix(100, 0)
-	cands := costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0})
-	req := &Request{PromptTokens: 8192, Now: now}
-	if got := mustPick(t, p, req, cands); got != 0 {
-		t.Fatalf("first pick = %d, want 0", got)
+// TestLeastCostCountsWorkInFlight checks the wait: duet's own in-flight
+// work (reservations less believed-cached prefixes) counts even where the
+// engine reports nothing pending (a prompt leaves SGLang's queue when its
+// prefill starts), and whichever of the two is larger counts.
+func TestLeastCostCountsWorkInFlight(t *testing.T) {
+	tests := []struct {
+		name            string
+		work0, scraped0 int64
+		work1, scraped1 int64
+		want            int
+	}{
+		{"work in flight, nothing reported", 8192, 0, 0, 0, 1},
+		{"reported pending, no work of duet's", 0, 8192, 0, 0, 1},
+		{"the larger of the two", 1024, 0, 0, 4096, 0},
+		{"equal: the earliest", 2048, 0, 0, 2048, 0},
 	}
-	if got := mustPick(t, p, req, cands); got != 1 {
-		t.Fatalf("second pick = %d, want 1 (rank 0 is predicted busy)", got)
-	}
-	obs.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: now, Ended: now.Add(time.Second), Tokens: 8192, Work: 8192})
-	req.Now = now.Add(time.Second)
-	if got := mustPick(t, p, req, cands); got != 0 {
-		t.Errorf("pick after rank 0's feedback = %d, want 0 (idle again)", got)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
+			cands := costCands(1024, costSpec{0, 0, tt.scraped0}, costSpec{1, 0, tt.scraped1})
+			cands[0].Load.ReservedWork, cands[1].Load.ReservedWork = tt.work0, tt.work1
+			cands[0].Load.Tokens, cands[1].Load.Tokens = 0, 0
+			if got := mustPick(t, p, &Request{PromptTokens: 2048}, cands); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }
 
@@ -132,7 +139,8 @@ func TestLeastCostLearnsReuse(t *testing.T) {
 		t.Errorf("reuse with 7/8 cached = %v, want about 0.875", warm.reuse)
 	}
 	// Cached rank queued 5 steps + 1 own, against 4 own steps idle: a
-	// one-off choice would leave (6 > 4); priced with reuse it stays.
+	// one-off choice would leave (6 > 4); priced with reuse it stays
+	// (5 + 1×2.75 < 4×2.75).
 	cands := costCands(1024, costSpec{0, 3584, 5120}, costSpec{1, 0, 0})
 	if got := mustPick(t, cold, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
 		t.Errorf("cold policy Pick = %d, want 1", got)
