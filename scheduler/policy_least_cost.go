@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -24,9 +25,10 @@ import (
 // (Candidate.CachedTokens). steps(n) is ⌈n / chunk⌉ with the engine's
 // chunked_prefill_size from /server_info (an engine that reports none is
 // priced per token), and step is the engine's time per step, learned
-// online from the prefill legs' feedback (see ObserveLeg): before an
-// engine has any, the pool's estimate stands in, and before the pool has
-// any, every engine is priced alike.
+// online from the prefill legs' feedback (see ObserveLeg and stepTime):
+// the pool's estimate stands for every engine whose own (after 8 samples)
+// is within 1.5× of it, and before the pool has any, every engine is
+// priced alike.
 //
 // The reuse term prices what computing the request's uncached tokens costs
 // later. They enter the rank's cache and evict as many tokens of other
@@ -59,7 +61,7 @@ type leastCost struct {
 	chunk map[string]int
 	// speed is the learned step time per engine URL; pool is all engines'.
 	speed map[string]*stepTime
-	pool  stepTime
+	pool  *stepTime
 	// lastEnd is when each target's previous prefill leg ended: a leg's
 	// service time runs from its pick or that end, whichever is later.
 	lastEnd map[TargetKey]time.Time
@@ -71,16 +73,24 @@ type leastCost struct {
 
 // Learning constants of least_cost.
 const (
-	// costAlpha is the weight of a new service-time sample.
-	costAlpha = 0.1
+	// costQuantile is the quantile of the latest service-time samples
+	// taken as an engine's step time.
+	costQuantile = 0.2
+	// engineSamples and poolSamples are how many samples an engine's and
+	// the pool's estimate keep.
+	engineSamples = 32
+	poolSamples   = 128
 	// reuseAlpha is the weight of one pick in the learned reuse rate.
 	reuseAlpha = 0.02
-	// costWarmSamples is how many samples an estimate takes before it
-	// clips outliers (a leg held up by its decode, a rank that idled).
+	// engineApart is how far an engine's estimate must be from the pool's
+	// to be used instead of it: engines of one kind measure a little apart
+	// by chance, and pricing that noise moved conversations between them
+	// (multi-turn hit rate -3 points), while a different kind of engine is
+	// apart by much more.
+	engineApart = 1.5
+	// costWarmSamples is how many samples an engine's estimate takes
+	// before it replaces the pool's.
 	costWarmSamples = 8
-	// costClip bounds a warm estimate's samples to [est/costClip,
-	// est×costClip].
-	costClip = 3.0
 	// decodeOverflowWeight prices KV beyond a decode rank's capacity: it
 	// must drain before the request is admitted.
 	decodeOverflowWeight = 4
@@ -91,6 +101,7 @@ func newLeastCost(spec PolicySpec) (Policy, error) {
 		role:      spec.Role,
 		chunk:     map[string]int{},
 		speed:     map[string]*stepTime{},
+		pool:      newStepTime(poolSamples),
 		lastEnd:   map[TargetKey]time.Time{},
 		engineMax: map[*Endpoint]int64{},
 	}, nil
@@ -155,15 +166,18 @@ func (p *leastCost) prefillSeconds(req *Request, c *Candidate) (wait, compute fl
 // stepSeconds is the step time of c's engine: its own estimate, else the
 // pool's, else 1 (every engine alike).
 func (p *leastCost) stepSeconds(c *Candidate) float64 {
+	if p.pool.n == 0 {
+		return 1
+	}
+	pool := p.pool.estimate()
 	if c.Endpoint != nil {
-		if s := p.speed[c.Endpoint.URL]; s != nil && s.samples > 0 {
-			return s.seconds
+		if s := p.speed[c.Endpoint.URL]; s != nil && s.n >= costWarmSamples {
+			if own := s.estimate(); own > pool*engineApart || own < pool/engineApart {
+				return own
+			}
 		}
 	}
-	if p.pool.samples > 0 {
-		return p.pool.seconds
-	}
-	return 1
+	return pool
 }
 
 // pickDecode returns the candidate with the lowest decode price.
@@ -214,31 +228,44 @@ func (p *leastCost) ObserveLeg(r LegReport) {
 	sample := service / float64(max(1, ceilDiv(r.Work, chunk)))
 	s := p.speed[r.Target.URL]
 	if s == nil {
-		s = &stepTime{}
+		s = newStepTime(engineSamples)
 		p.speed[r.Target.URL] = s
 	}
 	s.add(sample)
 	p.pool.add(sample)
 }
 
-// stepTime is an exponentially weighted estimate of the seconds one prefill
-// step (one chunk, or one token on an unchunked engine) takes.
+// stepTime estimates the seconds one prefill step (one chunk, or one token
+// on an unchunked engine) takes, as a low quantile of the latest samples. A
+// leg's service time can only be inflated, never shortened, by what it
+// waits for besides compute (its KV transfer, a decode rank without room
+// for it, a rank that idled), so the low quantile tracks the compute. An
+// average did not: on the trace replay, decode waits made engines of one
+// pool look up to several times slower than each other, and the policy
+// piled work onto whichever looked fastest (mean TTFT 2x least_tokens').
 type stepTime struct {
-	seconds float64
-	samples int
+	ring []float64 // the latest samples, oldest overwritten first
+	next int
+	n    int // samples seen, up to len(ring)
+	// scratch sorts a copy of ring.
+	scratch []float64
 }
 
-// add folds one sample into the estimate.
+// newStepTime returns an estimator over the latest size samples.
+func newStepTime(size int) *stepTime { return &stepTime{ring: make([]float64, size)} }
+
+// add records one sample.
 func (s *stepTime) add(sample float64) {
-	if s.samples >= costWarmSamples {
-		sample = min(max(sample, s.seconds/costClip), s.seconds*costClip)
-	}
-	if s.samples == 0 {
-		s.seconds = sample
-	} else {
-		s.seconds += costAlpha * (sample - s.seconds)
-	}
-	s.samples++
+	s.ring[s.next] = sample
+	s.next = (s.next + 1) % len(s.ring)
+	s.n = min(s.n+1, len(s.ring))
+}
+
+// estimate returns the costQuantile of the samples held; n must be > 0.
+func (s *stepTime) estimate() float64 {
+	s.scratch = append(s.scratch[:0], s.ring[:s.n]...)
+	slices.Sort(s.scratch)
+	return s.scratch[int(costQuantile*float64(s.n-1))]
 }
 
 // ceilDiv is ⌈a/b⌉ for a ≥ 0, b > 0.

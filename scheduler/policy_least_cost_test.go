@@ -104,7 +104,7 @@ func TestLeastCostLearnsEngineSpeed(t *testing.T) {
 		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[1].Key(), Picked: start, Ended: start.Add(400 * time.Millisecond), Work: 4096})
 	}
 	for engine, want := range map[string]float64{cands[0].Endpoint.URL: 0.4, cands[1].Endpoint.URL: 0.1} {
-		if got := p.speed[engine].seconds; got < want*0.95 || got > want*1.05 {
+		if got := p.speed[engine].estimate(); got < want*0.95 || got > want*1.05 {
 			t.Errorf("%s: learned step %.3f s, want %.2f", engine, got, want)
 		}
 	}
@@ -113,10 +113,19 @@ func TestLeastCostLearnsEngineSpeed(t *testing.T) {
 	if got := mustPick(t, p, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
 		t.Errorf("Pick = %d, want 1 (the faster engine)", got)
 	}
+	// Legs held up beyond their compute (a decode without room) do not
+	// make the engine look slower: the estimate is a low quantile.
+	for i := range 10 {
+		start := time.Unix(3000+int64(i)*100, 0)
+		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[1].Key(), Picked: start, Ended: start.Add(20 * time.Second), Work: 4096})
+	}
+	if got := p.speed[cands[1].Endpoint.URL].estimate(); got > 0.11 {
+		t.Errorf("engine 1 after 10 delayed legs: step %.3f s, want still about 0.1", got)
+	}
 	// A leg that failed teaches nothing.
-	before := p.speed[cands[0].Endpoint.URL].seconds
+	before := p.speed[cands[0].Endpoint.URL].estimate()
 	p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: time.Unix(2000, 0), Ended: time.Unix(2100, 0), Work: 1024, Failed: true})
-	if got := p.speed[cands[0].Endpoint.URL].seconds; got != before {
+	if got := p.speed[cands[0].Endpoint.URL].estimate(); got != before {
 		t.Errorf("failed leg changed the estimate: %v -> %v", before, got)
 	}
 }

@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.resamples, "resamples", ci.DefaultResamples, "bootstrap resamples per interval")
 	fs.StringVar(&only, "scenarios", "", "comma-separated scenarios to run (default all)")
 	fs.StringVar(&out, "out", "docs/benchmarks", "output directory")
+	var tracePath string
+	fs.StringVar(&tracePath, "trace", "../shared/traces/mooncake-synthetic.jsonl.gz", "Mooncake-format trace (JSONL, optionally gzipped) that the trace scenarios replay; point it at your own to choose a policy")
 	var routingList string
 	fs.Float64Var(&o.rate, "rate", 0, "compare every scenario at this rate (sessions/s) without a goodput search (experiments)")
 	fs.StringVar(&routingList, "routings", "", "comma-separated routings to compare in every scenario, engine_default first (default: each scenario's own); a suffix +covered or +inflight sets load.prefill_accounting")
@@ -73,7 +75,7 @@ func run(ctx context.Context, args []string) error {
 	if o.seeds < 2 || o.window <= o.warmup {
 		return errors.New("need -seeds >= 2 and -window > -warmup")
 	}
-	all := scenarios()
+	all := scenarios(tracePath)
 	if only != "" {
 		var picked []scenario
 		for _, name := range strings.Split(only, ",") {

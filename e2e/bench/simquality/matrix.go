@@ -33,13 +33,25 @@ type routing struct {
 // Routing name suffixes that change one scheduler setting, for
 // experiments (e.g. -routings engine_default,least_tokens+covered).
 var variants = map[string]func(*scheduler.Config){
-	"+inflight": func(c *scheduler.Config) { c.Load.PrefillCovered = false },
-	"+covered":  func(c *scheduler.Config) { c.Load.PrefillCovered = true },
+	"+inflight":  func(c *scheduler.Config) { c.Load.PrefillCovered = false },
+	"+covered":   func(c *scheduler.Config) { c.Load.PrefillCovered = true },
+	"+fullindex": func(c *scheduler.Config) { c.Prefix.IgnoreCapacity = true },
 }
 
 // Routing names beyond bench.Policies.
 const (
-	routingDefault = "duet_default" // duet's configured defaults: cache_aware prefill, least_tokens decode
+	// routingDefault is what duet ships: cache_aware prefill,
+	// least_tokens decode.
+	routingDefault = "duet_default"
+	// routingLeastCost is the least_cost policy on both roles.
+	routingLeastCost = "least_cost"
+)
+
+// defaultPolicy and leastCostPolicy are routingDefault's and
+// routingLeastCost's policies.
+var (
+	defaultPolicy   = bench.Policy{Name: routingDefault, Prefill: "cache_aware", Decode: "least_tokens"}
+	leastCostPolicy = bench.Policy{Name: routingLeastCost, Prefill: "least_cost", Decode: "least_cost"}
 )
 
 // routings returns the named routings, in that order.
@@ -69,8 +81,11 @@ func routingNamed(n string) (routing, error) {
 	case clustersim.OracleLoad.String():
 		return routing{name: n, oracle: clustersim.OracleLoad}, nil
 	case routingDefault:
-		return routing{name: n, policy: bench.Policy{Name: n, Prefill: "cache_aware", Decode: "least_tokens"}}, nil
+		return routing{name: n, policy: defaultPolicy}, nil
+	case routingLeastCost:
+		return routing{name: n, policy: leastCostPolicy}, nil
 	}
+
 	ps, err := bench.SelectPolicies([]string{n})
 	if err != nil {
 		return routing{}, err
@@ -107,17 +122,34 @@ type scenario struct {
 	rate    float64
 	// routings compared (engine_default first).
 	routings []string
+	// build, if set, builds the workload instead of bench.Generate (trace
+	// replays and generated traces).
+	build func(rate float64, window time.Duration, seed uint64) (bench.Workload, error)
 }
 
 // headlineRoutings and otherRoutings are the comparisons.
 var (
-	headlineRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", "oracle_load"}
-	otherRoutings    = []string{bench.PolicyEngineDefault, "round_robin", "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", "oracle_load"}
+	headlineRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", routingLeastCost, "oracle_load"}
+	otherRoutings    = []string{bench.PolicyEngineDefault, "round_robin", "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", routingLeastCost, "oracle_load"}
+	// prefixRoutings compare, where prefixes are shared, least_cost
+	// against cache_aware with its balance gate off and prefix_hash, and
+	// the prefix index bounded by KV capacity (the default) against the
+	// fixed bound (+fullindex).
+	prefixRoutings = []string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingLeastCost,
+		"least_cost/least_tokens", "cache_aware{balance_abs_tokens: 1000000000}/least_tokens", "prefix_hash/least_tokens", routingDefault + "+fullindex", routingLeastCost + "+fullindex", "oracle_load"}
 )
 
-// scenarios returns every scenario, headlines first.
-func scenarios() []scenario {
+// Trace scenario settings: the cluster of issue 16's measurements, 4
+// prefill and 4 decode engines at dp 8, and prompts capped below one
+// rank's KV (150k tokens on dsv3-dp8-h100-node: a longer prompt is a 400).
+const traceMaxPrompt = 120000
+
+// scenarios returns every scenario, headlines first. tracePath is the
+// Mooncake-format trace the trace scenarios replay.
+func scenarios(tracePath string) []scenario {
 	std := clustersim.Uniform(dsv3, 2, 2, 4)
+	big := clustersim.Uniform(dsv3, 4, 4, 8)
+	replay := traceReplay(tracePath)
 	hetero := clustersim.Cluster{
 		Prefill: []clustersim.Engine{{Profile: dsv3, DPSize: 4}, {Profile: dsv3, DPSize: 2}},
 		Decode:  []clustersim.Engine{{Profile: dsv3, DPSize: 4}, {Profile: dsv3, DPSize: 2}},
@@ -143,8 +175,48 @@ func scenarios() []scenario {
 				{Role: scheduler.RoleDecode, Engine: 0, Rank: 0, Requests: 48, PromptTokens: 2000, OutputTokens: 3000},
 			}},
 		{name: "large", title: "Larger cluster (4 prefill × dp 8, 4 decode × dp 8), variable prompts", workload: bench.WorkloadVariable,
-			cluster: clustersim.Uniform(dsv3, 4, 4, 8), profile: dsv3, rate: 32, routings: otherRoutings},
+			cluster: big, profile: dsv3, rate: 32, routings: otherRoutings},
+		{name: "trace", title: "Trace replay: the shared Mooncake trace at its own pace", workload: "trace",
+			cluster: big, profile: dsv3, rate: 1, routings: prefixRoutings, build: replay},
+		{name: "trace_fast", title: "Trace replay: the shared Mooncake trace 1.5× faster", workload: "trace",
+			cluster: big, profile: dsv3, rate: 1.5, routings: prefixRoutings, build: replay},
+		{name: "production", title: "Production-shaped conversations (one shared block, p50 7k / p90 27k prompts, reuse after ~2 min), 2.9 requests/s", workload: "production",
+			cluster: big, profile: dsv3, rate: 2.9, routings: prefixRoutings, build: production},
+		{name: "production_high", title: "Production-shaped conversations at 4.5 requests/s", workload: "production",
+			cluster: big, profile: dsv3, rate: 4.5, routings: prefixRoutings, build: production},
 	}
+}
+
+// traceReplay replays the trace at path: rate is the time compression,
+// and seed k starts (k-1)/8 of the trace's duration into it, wrapping at
+// its end, so that seeds see different stretches of the same trace. The
+// trace is read once.
+func traceReplay(path string) func(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+	load := sync.OnceValues(func() ([]bench.TraceRecord, error) { return bench.LoadTrace(path) })
+	return func(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+		recs, err := load()
+		if err != nil {
+			return bench.Workload{}, fmt.Errorf("trace scenario (-trace %s): %w", path, err)
+		}
+		var span int64
+		if n := len(recs); n > 0 {
+			span = recs[n-1].Timestamp - recs[0].Timestamp
+		}
+		offset := time.Duration(span*int64((seed-1)%traceOffsets)/traceOffsets) * time.Millisecond
+		return bench.TraceWorkload("trace", recs, bench.TraceOptions{
+			Speedup: rate, Offset: offset, Window: window, MaxPromptTokens: traceMaxPrompt, Wrap: true,
+		})
+	}
+}
+
+// traceOffsets is how many distinct starting points the trace seeds use.
+const traceOffsets = 8
+
+// production generates a production-shaped trace (bench.ProductionParams'
+// defaults) at rate requests per second and replays it.
+func production(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+	recs := bench.GenerateProductionTrace(rate, window, seed, bench.ProductionParams{})
+	return bench.TraceWorkload("production", recs, bench.TraceOptions{Window: window, MaxPromptTokens: traceMaxPrompt})
 }
 
 // options are the matrix's settings.
@@ -233,7 +305,7 @@ func (r *runner) summary(ctx context.Context, sc scenario, rate float64, rt rout
 
 // prepared returns the workload of (sc, rate, seed), preparing it once.
 func (r *runner) prepared(sc scenario, rate float64, seed uint64) (*clustersim.Prepared, error) {
-	key := prepKey{sc.workload, sc.profile, rate, seed}
+	key := prepKey{sc.workload + "/" + sc.name, sc.profile, rate, seed}
 	r.mu.Lock()
 	e := r.prep[key]
 	if e == nil {
@@ -242,7 +314,13 @@ func (r *runner) prepared(sc scenario, rate float64, seed uint64) (*clustersim.P
 	}
 	r.mu.Unlock()
 	e.once.Do(func() {
-		w, err := bench.Generate(sc.workload, rate, r.opts.window, seed, bench.Params{})
+		build := sc.build
+		if build == nil {
+			build = func(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+				return bench.Generate(sc.workload, rate, window, seed, bench.Params{})
+			}
+		}
+		w, err := build(rate, r.opts.window, seed)
 		if err != nil {
 			e.err = err
 			return
