@@ -87,7 +87,7 @@ type Policy struct {
 // bare name (`least_tokens`) or a mapping with a name and parameters.
 type PolicySpec struct {
 	// Name is the policy: round_robin, random, power_of_two, least_tokens,
-	// prefix_hash, cache_aware or weighted.
+	// prefix_hash, cache_aware, weighted or least_cost.
 	Name string `yaml:"name"`
 	// CacheThreshold (cache_aware): prefix-match fraction that pins a
 	// request to the target caching it.
