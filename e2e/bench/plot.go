@@ -34,10 +34,9 @@ func PlotTTFTvsLoad(path, workload string, summaries []Summary, policies []strin
 		p := plot.New()
 		p.Title.Text = fmt.Sprintf("%s: TTFT %s vs load", workload, stat.name)
 		p.X.Label.Text = "offered load (requests/s, model time)"
-		p.Y.Label.Text = "TTFT " + stat.name + " (ms, log scale)"
-		p.Y.Scale = plot.LogScale{}
-		p.Y.Tick.Marker = logTicks{}
+		p.Y.Label.Text = "TTFT " + stat.name + " (ms)"
 		p.Legend.Top, p.Legend.Left = true, true
+		plotted := false
 		for i, pol := range policies {
 			var pts plotter.XYs
 			for _, s := range summaries {
@@ -58,6 +57,14 @@ func PlotTTFTvsLoad(path, workload string, summaries []Summary, policies []strin
 			points.Shape = plotutil.Shape(i)
 			p.Add(line, points)
 			p.Legend.Add(pol, line, points)
+			plotted = true
+		}
+		if plotted {
+			// A log scale needs positive values: an empty panel (every
+			// run failed) keeps the linear default rather than panicking.
+			p.Y.Label.Text += ", log scale"
+			p.Y.Scale = plot.LogScale{}
+			p.Y.Tick.Marker = logTicks{}
 		}
 		p.Add(plotter.NewGrid())
 		panels = append(panels, p)
