@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +77,15 @@ type targetState struct {
 	// health is the target's own health record and endpoint its endpoint's
 	// (see health.go); picks skip the target while either is ejected.
 	health, endpoint *healthState
+	// indexedBlocks is how many blocks the prefix index holds for the
+	// target, as of the last insert or bound (not guarded by mu: the index
+	// changes outside the pick lock).
+	indexedBlocks atomic.Int64
+}
+
+// indexedTokens is indexedBlocks in tokens, perBlock tokens each.
+func (ts *targetState) indexedTokens(perBlock float64) int64 {
+	return int64(float64(ts.indexedBlocks.Load()) * perBlock)
 }
 
 // ejected reports whether picks skip ts at now (Unix ns): the target or
@@ -306,6 +316,16 @@ func (l *ledger) observe(ranks []rankLoad, started, finished time.Time) {
 				l.drop(h, finished)
 			}
 		}
+	}
+}
+
+// setIndexed records that the prefix index holds blocks for key.
+func (l *ledger) setIndexed(key TargetKey, blocks int) {
+	l.mu.Lock()
+	ts := l.targets[key]
+	l.mu.Unlock()
+	if ts != nil {
+		ts.indexedBlocks.Store(int64(blocks))
 	}
 }
 

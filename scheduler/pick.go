@@ -60,9 +60,10 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	prefillIndexed := pd && readsPrefix(s.prefillPolicy)
 	decodeIndexed := readsPrefix(s.decodePolicy)
 	var matches []prefixMatch
+	var perBlock float64
 	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed) {
 		n := float64(len(req.Blocks))
-		perBlock := s.tokensPerBlock(req)
+		perBlock = s.tokensPerBlock(req)
 		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
 			cached := min(int64(float64(matched)*perBlock), req.PromptTokens-1)
 			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n, tokens: max(cached, 0)})
@@ -84,12 +85,12 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		return Decision{}, err
 	}
 	if pd {
-		prefillCands, prefillFiltered = s.candidates(&snap.prefill, matches, now, &s.prefillScratch)
+		prefillCands, prefillFiltered = s.candidates(&snap.prefill, matches, perBlock, now, &s.prefillScratch)
 		if len(prefillCands) == 0 {
 			return fail(allEjected(RolePrefill, len(snap.prefill.targets)))
 		}
 	}
-	decodeCands, decodeFiltered := s.candidates(&snap.decode, matches, now, &s.decodeScratch)
+	decodeCands, decodeFiltered := s.candidates(&snap.decode, matches, perBlock, now, &s.decodeScratch)
 	if len(decodeCands) == 0 {
 		return fail(allEjected(RoleDecode, len(snap.decode.targets)))
 	}
@@ -126,7 +127,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 			continue
 		}
 		if len(req.Blocks) > 0 && indexed[i] {
-			s.index.Insert(ts.key, req.Blocks)
+			ts.indexedBlocks.Store(int64(s.index.Insert(ts.key, req.Blocks)))
 		}
 		if ts.picks != nil {
 			ts.picks.Inc()
@@ -196,16 +197,18 @@ func allEjected(role Role, n int) error {
 
 // candidates lists p's targets with their current loads and prefix
 // matches, leaving out ejected ones; filtered reports whether any was left
-// out (the candidates' positions then differ from the pool's). Caller holds
-// s.ledger.mu (which also guards the scratch slices).
-func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, scratch *[]Candidate) (cands []Candidate, filtered bool) {
+// out (the candidates' positions then differ from the pool's). perBlock
+// converts the index's blocks to tokens (0 when the request was not
+// matched). Caller holds s.ledger.mu (which also guards the scratch
+// slices).
+func (s *Scheduler) candidates(p *pool, matches []prefixMatch, perBlock float64, now time.Time, scratch *[]Candidate) (cands []Candidate, filtered bool) {
 	cands = (*scratch)[:0]
 	since := s.ledger.freshSince(now)
 	// While no record is ejected or half-open, no target is skipped and a
 	// candidate's position is its position in the pool.
 	if s.health.count.Load() == 0 {
 		for i, t := range p.targets {
-			cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since)})
+			cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since), IndexedTokens: p.states[i].indexedTokens(perBlock)})
 		}
 		for _, m := range matches {
 			if i, ok := p.index[m.key]; ok {
@@ -224,7 +227,7 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, now time.Time, sc
 			continue
 		}
 		pos = append(pos, int32(len(cands)))
-		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(ts, since)})
+		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(ts, since), IndexedTokens: ts.indexedTokens(perBlock)})
 	}
 	for _, m := range matches {
 		if i, ok := p.index[m.key]; ok && pos[i] >= 0 {

@@ -80,6 +80,11 @@ type Candidate struct {
 	// target would not have to compute. Only the hashed part of a prompt
 	// (see prefix.DefaultMaxBlocks) can count.
 	CachedTokens int64
+	// IndexedTokens is how much the prefix index believes the target's
+	// cache holds in all, over every prompt routed there, in tokens; with
+	// Load.Capacity it tells how full that cache is. Set only for policies
+	// that read prefixes.
+	IndexedTokens int64
 }
 
 // Policy chooses one target among candidates.

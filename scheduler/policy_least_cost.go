@@ -13,34 +13,43 @@ import (
 //
 // On the prefill role the price is in seconds:
 //
-//	cost = wait + (1 + 2 × reuse) × compute
-//	wait    = steps(max(Load.ReservedWork, Load.Scraped)) × step
-//	compute = max(1, steps(uncached)) × step
+//	cost    = wait + compute + 2 × reuse × compute × evicted
+//	wait    = queued × t
+//	compute = uncached × t
 //
-// wait is how long the rank stays busy with work already sent to it: the
-// prefill work duet has in flight there (its reservations less the
-// prefixes it believed cached; they end with each leg's feedback) or the
-// engine's reported pending tokens (which also count traffic duet did not
-// send), whichever is larger. uncached is the prompt less the prefix duet believes the rank caches
-// (Candidate.CachedTokens). steps(n) is ⌈n / chunk⌉ with the engine's
-// chunked_prefill_size from /server_info (an engine that reports none is
-// priced per token), and step is the engine's time per step, learned
-// online from the prefill legs' feedback (see ObserveLeg and stepTime):
-// the pool's estimate stands for every engine whose own (after 8 samples)
-// is within 1.5× of it, and before the pool has any, every engine is
-// priced alike.
+// queued is the prefill work already sent to the rank: the larger of
+// duet's own work in flight there (Load.ReservedWork: its reservations less
+// the prefixes it believed cached; they end with each leg's feedback) and
+// the engine's reported pending tokens less the cached part of duet's own
+// reservations (SGLang counts a waiting prompt whole, cached prefix
+// included; what remains also counts traffic duet did not send). uncached
+// is the prompt less the prefix duet believes the rank caches
+// (Candidate.CachedTokens). t is the engine's time per prefill token,
+// learned online from the prefill legs' feedback (see ObserveLeg and
+// speedEstimate): the pool's estimate stands for every engine whose own is
+// within 1.5× of it, and before the pool has any, every engine is priced
+// alike. With one kind of engine t scales every price alike and the choice
+// is made in tokens; it decides between engines of different speeds.
 //
-// The reuse term prices what computing the request's uncached tokens costs
-// later. They enter the rank's cache and evict as many tokens of other
-// prefixes; and when the prompt's prefix is cached elsewhere, the copy left
-// there no longer serves the conversation's next turn. Later requests
-// recompute both as often as prompts are reused. reuse is that rate,
-// learned from the workload: an average, over picks, of the best share of
-// the prompt any candidate caches. Without it, a pick that avoids a short
-// queue by moving a conversation to an idle rank looks free, and
-// conversations scatter until no cache holds them (on the simulator's
-// multi-turn workloads a weight of 1 × reuse lost 3-8 points of hit rate
-// and 5-20 % of mean TTFT against 2 × reuse).
+// The third term prices what the pick costs later requests. The uncached
+// tokens enter the rank's cache; where the cache has no room left they
+// evict as many tokens of other prefixes, which later requests recompute
+// as often as prompts are reused. evicted is the share of the uncached
+// tokens beyond that room (Load.Capacity less the tokens the prefix index
+// believes the rank holds, Candidate.IndexedTokens; all of them when the
+// capacity is unknown), and reuse is the reuse rate, learned from the
+// workload: an average, over picks, of the best share of the prompt any
+// candidate caches. Ties go to the rank whose cache holds the least, so
+// that new conversations spread over every rank's cache.
+//
+// Why these terms (the simulator's production-shaped scenario, 4x8 + 4x8
+// ranks, 2.9 requests/s; docs/scheduling.md): pricing eviction only where
+// the cache is full, rather than every uncached token, and spreading ties
+// by cache room took the prefix hit rate from 17 % to 33 % and mean TTFT
+// from 2.9 s to 2.4 s; per-engine speeds learned from every leg, small ones
+// included, priced noise (a small leg's time is mostly fixed overhead) and
+// cost multi-turn traffic half its speed, hence the minimum leg size and
+// the 1.5x margin.
 //
 // On the decode role the price is in tokens, the unit of decode cost:
 //
@@ -53,15 +62,13 @@ import (
 // and overflow (after beyond the rank's KV capacity) is what must drain
 // before the engine can admit the request at all.
 //
-// Ties go to the candidate with fewer tokens, then to the earliest.
+// Decode ties go to the candidate with fewer tokens, then to the earliest.
 type leastCost struct {
 	role Role
-	// chunk remembers each engine's chunk size from its candidates, for
-	// pricing the legs ObserveLeg reports (which name only the target).
-	chunk map[string]int
-	// speed is the learned step time per engine URL; pool is all engines'.
-	speed map[string]*stepTime
-	pool  *stepTime
+	// speed is the learned time per prefill token per engine URL; pool is
+	// all engines'.
+	speed map[string]*speedEstimate
+	pool  *speedEstimate
 	// lastEnd is when each target's previous prefill leg ended: a leg's
 	// service time runs from its pick or that end, whichever is later.
 	lastEnd map[TargetKey]time.Time
@@ -74,19 +81,26 @@ type leastCost struct {
 // Learning constants of least_cost.
 const (
 	// costQuantile is the quantile of the latest service-time samples
-	// taken as an engine's step time.
+	// taken as an engine's time per token.
 	costQuantile = 0.2
 	// engineSamples and poolSamples are how many samples an engine's and
 	// the pool's estimate keep.
 	engineSamples = 32
 	poolSamples   = 128
+	// minSampleWork is the least prefill work (uncached tokens) a leg must
+	// carry to be a speed sample: a smaller leg's time is mostly fixed
+	// overhead (the step's base cost, the KV transfer, the response), and
+	// pricing it as speed made engines of one kind look apart.
+	minSampleWork = 2048
 	// reuseAlpha is the weight of one pick in the learned reuse rate.
 	reuseAlpha = 0.02
+	// reuseWeight scales the learned reuse rate into the price of the
+	// prefixes a pick evicts.
+	reuseWeight = 2
 	// engineApart is how far an engine's estimate must be from the pool's
 	// to be used instead of it: engines of one kind measure a little apart
-	// by chance, and pricing that noise moved conversations between them
-	// (multi-turn hit rate -3 points), while a different kind of engine is
-	// apart by much more.
+	// by chance, and pricing that noise moves conversations between them,
+	// while a different kind of engine is apart by much more.
 	engineApart = 1.5
 	// costWarmSamples is how many samples an engine's estimate takes
 	// before it replaces the pool's.
@@ -99,9 +113,8 @@ const (
 func newLeastCost(spec PolicySpec) (Policy, error) {
 	return &leastCost{
 		role:      spec.Role,
-		chunk:     map[string]int{},
-		speed:     map[string]*stepTime{},
-		pool:      newStepTime(poolSamples),
+		speed:     map[string]*speedEstimate{},
+		pool:      newSpeedEstimate(poolSamples),
 		lastEnd:   map[TargetKey]time.Time{},
 		engineMax: map[*Endpoint]int64{},
 	}, nil
@@ -140,32 +153,42 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 	best, bestCost := -1, 0.0
 	for i := range cands {
 		c := &cands[i]
-		wait, compute := p.prefillSeconds(req, c)
-		cost := wait + (1+2*p.reuse)*compute
-		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
+		t := p.tokenSeconds(c)
+		uncached := max(req.PromptTokens-c.CachedTokens, 1)
+		wait, compute := float64(queuedWork(c))*t, float64(uncached)*t
+		cost := wait + compute + reuseWeight*p.reuse*compute*evictedShare(uncached, c)
+		if best < 0 || cost < bestCost || cost == bestCost && c.IndexedTokens < cands[best].IndexedTokens {
 			best, bestCost = i, cost
 		}
 	}
 	return best
 }
 
-// prefillSeconds returns how long c stays busy before req's prefill could
-// start there, and how long the prefill itself would take.
-func (p *leastCost) prefillSeconds(req *Request, c *Candidate) (wait, compute float64) {
-	chunk := int64(1)
-	if c.Endpoint != nil && c.Endpoint.ChunkTokens > 0 {
-		chunk = int64(c.Endpoint.ChunkTokens)
-		p.chunk[c.Endpoint.URL] = c.Endpoint.ChunkTokens
-	}
-	step := p.stepSeconds(c)
-	wait = float64(ceilDiv(max(c.Load.Scraped, c.Load.ReservedWork), chunk)) * step
-	uncached := max(req.PromptTokens-c.CachedTokens, 1)
-	return wait, float64(max(1, ceilDiv(uncached, chunk))) * step
+// queuedWork is the prefill work already sent to c, in tokens: duet's own
+// work in flight there, or what the engine reports pending less the cached
+// part of duet's reservations (which the engine counts while they wait),
+// whichever is larger.
+func queuedWork(c *Candidate) int64 {
+	cachedOwn := c.Load.Reserved - c.Load.ReservedWork
+	return max(c.Load.ReservedWork, c.Load.Scraped-cachedOwn)
 }
 
-// stepSeconds is the step time of c's engine: its own estimate, else the
-// pool's, else 1 (every engine alike).
-func (p *leastCost) stepSeconds(c *Candidate) float64 {
+// evictedShare is the part of uncached (the tokens a pick would add to
+// c's cache) that would push other prefixes out: those beyond the room
+// between what duet's index believes the cache holds and the rank's KV
+// capacity. Without a known capacity every token is priced as evicting.
+func evictedShare(uncached int64, c *Candidate) float64 {
+	if c.Load.Capacity <= 0 {
+		return 1
+	}
+	evicted := max(0, c.IndexedTokens+uncached-c.Load.Capacity)
+	return float64(min(evicted, uncached)) / float64(uncached)
+}
+
+// tokenSeconds is the time per prefill token of c's engine: its own
+// estimate where it differs enough from the pool's, else the pool's, else 1
+// (every engine alike).
+func (p *leastCost) tokenSeconds(c *Candidate) float64 {
 	if p.pool.n == 0 {
 		return 1
 	}
@@ -206,11 +229,12 @@ func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
 	return best
 }
 
-// ObserveLeg implements LegObserver. A prefill leg's service time,
-// divided by the steps its work took, is a sample of its engine's step
-// time; the service time runs from the pick, or from the end
-// of the target's previous leg if that came later (the rank was busy until
-// then). Failed legs teach nothing about speed.
+// ObserveLeg implements LegObserver. A prefill leg's service time, divided
+// by its work (the uncached tokens), is a sample of its engine's time per
+// token; the service time runs from the pick, or from the end of the
+// target's previous leg if that came later (the rank was busy until then).
+// Failed legs and legs of less than minSampleWork teach nothing about
+// speed.
 func (p *leastCost) ObserveLeg(r LegReport) {
 	if p.role == RoleDecode || r.Role != RolePrefill {
 		return
@@ -221,29 +245,28 @@ func (p *leastCost) ObserveLeg(r LegReport) {
 	}
 	p.lastEnd[r.Target] = r.Ended
 	service := r.Ended.Sub(start).Seconds()
-	if r.Failed || service <= 0 {
+	if r.Failed || service <= 0 || r.Work < minSampleWork {
 		return
 	}
-	chunk := int64(max(p.chunk[r.Target.URL], 1))
-	sample := service / float64(max(1, ceilDiv(r.Work, chunk)))
+	sample := service / float64(r.Work)
 	s := p.speed[r.Target.URL]
 	if s == nil {
-		s = newStepTime(engineSamples)
+		s = newSpeedEstimate(engineSamples)
 		p.speed[r.Target.URL] = s
 	}
 	s.add(sample)
 	p.pool.add(sample)
 }
 
-// stepTime estimates the seconds one prefill step (one chunk, or one token
-// on an unchunked engine) takes, as a low quantile of the latest samples. A
-// leg's service time can only be inflated, never shortened, by what it
-// waits for besides compute (its KV transfer, a decode rank without room
-// for it, a rank that idled), so the low quantile tracks the compute. An
-// average did not: on the trace replay, decode waits made engines of one
-// pool look up to several times slower than each other, and the policy
-// piled work onto whichever looked fastest (mean TTFT 2x least_tokens').
-type stepTime struct {
+// speedEstimate estimates the seconds one prefill token takes, as a low
+// quantile of the latest samples. A leg's service time can only be
+// inflated, never shortened, by what it waits for besides compute (its KV
+// transfer, a decode rank without room for it, a rank that idled), so the
+// low quantile tracks the compute. An average did not: on the trace replay,
+// decode waits made engines of one pool look up to several times slower
+// than each other, and the policy piled work onto whichever looked fastest
+// (mean TTFT 2x least_tokens').
+type speedEstimate struct {
 	ring []float64 // the latest samples, oldest overwritten first
 	next int
 	n    int // samples seen, up to len(ring)
@@ -251,27 +274,19 @@ type stepTime struct {
 	scratch []float64
 }
 
-// newStepTime returns an estimator over the latest size samples.
-func newStepTime(size int) *stepTime { return &stepTime{ring: make([]float64, size)} }
+// newSpeedEstimate returns an estimator over the latest size samples.
+func newSpeedEstimate(size int) *speedEstimate { return &speedEstimate{ring: make([]float64, size)} }
 
 // add records one sample.
-func (s *stepTime) add(sample float64) {
+func (s *speedEstimate) add(sample float64) {
 	s.ring[s.next] = sample
 	s.next = (s.next + 1) % len(s.ring)
 	s.n = min(s.n+1, len(s.ring))
 }
 
 // estimate returns the costQuantile of the samples held; n must be > 0.
-func (s *stepTime) estimate() float64 {
+func (s *speedEstimate) estimate() float64 {
 	s.scratch = append(s.scratch[:0], s.ring[:s.n]...)
 	slices.Sort(s.scratch)
 	return s.scratch[int(costQuantile*float64(s.n-1))]
-}
-
-// ceilDiv is ⌈a/b⌉ for a ≥ 0, b > 0.
-func ceilDiv(a, b int64) int64 {
-	if a <= 0 {
-		return 0
-	}
-	return (a + b - 1) / b
 }

@@ -6,9 +6,8 @@ import (
 )
 
 // costCands returns prefill candidates on engines (one URL each, given by
-// engine index) with chunk size chunk, each with its cached tokens and
-// scraped pending tokens.
-func costCands(chunk int, specs ...struct {
+// engine index), each with its cached tokens and scraped pending tokens.
+func costCands(specs ...struct {
 	engine         int
 	cached, queued int64
 }) []Candidate {
@@ -17,7 +16,7 @@ func costCands(chunk int, specs ...struct {
 	for i, s := range specs {
 		ep := eps[s.engine]
 		if ep == nil {
-			ep = &Endpoint{Role: RolePrefill, URL: "http://e" + string(rune('0'+s.engine)), ChunkTokens: chunk, Ready: true}
+			ep = &Endpoint{Role: RolePrefill, URL: "http://e" + string(rune('0'+s.engine)), Ready: true}
 			eps[s.engine] = ep
 		}
 		out[i] = Candidate{Target: Target{Endpoint: ep, Rank: i}, CachedTokens: s.cached,
@@ -43,8 +42,8 @@ func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
 	}{
 		{"idle pool, no cache: the earliest", 4096, []costSpec{{0, 0, 0}, {0, 0, 0}, {1, 0, 0}}, 0},
 		{"cached rank, idle: follow the cache", 8192, []costSpec{{0, 0, 0}, {0, 6144, 0}, {1, 0, 0}}, 1},
-		{"cached rank, short queue: still follow (3 steps + 2 < 8)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 3072}, {1, 0, 0}}, 1},
-		{"cached rank, long queue: leave it (12 steps + 2 > 8)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 12288}, {1, 0, 0}}, 0},
+		{"cached rank, short queue: still follow (3072 + 2048 < 8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 3072}, {1, 0, 0}}, 1},
+		{"cached rank, long queue: leave it (12288 + 2048 > 8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 12288}, {1, 0, 0}}, 0},
 		{"partly cached everywhere: the larger hit", 8192, []costSpec{{0, 1024, 0}, {1, 4096, 0}}, 1},
 		{"the shorter queue when nothing is cached", 2048, []costSpec{{0, 0, 4096}, {1, 0, 1024}, {1, 0, 2048}}, 1},
 	}
@@ -52,7 +51,7 @@ func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
 			req := &Request{PromptTokens: tt.prompt, Now: time.Unix(100, 0)}
-			if got := mustPick(t, p, req, costCands(1024, tt.cands...)); got != tt.want {
+			if got := mustPick(t, p, req, costCands(tt.cands...)); got != tt.want {
 				t.Errorf("Pick = %d, want %d", got, tt.want)
 			}
 		})
@@ -62,25 +61,31 @@ func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
 // TestLeastCostCountsWorkInFlight checks the wait: duet's own in-flight
 // work (reservations less believed-cached prefixes) counts even where the
 // engine reports nothing pending (a prompt leaves SGLang's queue when its
-// prefill starts), and whichever of the two is larger counts.
+// prefill starts); the engine's report counts less the cached part of
+// duet's own reservations, which it counts while they wait; the larger of
+// the two counts.
 func TestLeastCostCountsWorkInFlight(t *testing.T) {
 	tests := []struct {
-		name            string
-		work0, scraped0 int64
-		work1, scraped1 int64
-		want            int
+		name                      string
+		reserved0, work0, scrape0 int64
+		reserved1, work1, scrape1 int64
+		want                      int
 	}{
-		{"work in flight, nothing reported", 8192, 0, 0, 0, 1},
-		{"reported pending, no work of duet's", 0, 8192, 0, 0, 1},
-		{"the larger of the two", 1024, 0, 0, 4096, 0},
-		{"equal: the earliest", 2048, 0, 0, 2048, 0},
+		{"work in flight, nothing reported", 8192, 8192, 0, 0, 0, 0, 1},
+		{"reported pending, no work of duet's", 0, 0, 8192, 0, 0, 0, 1},
+		{"the larger of the two", 1024, 1024, 0, 0, 0, 4096, 0},
+		{"equal: the earliest", 2048, 2048, 0, 0, 0, 2048, 0},
+		// Rank 0 waits on 8192 reported tokens, 7168 of them prefixes
+		// duet's own requests find cached: 1024 of work, against 2048.
+		{"the engine's count less duet's cached prefixes", 8192, 1024, 8192, 2048, 2048, 2048, 0},
+		{"traffic duet did not send still counts", 1024, 1024, 8192, 2048, 2048, 2048, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
-			cands := costCands(1024, costSpec{0, 0, tt.scraped0}, costSpec{1, 0, tt.scraped1})
-			cands[0].Load.ReservedWork, cands[1].Load.ReservedWork = tt.work0, tt.work1
-			cands[0].Load.Tokens, cands[1].Load.Tokens = 0, 0
+			cands := costCands(costSpec{0, 0, tt.scrape0}, costSpec{1, 0, tt.scrape1})
+			cands[0].Load.Reserved, cands[0].Load.ReservedWork = tt.reserved0, tt.work0
+			cands[1].Load.Reserved, cands[1].Load.ReservedWork = tt.reserved1, tt.work1
 			if got := mustPick(t, p, &Request{PromptTokens: 2048}, cands); got != tt.want {
 				t.Errorf("Pick = %d, want %d", got, tt.want)
 			}
@@ -88,27 +93,65 @@ func TestLeastCostCountsWorkInFlight(t *testing.T) {
 	}
 }
 
-// TestLeastCostLearnsEngineSpeed checks that step times are learned from
-// feedback per engine: with equal queues and no cache, the engine whose
-// legs took longer per step is avoided.
+// TestLeastCostPricesEvictionWhereTheCacheIsFull checks the reuse term: on a
+// workload that reuses its prefixes, moving a conversation to an idle rank
+// is cheap while that rank's cache has room for it, and priced by what it
+// evicts once the cache is full. Ties go to the emptier cache.
+func TestLeastCostPricesEvictionWhereTheCacheIsFull(t *testing.T) {
+	warm := func() Policy {
+		p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
+		for i := range 300 {
+			mustPick(t, p, &Request{PromptTokens: 4096, Now: time.Unix(int64(i), 0)}, costCands(costSpec{0, 3584, 0}, costSpec{1, 0, 0}))
+		}
+		return p
+	}
+	tests := []struct {
+		name             string
+		indexed, capable int64 // rank 1's indexed tokens and KV capacity
+		want             int
+	}{
+		// Rank 0: 5120 queued + 512 own; rank 1: 4096 own.
+		{"room on the idle rank: move", 0, 150000, 1},
+		{"idle rank's cache full: stay (5120 + 512 x 2.75 < 4096 x 2.75)", 150000, 150000, 0},
+		{"capacity unknown: priced as full", 0, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cands := costCands(costSpec{0, 3584, 5120}, costSpec{1, 0, 0})
+			cands[0].Load.Capacity, cands[0].IndexedTokens = 150000, 150000
+			cands[1].Load.Capacity, cands[1].IndexedTokens = tt.capable, tt.indexed
+			if got := mustPick(t, warm(), &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
+	}
+
+	cands := costCands(costSpec{0, 0, 0}, costSpec{0, 0, 0}, costSpec{1, 0, 0})
+	cands[0].IndexedTokens, cands[1].IndexedTokens, cands[2].IndexedTokens = 9000, 1000, 5000
+	if got := mustPick(t, mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}), &Request{PromptTokens: 4096}, cands); got != 1 {
+		t.Errorf("tie: Pick = %d, want 1 (the emptiest cache)", got)
+	}
+}
+
+// TestLeastCostLearnsEngineSpeed checks that the time per token is learned
+// from feedback per engine: with equal queues and no cache, the engine
+// whose legs took longer per token is avoided.
 func TestLeastCostLearnsEngineSpeed(t *testing.T) {
 	p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}).(*leastCost)
-	cands := costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0})
-	// Teach the policy the chunk sizes, then feed legs: engine 0 takes
-	// 0.4 s per 1024-token step, engine 1 0.1 s.
-	mustPick(t, p, &Request{PromptTokens: 1, Now: time.Unix(0, 0)}, cands)
+	cands := costCands(costSpec{0, 0, 0}, costSpec{1, 0, 0})
+	// Engine 0 takes 1.6 s per 4096 tokens, engine 1 0.4 s.
 	t0 := time.Unix(10, 0)
 	for i := range 20 {
 		start := t0.Add(time.Duration(i) * 10 * time.Second)
 		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: start, Ended: start.Add(1600 * time.Millisecond), Work: 4096})
 		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[1].Key(), Picked: start, Ended: start.Add(400 * time.Millisecond), Work: 4096})
 	}
-	for engine, want := range map[string]float64{cands[0].Endpoint.URL: 0.4, cands[1].Endpoint.URL: 0.1} {
+	for engine, want := range map[string]float64{cands[0].Endpoint.URL: 1.6 / 4096, cands[1].Endpoint.URL: 0.4 / 4096} {
 		if got := p.speed[engine].estimate(); got < want*0.95 || got > want*1.05 {
-			t.Errorf("%s: learned step %.3f s, want %.2f", engine, got, want)
+			t.Errorf("%s: learned %.3g s per token, want %.3g", engine, got, want)
 		}
 	}
-	// Engine 1 is 4x faster: even with 3 steps queued it beats an idle engine 0.
+	// Engine 1 is 4x faster: even with 3072 tokens queued it beats an idle engine 0.
 	cands[1].Load.Scraped = 3072
 	if got := mustPick(t, p, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
 		t.Errorf("Pick = %d, want 1 (the faster engine)", got)
@@ -119,14 +162,19 @@ func TestLeastCostLearnsEngineSpeed(t *testing.T) {
 		start := time.Unix(3000+int64(i)*100, 0)
 		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[1].Key(), Picked: start, Ended: start.Add(20 * time.Second), Work: 4096})
 	}
-	if got := p.speed[cands[1].Endpoint.URL].estimate(); got > 0.11 {
-		t.Errorf("engine 1 after 10 delayed legs: step %.3f s, want still about 0.1", got)
+	if got := p.speed[cands[1].Endpoint.URL].estimate(); got > 0.11/1024 {
+		t.Errorf("engine 1 after 10 delayed legs: %.3g s per token, want still about %.3g", got, 0.1/1024)
 	}
-	// A leg that failed teaches nothing.
+	// A leg that failed, or one too small to measure speed by (its time
+	// is mostly fixed overhead), teaches nothing.
 	before := p.speed[cands[0].Endpoint.URL].estimate()
-	p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: time.Unix(2000, 0), Ended: time.Unix(2100, 0), Work: 1024, Failed: true})
+	p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: time.Unix(4000, 0), Ended: time.Unix(4100, 0), Work: 4096, Failed: true})
+	for i := range 40 {
+		start := time.Unix(5000+int64(i)*100, 0)
+		p.ObserveLeg(LegReport{Role: RolePrefill, Target: cands[0].Key(), Picked: start, Ended: start.Add(100 * time.Millisecond), Work: 100})
+	}
 	if got := p.speed[cands[0].Endpoint.URL].estimate(); got != before {
-		t.Errorf("failed leg changed the estimate: %v -> %v", before, got)
+		t.Errorf("failed or small legs changed the estimate: %v -> %v", before, got)
 	}
 }
 
@@ -138,8 +186,8 @@ func TestLeastCostLearnsReuse(t *testing.T) {
 	warm := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}).(*leastCost)
 	for i := range 300 {
 		now := time.Unix(int64(i), 0)
-		mustPick(t, cold, &Request{PromptTokens: 4096, Now: now}, costCands(1024, costSpec{0, 0, 0}, costSpec{1, 0, 0}))
-		mustPick(t, warm, &Request{PromptTokens: 4096, Now: now}, costCands(1024, costSpec{0, 3584, 0}, costSpec{1, 0, 0}))
+		mustPick(t, cold, &Request{PromptTokens: 4096, Now: now}, costCands(costSpec{0, 0, 0}, costSpec{1, 0, 0}))
+		mustPick(t, warm, &Request{PromptTokens: 4096, Now: now}, costCands(costSpec{0, 3584, 0}, costSpec{1, 0, 0}))
 	}
 	if cold.reuse != 0 {
 		t.Errorf("reuse without shared prefixes = %v, want 0", cold.reuse)
@@ -147,10 +195,11 @@ func TestLeastCostLearnsReuse(t *testing.T) {
 	if warm.reuse < 0.8 {
 		t.Errorf("reuse with 7/8 cached = %v, want about 0.875", warm.reuse)
 	}
-	// Cached rank queued 5 steps + 1 own, against 4 own steps idle: a
-	// one-off choice would leave (6 > 4); priced with reuse it stays
-	// (5 + 1×2.75 < 4×2.75).
-	cands := costCands(1024, costSpec{0, 3584, 5120}, costSpec{1, 0, 0})
+	// Cached rank queued 5120 tokens + 512 own, against 4096 own idle: a
+	// one-off choice would leave (5632 > 4096); priced with reuse (the
+	// capacity unknown, so every uncached token evicts) it stays
+	// (5120 + 512×2.75 < 4096×2.75).
+	cands := costCands(costSpec{0, 3584, 5120}, costSpec{1, 0, 0})
 	if got := mustPick(t, cold, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
 		t.Errorf("cold policy Pick = %d, want 1", got)
 	}

@@ -115,7 +115,7 @@ func (s *Scheduler) boundPrefixes(role Role, ranks []rankLoad) {
 	perBlock := float64(orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)) / s.tokens.Ratio("")
 	for _, r := range ranks {
 		if r.capacity > 0 && perBlock > 0 {
-			s.index.SetBound(r.key, int(float64(r.capacity)/perBlock))
+			s.ledger.setIndexed(r.key, s.index.SetBound(r.key, int(float64(r.capacity)/perBlock)))
 		}
 	}
 }

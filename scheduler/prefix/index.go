@@ -76,9 +76,11 @@ func NewIndex[K comparable](maxBlocksPerTarget int) *Index[K] {
 // more recently used than its descendants and eviction trims chains from
 // their tails: what a target holds stays closed under prefixes, which
 // [Index.Match] relies on.
-func (x *Index[K]) Insert(key K, blocks []uint64) {
+//
+// Insert returns how many blocks key holds afterwards.
+func (x *Index[K]) Insert(key K, blocks []uint64) int {
 	if len(blocks) == 0 {
-		return
+		return x.Blocks(key)
 	}
 	if len(blocks) > x.bound {
 		blocks = blocks[:x.bound]
@@ -114,13 +116,15 @@ func (x *Index[K]) Insert(key K, blocks []uint64) {
 		t.entries[e].pos = int32(len(nd.holders))
 		nd.holders = append(nd.holders, holder{slot: t.slot, entry: e})
 	}
+	return t.len()
 }
 
 // SetBound bounds the blocks key holds to blocks (at most the index's own
 // bound; blocks <= 0 restores it), evicting its least recently used blocks
 // beyond it. The scheduler bounds each target by the engine's KV capacity,
 // so that the index forgets about as fast as the engine's cache evicts.
-func (x *Index[K]) SetBound(key K, blocks int) {
+// SetBound returns how many blocks key holds afterwards.
+func (x *Index[K]) SetBound(key K, blocks int) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	t := x.targetFor(key)
@@ -128,6 +132,7 @@ func (x *Index[K]) SetBound(key K, blocks int) {
 	for limit := t.limit(x.bound); t.len() > limit; {
 		x.evict(t, t.oldest())
 	}
+	return t.len()
 }
 
 // heldBy returns slot's entry for node n, if slot holds it.
