@@ -118,7 +118,7 @@ func routingNamed(n string) (routing, error) {
 func peerRouting(name string) routing {
 	return routing{
 		name:   name,
-		policy: bench.Policy{Name: name, Prefill: "round_robin", Decode: "round_robin", },
+		policy: bench.Policy{Name: name, Prefill: "round_robin", Decode: "round_robin"},
 		scheduler: func(c *scheduler.Config) {
 			p, d, err := peers.NewPair(name)
 			if err != nil {
