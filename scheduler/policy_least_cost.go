@@ -2,8 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"slices"
-	"time"
 )
 
 // least_cost prices each candidate by what this request would cost there
@@ -11,11 +9,9 @@ import (
 // joins, where cache_aware follows a rule (a match threshold and a balance
 // gate) that long prompts defeat.
 //
-// On the prefill role the price is in seconds:
+// On the prefill role the price is in prompt tokens of prefill work:
 //
-//	cost    = wait + compute + 2 × reuse × compute × evicted
-//	wait    = queued × t
-//	compute = uncached × t
+//	cost = queued + 2 × uncached + 2 × reuse × uncached × evicted
 //
 // queued is the prefill work already sent to the rank: the larger of
 // duet's own work in flight there (Load.ReservedWork: its reservations less
@@ -24,14 +20,15 @@ import (
 // reservations (SGLang counts a waiting prompt whole, cached prefix
 // included; what remains also counts traffic duet did not send). uncached
 // is the prompt less the prefix duet believes the rank caches
-// (Candidate.CachedTokens). t is the engine's time per prefill token,
-// learned online from the prefill legs' feedback (see ObserveLeg and
-// speedEstimate): the pool's estimate stands for every engine whose own is
-// within 1.5× of it, and before the pool has any, every engine is priced
-// alike. With one kind of engine t scales every price alike and the choice
-// is made in tokens; it decides between engines of different speeds.
+// (Candidate.CachedTokens): queued + uncached is the work the request waits
+// for, its time to first token on a rank that computes tokens at a steady
+// rate. uncached counts twice because it is also work that requests
+// arriving after this one will wait for on that rank: counted once, the
+// policy moved conversations off their cache to save this request a few
+// tokens of queue and lost the hits later (multi-turn mean TTFT 208 against
+// 195 ms, hit rate 78.5 % against 80.2 %).
 //
-// The third term prices what the pick costs later requests. The uncached
+// The last term prices what the pick costs later requests too. The uncached
 // tokens enter the rank's cache; where the cache has no room left they
 // evict as many tokens of other prefixes, which later requests recompute
 // as often as prompts are reused. evicted is the share of the uncached
@@ -42,16 +39,16 @@ import (
 // candidate caches. Ties go to the rank whose cache holds the least, so
 // that new conversations spread over every rank's cache.
 //
-// Why these terms (the simulator's production-shaped scenario, 4x8 + 4x8
-// ranks, 2.9 requests/s; docs/scheduling.md): pricing eviction only where
-// the cache is full, rather than every uncached token, and spreading ties
-// by cache room took the prefix hit rate from 17 % to 33 % and mean TTFT
-// from 2.9 s to 2.4 s; per-engine speeds learned from every leg, small ones
-// included, priced noise (a small leg's time is mostly fixed overhead) and
-// cost multi-turn traffic half its speed, hence the minimum leg size and
-// the 1.5x margin.
+// The price stays in tokens, not seconds. Converting it with each engine's
+// speed learned from its legs' durations (a low quantile of leg time per
+// token, per engine, used when 1.5x, 2x or even 3x from the pool's) made
+// every simulated scenario worse: on one kind of engine a leg's duration
+// measures the queue and the lockstep steps it met, not the engine, and the
+// policy moved work away from engines that only looked slow (the trace
+// replayed 1.5x faster: p99 TTFT 60 s against 19 s in tokens). See
+// docs/scheduling.md.
 //
-// On the decode role the price is in tokens, the unit of decode cost:
+// On the decode role the price is in tokens too:
 //
 //	after = Load.Tokens + prompt + max_tokens
 //	cost  = max(after, heaviest rank of the engine) + after + 4 × overflow
@@ -65,59 +62,29 @@ import (
 // Decode ties go to the candidate with fewer tokens, then to the earliest.
 type leastCost struct {
 	role Role
-	// speed is the learned time per prefill token per engine URL; pool is
-	// all engines'.
-	speed map[string]*speedEstimate
-	pool  *speedEstimate
-	// lastEnd is when each target's previous prefill leg ended: a leg's
-	// service time runs from its pick or that end, whichever is later.
-	lastEnd map[TargetKey]time.Time
 	// reuse is the learned share of prompt tokens that is reusable.
 	reuse float64
 	// engineMax is decode scratch: the heaviest rank's tokens per engine.
 	engineMax map[*Endpoint]int64
 }
 
-// Learning constants of least_cost.
+// Constants of least_cost.
 const (
-	// costQuantile is the quantile of the latest service-time samples
-	// taken as an engine's time per token.
-	costQuantile = 0.2
-	// engineSamples and poolSamples are how many samples an engine's and
-	// the pool's estimate keep.
-	engineSamples = 32
-	poolSamples   = 128
-	// minSampleWork is the least prefill work (uncached tokens) a leg must
-	// carry to be a speed sample: a smaller leg's time is mostly fixed
-	// overhead (the step's base cost, the KV transfer, the response), and
-	// pricing it as speed made engines of one kind look apart.
-	minSampleWork = 2048
+	// ownWorkWeight counts the request's uncached work for itself and for
+	// the requests that will queue behind it.
+	ownWorkWeight = 2
 	// reuseAlpha is the weight of one pick in the learned reuse rate.
 	reuseAlpha = 0.02
 	// reuseWeight scales the learned reuse rate into the price of the
 	// prefixes a pick evicts.
 	reuseWeight = 2
-	// engineApart is how far an engine's estimate must be from the pool's
-	// to be used instead of it: engines of one kind measure a little apart
-	// by chance, and pricing that noise moves conversations between them,
-	// while a different kind of engine is apart by much more.
-	engineApart = 1.5
-	// costWarmSamples is how many samples an engine's estimate takes
-	// before it replaces the pool's.
-	costWarmSamples = 8
 	// decodeOverflowWeight prices KV beyond a decode rank's capacity: it
 	// must drain before the request is admitted.
 	decodeOverflowWeight = 4
 )
 
 func newLeastCost(spec PolicySpec) (Policy, error) {
-	return &leastCost{
-		role:      spec.Role,
-		speed:     map[string]*speedEstimate{},
-		pool:      newSpeedEstimate(poolSamples),
-		lastEnd:   map[TargetKey]time.Time{},
-		engineMax: map[*Endpoint]int64{},
-	}, nil
+	return &leastCost{role: spec.Role, engineMax: map[*Endpoint]int64{}}, nil
 }
 
 // Name implements Policy.
@@ -153,10 +120,9 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 	best, bestCost := -1, 0.0
 	for i := range cands {
 		c := &cands[i]
-		t := p.tokenSeconds(c)
 		uncached := max(req.PromptTokens-c.CachedTokens, 1)
-		wait, compute := float64(queuedWork(c))*t, float64(uncached)*t
-		cost := wait + compute + reuseWeight*p.reuse*compute*evictedShare(uncached, c)
+		compute := float64(uncached)
+		cost := float64(queuedWork(c)) + ownWorkWeight*compute + reuseWeight*p.reuse*compute*evictedShare(uncached, c)
 		if best < 0 || cost < bestCost || cost == bestCost && c.IndexedTokens < cands[best].IndexedTokens {
 			best, bestCost = i, cost
 		}
@@ -174,7 +140,7 @@ func queuedWork(c *Candidate) int64 {
 }
 
 // evictedShare is the part of uncached (the tokens a pick would add to
-// c's cache) that would push other prefixes out: those beyond the room
+// c's cache, at least 1) that would push other prefixes out: those beyond the room
 // between what duet's index believes the cache holds and the rank's KV
 // capacity. Without a known capacity every token is priced as evicting.
 func evictedShare(uncached int64, c *Candidate) float64 {
@@ -183,24 +149,6 @@ func evictedShare(uncached int64, c *Candidate) float64 {
 	}
 	evicted := max(0, c.IndexedTokens+uncached-c.Load.Capacity)
 	return float64(min(evicted, uncached)) / float64(uncached)
-}
-
-// tokenSeconds is the time per prefill token of c's engine: its own
-// estimate where it differs enough from the pool's, else the pool's, else 1
-// (every engine alike).
-func (p *leastCost) tokenSeconds(c *Candidate) float64 {
-	if p.pool.n == 0 {
-		return 1
-	}
-	pool := p.pool.estimate()
-	if c.Endpoint != nil {
-		if s := p.speed[c.Endpoint.URL]; s != nil && s.n >= costWarmSamples {
-			if own := s.estimate(); own > pool*engineApart || own < pool/engineApart {
-				return own
-			}
-		}
-	}
-	return pool
 }
 
 // pickDecode returns the candidate with the lowest decode price.
@@ -227,66 +175,4 @@ func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
 		}
 	}
 	return best
-}
-
-// ObserveLeg implements LegObserver. A prefill leg's service time, divided
-// by its work (the uncached tokens), is a sample of its engine's time per
-// token; the service time runs from the pick, or from the end of the
-// target's previous leg if that came later (the rank was busy until then).
-// Failed legs and legs of less than minSampleWork teach nothing about
-// speed.
-func (p *leastCost) ObserveLeg(r LegReport) {
-	if p.role == RoleDecode || r.Role != RolePrefill {
-		return
-	}
-	start := r.Picked
-	if prev := p.lastEnd[r.Target]; prev.After(start) {
-		start = prev
-	}
-	p.lastEnd[r.Target] = r.Ended
-	service := r.Ended.Sub(start).Seconds()
-	if r.Failed || service <= 0 || r.Work < minSampleWork {
-		return
-	}
-	sample := service / float64(r.Work)
-	s := p.speed[r.Target.URL]
-	if s == nil {
-		s = newSpeedEstimate(engineSamples)
-		p.speed[r.Target.URL] = s
-	}
-	s.add(sample)
-	p.pool.add(sample)
-}
-
-// speedEstimate estimates the seconds one prefill token takes, as a low
-// quantile of the latest samples. A leg's service time can only be
-// inflated, never shortened, by what it waits for besides compute (its KV
-// transfer, a decode rank without room for it, a rank that idled), so the
-// low quantile tracks the compute. An average did not: on the trace replay,
-// decode waits made engines of one pool look up to several times slower
-// than each other, and the policy piled work onto whichever looked fastest
-// (mean TTFT 2x least_tokens').
-type speedEstimate struct {
-	ring []float64 // the latest samples, oldest overwritten first
-	next int
-	n    int // samples seen, up to len(ring)
-	// scratch sorts a copy of ring.
-	scratch []float64
-}
-
-// newSpeedEstimate returns an estimator over the latest size samples.
-func newSpeedEstimate(size int) *speedEstimate { return &speedEstimate{ring: make([]float64, size)} }
-
-// add records one sample.
-func (s *speedEstimate) add(sample float64) {
-	s.ring[s.next] = sample
-	s.next = (s.next + 1) % len(s.ring)
-	s.n = min(s.n+1, len(s.ring))
-}
-
-// estimate returns the costQuantile of the samples held; n must be > 0.
-func (s *speedEstimate) estimate() float64 {
-	s.scratch = append(s.scratch[:0], s.ring[:s.n]...)
-	slices.Sort(s.scratch)
-	return s.scratch[int(costQuantile*float64(s.n-1))]
 }

@@ -42,17 +42,20 @@ var variants = map[string]func(*scheduler.Config){
 
 // Routing names beyond bench.Policies.
 const (
-	// routingDefault is what duet ships: cache_aware prefill,
-	// least_tokens decode.
+	// routingDefault is what duet ships: least_cost on both roles.
 	routingDefault = "duet_default"
-	// routingLeastCost is the least_cost policy on both roles.
+	// routingLeastCost is the least_cost policy on both roles (the
+	// default, under its policy's name).
 	routingLeastCost = "least_cost"
+	// routingPrevious is the default before least_cost: cache_aware
+	// prefill, least_tokens decode.
+	routingPrevious = "cache_aware/least_tokens"
 )
 
 // defaultPolicy and leastCostPolicy are routingDefault's and
 // routingLeastCost's policies.
 var (
-	defaultPolicy   = bench.Policy{Name: routingDefault, Prefill: "cache_aware", Decode: "least_tokens"}
+	defaultPolicy   = bench.Policy{Name: routingDefault, Prefill: "least_cost", Decode: "least_cost"}
 	leastCostPolicy = bench.Policy{Name: routingLeastCost, Prefill: "least_cost", Decode: "least_cost"}
 )
 
@@ -165,14 +168,15 @@ type scenario struct {
 
 // headlineRoutings and otherRoutings are the comparisons.
 var (
-	headlineRoutings = append([]string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", routingLeastCost, "oracle_load"}, peers.Names()...)
-	otherRoutings    = append([]string{bench.PolicyEngineDefault, "round_robin", "least_tokens", "cache_aware", routingDefault, routingDefault + "+covered", routingLeastCost, "oracle_load"}, peers.Names()...)
-	// prefixRoutings compare, where prefixes are shared, least_cost
-	// against cache_aware with its balance gate off and prefix_hash, and
-	// the prefix index bounded by KV capacity (the default) against the
-	// fixed bound (+fullindex).
-	prefixRoutings = append([]string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingDefault, routingLeastCost,
-		"least_cost/least_tokens", "cache_aware{balance_abs_tokens: 1000000000}/least_tokens", "prefix_hash/least_tokens", routingDefault + "+fullindex", routingLeastCost + "+fullindex", "oracle_load"}, peers.Names()...)
+	headlineRoutings = append([]string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingPrevious, routingDefault, routingDefault + "+covered", "oracle_load"}, peers.Names()...)
+	otherRoutings    = append([]string{bench.PolicyEngineDefault, "round_robin", "least_tokens", "cache_aware", routingPrevious, routingDefault, routingDefault + "+covered", "oracle_load"}, peers.Names()...)
+	// prefixRoutings compare, where prefixes are shared, the default
+	// against the previous one, cache_aware with its balance gate off and
+	// prefix_hash, least_cost's decode price against least_tokens', and the
+	// prefix index bounded by KV capacity (the default) against the fixed
+	// bound (+fullindex).
+	prefixRoutings = append([]string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingPrevious, routingDefault,
+		"least_cost/least_tokens", "cache_aware{balance_abs_tokens: 1000000000}/least_tokens", "prefix_hash/least_tokens", routingDefault + "+fullindex", "oracle_load"}, peers.Names()...)
 )
 
 // Trace scenario settings: the cluster of issue 16's measurements, 4
