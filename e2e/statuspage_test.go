@@ -154,7 +154,7 @@ func TestStatusPage(t *testing.T) {
 	s := startStack(t, harness.Options{
 		Prefill:          []harness.SimSpec{{DPSize: 2}},
 		Decode:           []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
-		PrefillPolicy:    "cache_aware", // duet's default; it reads (and fills) the prefix index
+		PrefillPolicy:    "cache_aware", // reads (and fills) the prefix index
 		DecodePolicy:     "least_tokens",
 		DecodeMsPerToken: 10,
 		LoadInterval:     time.Second,

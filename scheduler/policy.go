@@ -207,6 +207,15 @@ const (
 	policyLeastCost   = "least_cost"
 )
 
+// The policies duet ships as its defaults, for each role (cmd/duet's
+// configuration applies them where the file names none; a Scheduler built
+// from a Config without policies uses round_robin). least_cost replaced
+// cache_aware (prefill) and least_tokens (decode): see docs/scheduling.md.
+const (
+	DefaultPrefillPolicy = policyLeastCost
+	DefaultDecodePolicy  = policyLeastCost
+)
+
 // NewPolicy returns the policy spec names, configured by spec.
 func NewPolicy(spec PolicySpec) (Policy, error) {
 	build, ok := policyFactories[spec.Name]

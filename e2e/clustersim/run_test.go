@@ -122,14 +122,14 @@ func TestAggregatedCluster(t *testing.T) {
 	}
 }
 
-// TestLeastCostFollowsLongPromptPrefixes replays production-shaped
+// TestDefaultFollowsLongPromptPrefixes replays production-shaped
 // conversations (prompts p50 7k, p90 27k tokens, reuse after about two
-// minutes) and demands that least_cost follow the cache where cache_aware's
-// balance gate does not: at least 1.8x least_tokens' hit rate (2.2x here
-// when written; the 10-minute scenario in docs/benchmarks/trace shows
-// more), and a lower mean TTFT. It fails if the policy stops following the cache on long
-// prompts.
-func TestLeastCostFollowsLongPromptPrefixes(t *testing.T) {
+// minutes) and demands that duet's default policies follow the cache where
+// cache_aware's balance gate did not: at least 2.5x least_tokens' hit rate
+// and a mean TTFT at most 0.85x its (issue 16's aims; 30.0 % against 4.6 %
+// and 0.77x when written). It fails if the default stops following the
+// cache on long prompts.
+func TestDefaultFollowsLongPromptPrefixes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates about 700 long-prompt requests per policy")
 	}
@@ -145,7 +145,7 @@ func TestLeastCostFollowsLongPromptPrefixes(t *testing.T) {
 	got := map[string]Summary{}
 	for _, pol := range []bench.Policy{
 		{Name: "least_tokens", Prefill: "least_tokens", Decode: "least_tokens"},
-		{Name: "least_cost", Prefill: "least_cost", Decode: "least_cost"},
+		{Name: "default", Prefill: scheduler.DefaultPrefillPolicy, Decode: scheduler.DefaultDecodePolicy},
 	} {
 		res, err := Run(context.Background(), Config{Cluster: Uniform("dsv3-dp8-h100-node", 4, 4, 8), Policy: pol,
 			Workload: p, Warmup: time.Minute, Seed: 1})
@@ -158,12 +158,12 @@ func TestLeastCostFollowsLongPromptPrefixes(t *testing.T) {
 		}
 		got[pol.Name] = s
 	}
-	lt, lc := got["least_tokens"], got["least_cost"]
-	t.Logf("hit rate %.1f%% vs %.1f%%, mean TTFT %.0f vs %.0f ms", 100*lc.HitRate, 100*lt.HitRate, lc.TTFTMean, lt.TTFTMean)
-	if !(lc.HitRate >= 1.8*lt.HitRate) {
-		t.Errorf("least_cost hit rate %.1f%%, least_tokens %.1f%%: want at least 1.8x", 100*lc.HitRate, 100*lt.HitRate)
+	lt, def := got["least_tokens"], got["default"]
+	t.Logf("hit rate %.1f%% vs %.1f%%, mean TTFT %.0f vs %.0f ms", 100*def.HitRate, 100*lt.HitRate, def.TTFTMean, lt.TTFTMean)
+	if !(def.HitRate >= 2.5*lt.HitRate) {
+		t.Errorf("default hit rate %.1f%%, least_tokens %.1f%%: want at least 2.5x", 100*def.HitRate, 100*lt.HitRate)
 	}
-	if !(lc.TTFTMean < lt.TTFTMean) {
-		t.Errorf("least_cost mean TTFT %.0f ms, least_tokens %.0f ms: want lower", lc.TTFTMean, lt.TTFTMean)
+	if !(def.TTFTMean <= 0.85*lt.TTFTMean) {
+		t.Errorf("default mean TTFT %.0f ms, least_tokens %.0f ms: want at most 0.85x", def.TTFTMean, lt.TTFTMean)
 	}
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/scheduler"
 )
 
 // Config is the whole of duet's configuration file.
@@ -253,8 +255,8 @@ type EnvoyClusters struct {
 const (
 	DefaultGRPC           = "127.0.0.1:9002"
 	DefaultAdmin          = "127.0.0.1:9003"
-	DefaultPrefillPolicy  = "cache_aware"
-	DefaultDecodePolicy   = "least_tokens"
+	DefaultPrefillPolicy  = scheduler.DefaultPrefillPolicy
+	DefaultDecodePolicy   = scheduler.DefaultDecodePolicy
 	DefaultMaxBodyBytes   = 32 << 20
 	DefaultEnvoyListen    = "127.0.0.1:8080"
 	DefaultEnvoyAdmin     = "127.0.0.1:9901"
