@@ -22,12 +22,18 @@ type Report struct {
 // Plot is one image referenced by the report.
 type Plot struct{ Caption, File string }
 
-// workloads returns the workloads present, in Workloads order.
+// workloads returns the workloads present, in Workloads order, then any
+// other (a replayed trace) in the order of their first summary.
 func (r Report) workloads() []string {
 	var out []string
 	for _, w := range Workloads {
 		if slices.ContainsFunc(r.Summaries, func(s Summary) bool { return s.Workload == w }) {
 			out = append(out, w)
+		}
+	}
+	for _, s := range r.Summaries {
+		if !slices.Contains(out, s.Workload) {
+			out = append(out, s.Workload)
 		}
 	}
 	return out

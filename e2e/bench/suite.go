@@ -24,6 +24,10 @@ type Plan struct {
 	Window time.Duration
 	// Seed makes the workloads; every policy replays the same arrivals.
 	Seed uint64
+	// Build, if set, makes each workload instead of Generate (a replayed
+	// trace: see TraceWorkload). Streaming is then limited to the chunk
+	// budget by the workload's own mean output.
+	Build func(name string, rate float64, window time.Duration, seed uint64, p Params) (Workload, error)
 	// Policies are compared; the first should be the baseline.
 	Policies []Policy
 	// ChunkBudget bounds the streamed content chunks per wall second that
@@ -63,14 +67,25 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 		for ri, rate := range rates {
 			params := plan.Params
 			params.StreamFraction = plan.streamFraction(name, rate, cfg.Scale)
-			w, err := Generate(name, rate, plan.Window, plan.Seed+uint64(ri), params)
+			perSession := MeanRequestsPerSession(name, plan.Params)
+			var w Workload
+			var err error
+			if plan.Build != nil {
+				w, err = plan.Build(name, rate, plan.Window, plan.Seed+uint64(ri), plan.Params)
+				if err == nil && len(w.Sessions) > 0 {
+					perSession = float64(w.Requests()) / float64(len(w.Sessions))
+					w.LimitStreaming(plan.streamFractionOf(w, perSession, cfg.Scale))
+				}
+			} else {
+				w, err = Generate(name, rate, plan.Window, plan.Seed+uint64(ri), params)
+			}
 			if err != nil {
 				return rep, err
 			}
 			fmt.Fprintf(cfg.Log, "%s at %g sessions/s: %d sessions, %d requests planned, %.0f%% of sessions streamed\n",
 				name, rate, len(w.Sessions), w.Requests(), 100*w.StreamFraction)
 			for _, pol := range plan.Policies {
-				c := Case{Workload: w, Policy: pol, RequestsPerSession: MeanRequestsPerSession(name, plan.Params)}
+				c := Case{Workload: w, Policy: pol, RequestsPerSession: perSession}
 				res, err := RunCase(ctx, cfg, c)
 				if ctx.Err() != nil {
 					return rep, ctx.Err()
@@ -103,6 +118,26 @@ func (plan Plan) streamFraction(name string, rate, scale float64) float64 {
 	}
 	chunksPerRequest := MeanOutputTokens(name, plan.Params) / float64(max(plan.StreamInterval, 1))
 	wallChunks := rate * scale * MeanRequestsPerSession(name, plan.Params) * chunksPerRequest
+	return min(1, plan.ChunkBudget/wallChunks)
+}
+
+// streamFractionOf is the share of w's sessions that can stream within the
+// chunk budget, from w's own arrival rate and mean output.
+func (plan Plan) streamFractionOf(w Workload, perSession, scale float64) float64 {
+	if plan.ChunkBudget <= 0 {
+		return 1
+	}
+	var out, n float64
+	for _, s := range w.Sessions {
+		for _, t := range s.Turns {
+			out += float64(t.OutputTokens)
+			n++
+		}
+	}
+	if n == 0 || out == 0 {
+		return 1
+	}
+	wallChunks := w.Rate * scale * perSession * (out / n) / float64(max(plan.StreamInterval, 1))
 	return min(1, plan.ChunkBudget/wallChunks)
 }
 

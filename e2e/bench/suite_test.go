@@ -67,3 +67,60 @@ func TestRunPlanEndToEnd(t *testing.T) {
 		t.Errorf("report:\n%s", md)
 	}
 }
+
+// A replayed trace runs end to end through Plan.Build on the real stack:
+// the requests that share hash ids share prompt prefixes for duet and the
+// engines, every request completes, and the report has the trace's table.
+func TestRunPlanTraceEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end to end; skipped with -short")
+	}
+	// Twelve requests over 1.2 s: three prefixes of one or two 512-token
+	// blocks, each reused.
+	var recs []TraceRecord
+	for i := range 12 {
+		ids := []int64{int64(100 + i%3)}
+		if i%2 == 1 {
+			ids = append(ids, int64(200+i%3))
+		}
+		recs = append(recs, TraceRecord{Timestamp: int64(100 * i), InputLength: 512*len(ids) + 40, OutputLength: 8, HashIDs: ids})
+	}
+	var err error
+	plan := Plan{
+		Config: Config{
+			PrefillEngines: 1, DecodeEngines: 1, DPSize: 2,
+			LoadInterval: 200 * time.Millisecond, SampleInterval: 50 * time.Millisecond,
+			Dir: t.TempDir(),
+		},
+		Params:    QuickParams(),
+		Workloads: []string{"trace"},
+		Rates:     map[string][]float64{"trace": {1}},
+		Window:    2 * time.Second,
+		Seed:      1,
+		OutDir:    t.TempDir(),
+		Build: func(name string, rate float64, window time.Duration, _ uint64, _ Params) (Workload, error) {
+			return TraceWorkload(name, recs, TraceOptions{Speedup: rate, Window: window})
+		},
+	}
+	if plan.Policies, err = SelectPolicies([]string{PolicyEngineDefault, "least_cost"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	rep, err := RunPlan(ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Summaries) != 2 {
+		t.Fatalf("%d summaries, want 2", len(rep.Summaries))
+	}
+	for _, s := range rep.Summaries {
+		if s.Workload != "trace" || s.Failed != "" || s.Errors > 0 || s.Requests != len(recs) || s.Completed != s.Requests {
+			t.Errorf("%s/%s: %+v", s.Workload, s.Policy, s)
+		}
+	}
+	md, _ := os.ReadFile(filepath.Join(plan.OutDir, ReportFile))
+	if !strings.Contains(string(md), "## trace") || !strings.Contains(string(md), "| least_cost |") {
+		t.Errorf("report has no trace table:\n%s", md)
+	}
+}

@@ -545,3 +545,43 @@ func TestSharedTrace(t *testing.T) {
 		t.Errorf("only %d pairs of prompts share leading blocks in the first %v", pairs, window)
 	}
 }
+
+// TestLimitStreaming checks that the chunk budget's share of a built
+// workload streams, spread over its sessions, and that non-streaming
+// sessions stay so.
+func TestLimitStreaming(t *testing.T) {
+	tests := []struct {
+		name      string
+		sessions  int
+		frac      float64
+		wantKept  int
+		wantFirst bool
+	}{
+		{"all", 10, 1, 10, true},
+		{"none", 10, 0, 0, false},
+		{"half, every other", 10, 0.5, 5, false},
+		{"a quarter", 8, 0.25, 2, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := Workload{}
+			for i := range tt.sessions {
+				w.Sessions = append(w.Sessions, Session{ID: i, Stream: true})
+			}
+			w.Sessions = append(w.Sessions, Session{ID: tt.sessions, Stream: false})
+			w.LimitStreaming(tt.frac)
+			kept := 0
+			for _, s := range w.Sessions {
+				if s.Stream {
+					kept++
+				}
+			}
+			if kept != tt.wantKept || w.Sessions[0].Stream != tt.wantFirst || w.Sessions[tt.sessions].Stream {
+				t.Errorf("kept %d (first %v), want %d (first %v), last never", kept, w.Sessions[0].Stream, tt.wantKept, tt.wantFirst)
+			}
+			if want := float64(tt.wantKept) / float64(tt.sessions+1); w.StreamFraction != want {
+				t.Errorf("StreamFraction %v, want %v", w.StreamFraction, want)
+			}
+		})
+	}
+}

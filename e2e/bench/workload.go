@@ -90,7 +90,32 @@ type Workload struct {
 	StreamFraction float64
 }
 
-// Requests returns the number of planned requests (turns).
+// LimitStreaming keeps streaming on about frac (0 to 1) of the sessions
+// that stream, spread evenly over them in order, and sends the others
+// without streaming; StreamFraction becomes the share that streams.
+func (w *Workload) LimitStreaming(frac float64) {
+	frac = min(max(frac, 0), 1)
+	kept, total := 0, 0
+	for i := range w.Sessions {
+		s := &w.Sessions[i]
+		if !s.Stream {
+			continue
+		}
+		total++
+		// Session k of the streaming ones keeps streaming when the running
+		// quota floor(k × frac) grows at it.
+		if int(float64(total)*frac) > kept {
+			kept++
+		} else {
+			s.Stream = false
+		}
+	}
+	if len(w.Sessions) > 0 {
+		w.StreamFraction = float64(kept) / float64(len(w.Sessions))
+	}
+}
+
+// Requests is the number of requests planned: every session's turns.
 func (w Workload) Requests() int {
 	n := 0
 	for _, s := range w.Sessions {

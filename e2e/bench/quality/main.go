@@ -26,12 +26,17 @@ import (
 // options are the command-line flags.
 type options struct {
 	out, profile, workloads, policies, simArgs, logDir string
-	rates                                              map[string]*string
-	scale, chunkBudget                                 float64
-	window, drain, loadInterval, sampleInterval        time.Duration
-	seed                                               uint64
-	prefill, decode, dp                                int
-	quick, keepLogs                                    bool
+	// trace, if set, is a Mooncake-format trace to replay as the workload
+	// "trace", at each of traceSpeedups (comma-separated).
+	trace, traceSpeedups                        string
+	traceOffset                                 time.Duration
+	traceMaxPrompt                              int
+	rates                                       map[string]*string
+	scale, chunkBudget                          float64
+	window, drain, loadInterval, sampleInterval time.Duration
+	seed                                        uint64
+	prefill, decode, dp                         int
+	quick, keepLogs                             bool
 	// set holds the flags given on the command line.
 	set map[string]bool
 }
@@ -90,6 +95,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.simArgs, "sim-args", "", "extra duet-sim flags, space-separated")
 	fs.StringVar(&o.logDir, "log-dir", "", "directory for per-case logs (default a temporary directory)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the logs of successful cases")
+	fs.StringVar(&o.trace, "trace", "", "Mooncake-format trace (JSONL, optionally gzipped; e.g. ../shared/traces/mooncake-synthetic.jsonl.gz) to replay as the workload \"trace\" (alone, unless -workloads is given too)")
+	fs.StringVar(&o.traceSpeedups, "trace-speedups", "1", "time compressions of -trace, one case each (its \"rates\")")
+	fs.DurationVar(&o.traceOffset, "trace-offset", 0, "start -trace this far into it (trace time)")
+	fs.IntVar(&o.traceMaxPrompt, "trace-max-prompt", 120000, "cap on a -trace prompt, in tokens (a rank of the default profile holds 150k; 0: none)")
 	fs.BoolVar(&o.quick, "quick", false, "a tiny smoke configuration: 1 prefill and 1 decode engine × dp 2, one load, two policies, short outputs")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -204,6 +213,11 @@ func buildPlan(o options) (bench.Plan, error) {
 		defaults = simpleRates
 	}
 	plan.Workloads = splitList(o.workloads)
+	if o.trace != "" {
+		if err := addTrace(&plan, o); err != nil {
+			return plan, err
+		}
+	}
 	if plan.Policies, err = bench.SelectPolicies(splitList(o.policies)); err != nil {
 		return plan, err
 	}
@@ -225,6 +239,9 @@ func buildPlan(o options) (bench.Plan, error) {
 		plan.Config.Drain = 60 * time.Second
 	}
 	for _, w := range plan.Workloads {
+		if w == traceWorkload {
+			continue // addTrace set its speedups
+		}
 		spec := *o.rates[w]
 		if spec == "" {
 			spec = defaults[w]
@@ -241,7 +258,7 @@ func buildPlan(o options) (bench.Plan, error) {
 		model = "profile `" + profile + "`"
 	}
 	c := plan.Config
-	plan.Setup = []string{
+	plan.Setup = append([]string{
 		fmt.Sprintf("simulator: %s; time scale F = %g (model time runs %g× faster than wall time)", model, scale, scale),
 		fmt.Sprintf("cluster: %d prefill × dp %d, %d decode × dp %d (duet-sim), real Envoy + duet", c.PrefillEngines, c.DPSize, c.DecodeEngines, c.DPSize),
 		fmt.Sprintf("arrival window %s per case (first 10%% excluded), then up to %s of drain; duet load.interval %s, load sampled every %s (model time)",
@@ -249,8 +266,41 @@ func buildPlan(o options) (bench.Plan, error) {
 		fmt.Sprintf("seed %d: every policy replays the same arrivals and prompts", o.seed),
 		streamLine(plan),
 		fmt.Sprintf("duet-sim flags: `%s`", strings.Join(simArgs, " ")),
-	}
+	}, plan.Setup...)
 	return plan, nil
+}
+
+// traceWorkload is the name of a replayed -trace in the plan and report.
+const traceWorkload = "trace"
+
+// addTrace adds -trace to the plan as the workload "trace", replayed at
+// each -trace-speedups (its rates), wrapping at the trace's end; without an
+// explicit -workloads it is the only workload.
+func addTrace(plan *bench.Plan, o options) error {
+	recs, err := bench.LoadTrace(o.trace)
+	if err != nil {
+		return err
+	}
+	speedups, err := parseRates(o.traceSpeedups)
+	if err != nil {
+		return fmt.Errorf("-trace-speedups: %w", err)
+	}
+	if !o.set["workloads"] {
+		plan.Workloads = nil
+	}
+	plan.Workloads = append(plan.Workloads, traceWorkload)
+	plan.Rates[traceWorkload] = speedups
+	plan.Build = func(name string, rate float64, window time.Duration, seed uint64, p bench.Params) (bench.Workload, error) {
+		if name != traceWorkload {
+			return bench.Generate(name, rate, window, seed, p)
+		}
+		return bench.TraceWorkload(traceWorkload, recs, bench.TraceOptions{
+			Speedup: rate, Offset: o.traceOffset, Window: window, MaxPromptTokens: o.traceMaxPrompt, Wrap: true,
+		})
+	}
+	plan.Setup = append(plan.Setup, fmt.Sprintf("trace `%s` (%d requests), speedups %s, offset %s, prompts capped at %d tokens",
+		o.trace, len(recs), o.traceSpeedups, o.traceOffset, o.traceMaxPrompt))
+	return nil
 }
 
 // drainOf is the drain a plan uses.
@@ -288,7 +338,7 @@ func applyQuick(plan *bench.Plan, o options) {
 	if !o.set["policies"] {
 		plan.Policies, _ = bench.SelectPolicies([]string{bench.PolicyEngineDefault, "least_tokens"})
 	}
-	if !o.set["workloads"] {
+	if !o.set["workloads"] && o.trace == "" {
 		plan.Workloads = []string{bench.WorkloadVariable}
 	}
 	plan.Params = bench.QuickParams()
