@@ -24,7 +24,7 @@ const PolicyEngineDefault = "engine_default"
 // Policies returns the policies compared, baseline first.
 func Policies() []Policy {
 	out := []Policy{{Name: PolicyEngineDefault, EngineRanks: true, Prefill: "round_robin", Decode: "round_robin"}}
-	for _, name := range []string{"round_robin", "least_tokens", "cache_aware", "weighted"} {
+	for _, name := range []string{"round_robin", "least_tokens", "cache_aware", "weighted", "least_cost"} {
 		out = append(out, Policy{Name: name, Prefill: name, Decode: name})
 	}
 	return out

@@ -79,7 +79,7 @@ func TestFormatting(t *testing.T) {
 
 func TestSelectPolicies(t *testing.T) {
 	all, err := SelectPolicies(nil)
-	if err != nil || len(all) != 5 || all[0].Name != PolicyEngineDefault || !all[0].EngineRanks {
+	if err != nil || len(all) != 6 || all[0].Name != PolicyEngineDefault || !all[0].EngineRanks {
 		t.Fatalf("all = %+v, %v", all, err)
 	}
 	got, err := SelectPolicies([]string{"cache_aware", PolicyEngineDefault})

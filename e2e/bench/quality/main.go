@@ -79,7 +79,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.chunkBudget, "chunk-budget", 6000,
 		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
 	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
-	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted)")
+	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost)")
 	o.rates = map[string]*string{}
 	for _, w := range bench.Workloads {
 		o.rates[w] = fs.String("rates-"+w, "", "session arrival rates per model second for "+w+" (default depends on the model)")
