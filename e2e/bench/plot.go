@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -18,10 +19,22 @@ import (
 )
 
 // TTFTPlotFile and RankLoadPlotFile are the plots' file names.
-func TTFTPlotFile(workload string) string { return "ttft-vs-load-" + workload + ".png" }
+func TTFTPlotFile(workload string) string { return "ttft-vs-load-" + fileSafe(workload) + ".png" }
 
 // RankLoadPlotFile is the per-rank load plot of one policy.
-func RankLoadPlotFile(policy string) string { return "rank-load-" + policy + ".png" }
+// A policy named PREFILL/DECODE (or with a YAML mapping) is written with
+// every character outside [A-Za-z0-9._-] replaced by "_".
+func RankLoadPlotFile(policy string) string { return "rank-load-" + fileSafe(policy) + ".png" }
+
+// fileSafe replaces what a file name should not hold with "_".
+func fileSafe(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, name)
+}
 
 // PlotTTFTvsLoad draws mean and p99 TTFT against offered load (requests
 // per model second), one line per policy, for one workload.

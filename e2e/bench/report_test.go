@@ -143,3 +143,17 @@ func TestHeadlineLevels(t *testing.T) {
 		t.Error("the light load is in the headline")
 	}
 }
+
+// TestPlotFileNames checks that policy names with a role split or a YAML
+// mapping make plain file names.
+func TestPlotFileNames(t *testing.T) {
+	for in, want := range map[string]string{
+		"least_tokens":             "rank-load-least_tokens.png",
+		"cache_aware/least_tokens": "rank-load-cache_aware_least_tokens.png",
+		"cache_aware{balance_abs_tokens: 1e9}/least_tokens": "rank-load-cache_aware_balance_abs_tokens__1e9__least_tokens.png",
+	} {
+		if got := RankLoadPlotFile(in); got != want {
+			t.Errorf("RankLoadPlotFile(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
