@@ -75,8 +75,20 @@ type Config struct {
 	Preload []Preload
 	// Scheduler adjusts the scheduler's configuration (load, prefix,
 	// token settings) before the run; endpoints, policies, clock and
-	// transport are the run's.
+	// transport are the run's. With Replicas it is called once per
+	// replica, so that each builds its own policy instances.
 	Scheduler func(*scheduler.Config)
+	// Replicas is the number of duet replicas (default 1), each with its
+	// own scheduler that scrapes every engine itself (their scrapes are
+	// spread evenly over the load interval) and shares nothing with the
+	// others. Requests go to the replicas in turn, as Envoy spreads ext_proc
+	// streams round robin over its duet hosts.
+	Replicas int
+	// FeedbackAny delivers each leg's feedback to a replica drawn at
+	// random (seeded), as an Envoy Gateway or Istio access-log sink spread
+	// over replicas does; by default it reaches the replica that routed
+	// the request (duet and Envoy in one pod).
+	FeedbackAny bool
 }
 
 // epoch is virtual time zero on the scheduler's clock.
@@ -97,21 +109,26 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 // run is the state of one simulation.
 type run struct {
-	cfg      Config
-	now      time.Duration
-	end      time.Duration
-	sched    *scheduler.Scheduler
-	prefill  []*engine
-	decode   []*engine
-	engines  []*engine
-	arrivals arrivalHeap
-	seq      uint64
-	rooms    *rand.Rand
-	active   int
-	requests []*request
+	cfg Config
+	now time.Duration
+	end time.Duration
+	// scheds are the replicas' schedulers (nil with an oracle);
+	// nextScrape is each one's next scrape.
+	scheds     []*scheduler.Scheduler
+	nextScrape []time.Duration
+	// feedbackTo draws the replica a leg's feedback reaches (FeedbackAny).
+	feedbackTo *rand.Rand
+	prefill    []*engine
+	decode     []*engine
+	engines    []*engine
+	arrivals   arrivalHeap
+	seq        uint64
+	rooms      *rand.Rand
+	active     int
+	requests   []*request
 
-	nextScrape, nextSample time.Duration
-	samples                []sample
+	nextSample time.Duration
+	samples    []sample
 	// seen holds every block hash of every prompt sent so far, for the
 	// hit-rate bound.
 	seen map[uint64]struct{}
@@ -120,6 +137,7 @@ type run struct {
 // request is one request in flight or done.
 type request struct {
 	id            string
+	replica       int // the replica that routed it
 	session, turn int
 	arrival       time.Duration
 	turnInfo      *preparedTurn
@@ -156,7 +174,11 @@ func newRun(cfg Config) (*run, error) {
 	if cfg.SampleInterval <= 0 {
 		cfg.SampleInterval = time.Second
 	}
-	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{}}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{},
+		feedbackTo: rand.New(rand.NewPCG(cfg.Seed, 0x66656564))}
 	r.end = cfg.Workload.Workload.Window + cfg.Drain
 	aggregated := len(cfg.Cluster.Prefill) == 0
 	for i, spec := range cfg.Cluster.Prefill {
@@ -180,8 +202,13 @@ func newRun(cfg Config) (*run, error) {
 		}
 	}
 	if cfg.Oracle == OracleNone {
-		if err := r.newScheduler(); err != nil {
-			return nil, err
+		for i := range cfg.Replicas {
+			s, err := r.newScheduler()
+			if err != nil {
+				return nil, err
+			}
+			r.scheds = append(r.scheds, s)
+			r.nextScrape = append(r.nextScrape, time.Duration(i)*cfg.LoadInterval/time.Duration(cfg.Replicas))
 		}
 	}
 	for i, s := range cfg.Workload.Workload.Sessions {
@@ -190,9 +217,9 @@ func newRun(cfg Config) (*run, error) {
 	return r, nil
 }
 
-// newScheduler builds duet's scheduler over the engines, on the run's
+// newScheduler builds a duet scheduler over the engines, on the run's
 // clock and in-process transport.
-func (r *run) newScheduler() error {
+func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 	byHost := map[string]*engine{}
 	var prefill, decode []scheduler.EndpointSpec
 	for _, e := range r.engines {
@@ -205,11 +232,11 @@ func (r *run) newScheduler() error {
 	}
 	prefillSpec, err := policySpec(r.cfg.Policy.Prefill)
 	if err != nil {
-		return fmt.Errorf("clustersim: prefill policy: %w", err)
+		return nil, fmt.Errorf("clustersim: prefill policy: %w", err)
 	}
 	decodeSpec, err := policySpec(r.cfg.Policy.Decode)
 	if err != nil {
-		return fmt.Errorf("clustersim: decode policy: %w", err)
+		return nil, fmt.Errorf("clustersim: decode policy: %w", err)
 	}
 	var sc scheduler.Config
 	if r.cfg.Scheduler != nil {
@@ -224,13 +251,12 @@ func (r *run) newScheduler() error {
 	sc.Load.Interval = r.cfg.LoadInterval
 	s, err := scheduler.New(sc, nil)
 	if err != nil {
-		return fmt.Errorf("clustersim: %w", err)
+		return nil, fmt.Errorf("clustersim: %w", err)
 	}
 	if err := s.Discover(context.Background()); err != nil {
-		return fmt.Errorf("clustersim: discovery: %w", err)
+		return nil, fmt.Errorf("clustersim: discovery: %w", err)
 	}
-	r.sched = s
-	return nil
+	return s, nil
 }
 
 // push schedules session s's turn k to arrive at t.
@@ -262,15 +288,17 @@ func (r *run) loop(ctx context.Context) error {
 		if !busy || next >= r.end {
 			return nil
 		}
-		if r.sched != nil {
-			next = min(next, r.nextScrape)
+		for _, t := range r.nextScrape {
+			next = min(next, t)
 		}
 		next = min(next, r.nextSample)
 		r.now = max(r.now, next)
 		r.settle()
-		if r.sched != nil && r.now >= r.nextScrape {
-			r.sched.ScrapeLoads(ctx)
-			r.nextScrape += r.cfg.LoadInterval
+		for i, s := range r.scheds {
+			if r.now >= r.nextScrape[i] {
+				s.ScrapeLoads(ctx)
+				r.nextScrape[i] += r.cfg.LoadInterval
+			}
 		}
 		if r.now >= r.nextSample {
 			r.sample()
@@ -344,6 +372,9 @@ func (r *run) dispatch(ctx context.Context, s, k int) {
 		arrival: r.now, turnInfo: turn, pLegRank: scheduler.NoRank, dLegRank: scheduler.NoRank,
 	}
 	q.bound = r.hitBound(turn.prompt)
+	if n := len(r.scheds); n > 0 {
+		q.replica = len(r.requests) % n // round robin over the replicas
+	}
 	r.requests = append(r.requests, q)
 	r.active++
 	if err := r.route(ctx, q); err != nil {
@@ -403,7 +434,7 @@ func (r *run) route(ctx context.Context, q *request) error {
 	req := q.turnInfo.req
 	req.ID = q.id
 	req.Blocks = nil
-	d, err := r.sched.Pick(ctx, &req)
+	d, err := r.scheds[q.replica].Pick(ctx, &req)
 	if err != nil {
 		return err
 	}
@@ -521,15 +552,19 @@ func (r *run) nextTurn(q *request) {
 // feedback reports a leg (or, with role "", the whole request) to the
 // scheduler, as Envoy's access log would.
 func (r *run) feedback(q *request, role scheduler.Role, e *engine, rank int, failed bool) {
-	if r.sched == nil {
+	if len(r.scheds) == 0 {
 		return
+	}
+	to := q.replica
+	if r.cfg.FeedbackAny {
+		to = r.feedbackTo.IntN(len(r.scheds))
 	}
 	f := scheduler.Feedback{RequestID: q.id, Role: role, Rank: rank, Failed: failed}
 	if e != nil {
 		f.Address = e.addr
 		f.PromptTokens = int64(q.turnInfo.prompt.Tokens)
 	}
-	r.sched.Complete(f)
+	r.scheds[to].Complete(f)
 }
 
 // arrival is a request due to be sent.

@@ -167,3 +167,35 @@ func TestDefaultFollowsLongPromptPrefixes(t *testing.T) {
 		t.Errorf("default mean TTFT %.0f ms, least_tokens %.0f ms: want at most 0.85x", def.TTFTMean, lt.TTFTMean)
 	}
 }
+
+// TestReplicasShareNothing runs duet's default as several replicas that
+// share no state (issue 17's baseline): every request is still served,
+// with the feedback going to the routing replica or to any, and each
+// replica sees only the prefixes it routed and the work it sent, so the
+// hit rate falls with the replica count.
+func TestReplicasShareNothing(t *testing.T) {
+	w := testWorkload(t, bench.WorkloadMultiTurn, 4, 60*time.Second, 1)
+	cluster := Uniform("dsv3-dp8-h100-node", 2, 2, 4)
+	hit := map[string]float64{}
+	for _, tt := range []struct {
+		name     string
+		replicas int
+		any      bool
+	}{{"1", 1, false}, {"4", 4, false}, {"4any", 4, true}} {
+		res, err := Run(context.Background(), Config{Cluster: cluster, Workload: w, Warmup: 10 * time.Second, Seed: 1,
+			Policy:   bench.Policy{Name: "default", Prefill: scheduler.DefaultPrefillPolicy, Decode: scheduler.DefaultDecodePolicy},
+			Replicas: tt.replicas, FeedbackAny: tt.any})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := res.Summarize()
+		if s.Requests == 0 || s.Served != s.Requests {
+			t.Fatalf("%s replicas: summary %+v: want every measured request served", tt.name, s)
+		}
+		hit[tt.name] = s.HitRate
+	}
+	t.Logf("hit rate: 1 replica %.1f%%, 4 %.1f%%, 4 with feedback to any %.1f%%", 100*hit["1"], 100*hit["4"], 100*hit["4any"])
+	if !(hit["4"] < hit["1"]-0.05) || !(hit["4any"] < hit["1"]-0.05) {
+		t.Errorf("hit rate with 4 replicas not below one replica's: %v", hit)
+	}
+}

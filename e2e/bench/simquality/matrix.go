@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +32,15 @@ type routing struct {
 	oracle clustersim.Oracle
 	// scheduler adjusts the scheduler's configuration (nil: defaults).
 	scheduler func(*scheduler.Config)
+	// replicas and feedbackAny run several duet replicas that share
+	// nothing (clustersim.Config.Replicas and FeedbackAny).
+	replicas    int
+	feedbackAny bool
 }
+
+// replicaSuffix is the routing name suffix that runs N replicas, feedback
+// to the replica that routed the request (+r4) or to any replica (+r4any).
+var replicaSuffix = regexp.MustCompile(`\+r([1-9][0-9]?)(any)?$`)
 
 // Routing name suffixes that change one scheduler setting, for
 // experiments (e.g. -routings engine_default,least_tokens+covered).
@@ -64,9 +74,15 @@ func routings(names []string) ([]routing, error) {
 	var out []routing
 	for _, full := range names {
 		n := full
+		replicas, anyReplica := 0, false
+		if m := replicaSuffix.FindStringSubmatch(n); m != nil {
+			replicas, _ = strconv.Atoi(m[1])
+			anyReplica = m[2] != ""
+			n = strings.TrimSuffix(n, m[0])
+		}
 		var adjust func(*scheduler.Config)
 		for suffix, f := range variants {
-			if base, ok := strings.CutSuffix(full, suffix); ok {
+			if base, ok := strings.CutSuffix(n, suffix); ok {
 				n, adjust = base, f
 			}
 		}
@@ -74,7 +90,7 @@ func routings(names []string) ([]routing, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt.name = full
+		rt.name, rt.replicas, rt.feedbackAny = full, replicas, anyReplica
 		if own := rt.scheduler; adjust != nil {
 			rt.scheduler = func(c *scheduler.Config) {
 				if own != nil {
@@ -331,6 +347,7 @@ func (r *runner) summary(ctx context.Context, sc scenario, rate float64, rt rout
 	res, err := clustersim.Run(ctx, clustersim.Config{
 		Cluster: sc.cluster, Policy: rt.policy, Oracle: rt.oracle, Workload: p,
 		Warmup: r.opts.warmup, Seed: seed, Preload: sc.preload, Scheduler: rt.scheduler,
+		Replicas: rt.replicas, FeedbackAny: rt.feedbackAny,
 	})
 	<-r.sem
 	if err != nil {
