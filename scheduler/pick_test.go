@@ -287,3 +287,39 @@ func TestPrefixIndexOnlyForPrefixReaders(t *testing.T) {
 		})
 	}
 }
+
+// With EngineRanks an engine's one target carries the sum of its ranks'
+// scraped loads (tokens, capacity, request counts), so load-aware policies
+// still see the engines' load: least_tokens avoids the busy engine.
+func TestPickEngineRanksFollowsSummedLoad(t *testing.T) {
+	busy := `{"loads":[{"dp_rank":0,"num_used_tokens":3000,"num_total_tokens":3000,"max_total_num_tokens":100000,"num_waiting_reqs":2},` +
+		`{"dp_rank":1,"num_used_tokens":4000,"num_total_tokens":4000,"max_total_num_tokens":100000,"num_waiting_reqs":1}]}`
+	idle := `{"loads":[{"dp_rank":0,"num_used_tokens":10,"num_total_tokens":10,"max_total_num_tokens":100000},` +
+		`{"dp_rank":1,"num_used_tokens":20,"num_total_tokens":20,"max_total_num_tokens":100000}]}`
+	a := newFakeEngine(t, map[string]response{"/server_info": ok(info(2, "null", -1)), "/v1/loads": ok(busy)})
+	b := newFakeEngine(t, map[string]response{"/server_info": ok(info(2, "null", -1)), "/v1/loads": ok(idle)})
+	s := newTestScheduler(t, Config{
+		Decode:       []EndpointSpec{{URL: a.url()}, {URL: b.url()}},
+		DecodePolicy: PolicySpec{Name: "least_tokens"},
+		EngineRanks:  true,
+	}, nil)
+	mustDiscover(t, s)
+	s.ScrapeLoads(testContext(t))
+	snap := s.snap.Load()
+	ts := snap.decode.states[snap.decode.index[TargetKey{URL: a.url(), Rank: NoRank}]]
+	s.ledger.mu.Lock()
+	ld := s.ledger.load(ts, time.Now())
+	s.ledger.mu.Unlock()
+	if !ld.Fresh || ld.Tokens != 7000 || ld.Capacity != 200000 || ld.Waiting != 3 {
+		t.Errorf("busy engine's target: %+v, want its ranks summed (7000 tokens, capacity 200000, 3 waiting)", ld)
+	}
+	for i := range 3 {
+		d, err := s.Pick(testContext(t), &Request{ID: fmt.Sprint(i), Prompt: make([]byte, 400)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Decode.Endpoint.URL != b.url() || d.Decode.Rank != NoRank {
+			t.Fatalf("pick %d went to %v, want the idle engine, engine-chosen rank", i, d.Decode)
+		}
+	}
+}

@@ -91,6 +91,10 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 	for _, r := range rep.Ranks {
 		ranks = append(ranks, rankLoadOf(ep, r))
 	}
+	if s.engineRanks && len(ranks) > 0 {
+		// The engine's one target (NoRank) carries the sum of its ranks.
+		ranks = []rankLoad{engineLoad(ep, ranks)}
+	}
 	s.ledger.observe(ranks, rep.StartedAt, rep.FinishedAt)
 	s.boundPrefixes(ep.Role, ranks)
 }
@@ -146,6 +150,19 @@ func rankLoadOf(ep *Endpoint, r load.Rank) rankLoad {
 		}
 	}
 	return rl
+}
+
+// engineLoad sums an engine's ranks into the load of its one target under
+// engine_ranks (NoRank): tokens, KV capacity and request counts.
+func engineLoad(ep *Endpoint, ranks []rankLoad) rankLoad {
+	sum := rankLoad{key: TargetKey{URL: ep.URL, Rank: NoRank}}
+	for _, r := range ranks {
+		sum.tokens += r.tokens
+		sum.capacity += r.capacity
+		sum.running += r.running
+		sum.waiting += r.waiting
+	}
+	return sum
 }
 
 // timedOut reports whether err is a timeout rather than a failed or cut

@@ -131,9 +131,9 @@ func routingNamed(n string) (routing, error) {
 // (engine, rank) pairs: SMG's DP-aware mode and Dynamo do, and llm-d does
 // where each DP rank is its own ip:port (vLLM). On SGLang DP llm-d scores
 // whole engines and SGLang picks the rank (llm-d-router issue #2293); that
-// form (EngineRanks) collapsed on the production scenario (mean TTFT 90 s,
-// 121 requests unserved in 6 minutes) for reasons not yet understood, so
-// the matrix shows llm-d at its best, rank by rank.
+// form (EngineRanks) is not in the matrix. A quick run of it (2 seeds,
+// 6-minute windows) was ahead of the rank-level form on production (4705
+// ms) and multiturn (410 ms), and still well behind duet's default.
 func peerRouting(name string) routing {
 	return routing{
 		name:   name,
