@@ -49,7 +49,6 @@ type serverInfo struct {
 	dpSize        int
 	bootstrapPort int    // 0 if not reported
 	mode          string // disaggregation_mode; "" if not reported
-	chunkTokens   int    // chunked_prefill_size per rank; 0 if not reported or off
 }
 
 // probe is what one discovery round learned about one endpoint, before it is
@@ -176,11 +175,6 @@ func parseServerInfo(body []byte, prefill bool) (serverInfo, error) {
 	if mode := root.Get("disaggregation_mode"); mode.Type == gjson.String {
 		info.mode = mode.Str
 	}
-	// chunked_prefill_size is SGLang's per-step prefill budget (-1 or
-	// absent: unchunked); policies that price prefill time read it.
-	if c, ok := intValue(root.Get("chunked_prefill_size"), 1, math.MaxInt32); ok {
-		info.chunkTokens = c
-	}
 	if port := root.Get("disaggregation_bootstrap_port"); prefill && port.Exists() && port.Type != gjson.Null {
 		n, ok := intValue(port, 1, 65535)
 		if !ok {
@@ -228,7 +222,6 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 		m.known = true
 		m.knownDP, m.knownPort, m.knownSource = p.info.dpSize, p.info.bootstrapPort, p.source
 		dp, port, source = p.info.dpSize, p.info.bootstrapPort, p.source
-		ep.ChunkTokens = p.info.chunkTokens
 	case m.known:
 		errs = append(errs, p.infoErr)
 		dp, port, source = m.knownDP, m.knownPort, m.knownSource

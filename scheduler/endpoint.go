@@ -56,9 +56,6 @@ type Endpoint struct {
 	BootstrapPort int
 	// DPSize is the engine's data-parallel size; 0 while unknown.
 	DPSize int
-	// ChunkTokens is the engine's chunked prefill size per rank (SGLang's
-	// chunked_prefill_size in /server_info); 0 while unknown or unchunked.
-	ChunkTokens int
 	// Source says where DPSize and BootstrapPort came from: "server_info",
 	// "get_server_info" or "config"; empty while unknown. After a failed
 	// discovery round it still names the source of the values in use.
