@@ -65,8 +65,6 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 	for _, name := range plan.Workloads {
 		rates := plan.Rates[name]
 		for ri, rate := range rates {
-			params := plan.Params
-			params.StreamFraction = plan.streamFraction(name, rate, cfg.Scale)
 			perSession := MeanRequestsPerSession(name, plan.Params)
 			var w Workload
 			var err error
@@ -77,6 +75,8 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 					w.LimitStreaming(plan.streamFractionOf(w, perSession, cfg.Scale))
 				}
 			} else {
+				params := plan.Params
+				params.StreamFraction = plan.streamFraction(name, rate, cfg.Scale)
 				w, err = Generate(name, rate, plan.Window, plan.Seed+uint64(ri), params)
 			}
 			if err != nil {
@@ -113,20 +113,12 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 // streamFraction is the share of sessions a case of workload name at rate
 // can stream within the chunk budget.
 func (plan Plan) streamFraction(name string, rate, scale float64) float64 {
-	if plan.ChunkBudget <= 0 {
-		return 1
-	}
-	chunksPerRequest := MeanOutputTokens(name, plan.Params) / float64(max(plan.StreamInterval, 1))
-	wallChunks := rate * scale * MeanRequestsPerSession(name, plan.Params) * chunksPerRequest
-	return min(1, plan.ChunkBudget/wallChunks)
+	return plan.streamShare(rate*MeanRequestsPerSession(name, plan.Params), MeanOutputTokens(name, plan.Params), scale)
 }
 
 // streamFractionOf is the share of w's sessions that can stream within the
 // chunk budget, from w's own arrival rate and mean output.
 func (plan Plan) streamFractionOf(w Workload, perSession, scale float64) float64 {
-	if plan.ChunkBudget <= 0 {
-		return 1
-	}
 	var out, n float64
 	for _, s := range w.Sessions {
 		for _, t := range s.Turns {
@@ -134,10 +126,20 @@ func (plan Plan) streamFractionOf(w Workload, perSession, scale float64) float64
 			n++
 		}
 	}
-	if n == 0 || out == 0 {
+	if n == 0 {
 		return 1
 	}
-	wallChunks := w.Rate * scale * perSession * (out / n) / float64(max(plan.StreamInterval, 1))
+	return plan.streamShare(w.Rate*perSession, out/n, scale)
+}
+
+// streamShare is the share of requests, arriving at requestRate per model
+// second with meanOutput tokens each, that can stream within the chunk
+// budget at time scale scale.
+func (plan Plan) streamShare(requestRate, meanOutput, scale float64) float64 {
+	wallChunks := requestRate * scale * meanOutput / float64(max(plan.StreamInterval, 1))
+	if plan.ChunkBudget <= 0 || wallChunks <= 0 {
+		return 1
+	}
 	return min(1, plan.ChunkBudget/wallChunks)
 }
 
