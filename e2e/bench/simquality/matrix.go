@@ -52,7 +52,8 @@ var variants = map[string]func(*scheduler.Config){
 
 // Routing names beyond bench.Policies.
 const (
-	// routingDefault is what duet ships: least_cost on both roles.
+	// routingDefault is what duet ships (scheduler.DefaultPrefillPolicy
+	// and DefaultDecodePolicy): least_cost on both roles.
 	routingDefault = "duet_default"
 	// routingLeastCost is the least_cost policy on both roles (the
 	// default, under its policy's name).
@@ -63,9 +64,10 @@ const (
 )
 
 // defaultPolicy and leastCostPolicy are routingDefault's and
-// routingLeastCost's policies.
+// routingLeastCost's policies; defaultPolicy follows the scheduler's
+// defaults.
 var (
-	defaultPolicy   = bench.Policy{Name: routingDefault, Prefill: "least_cost", Decode: "least_cost"}
+	defaultPolicy   = bench.Policy{Name: routingDefault, Prefill: scheduler.DefaultPrefillPolicy, Decode: scheduler.DefaultDecodePolicy}
 	leastCostPolicy = bench.Policy{Name: routingLeastCost, Prefill: "least_cost", Decode: "least_cost"}
 )
 
