@@ -115,14 +115,7 @@ func TestDynamoTiesAreRandom(t *testing.T) {
 		}
 		return seq
 	}
-	a, b := draw(), draw()
-	seen := map[int]int{}
-	for i, x := range a {
-		seen[x]++
-		if b[i] != x {
-			t.Fatalf("draw %d: %d then %d: not reproducible", i, x, b[i])
-		}
-	}
+	seen := reproducibleChoices(t, draw)
 	if len(seen) != 3 {
 		t.Errorf("choices %v: want all three tied ranks", seen)
 	}

@@ -96,14 +96,7 @@ func TestLLMDTies(t *testing.T) {
 		}
 		return seq
 	}
-	a, b := draw(), draw()
-	seen := map[int]int{}
-	for i, x := range a {
-		seen[x]++
-		if b[i] != x {
-			t.Fatalf("draw %d: %d then %d: not reproducible", i, x, b[i])
-		}
-	}
+	seen := reproducibleChoices(t, draw)
 	if seen[0] == 0 || seen[1] == 0 || seen[2] != 0 {
 		t.Errorf("choices %v: want a and b, never c", seen)
 	}

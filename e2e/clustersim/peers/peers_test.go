@@ -202,3 +202,19 @@ func TestHolds(t *testing.T) {
 		}
 	}
 }
+
+// reproducibleChoices calls draw twice, fails unless both sequences of
+// choices are equal (random ties must be reproducible), and returns how
+// often each choice was drawn.
+func reproducibleChoices(t *testing.T, draw func() []int) map[int]int {
+	t.Helper()
+	a, b := draw(), draw()
+	seen := map[int]int{}
+	for i, x := range a {
+		seen[x]++
+		if b[i] != x {
+			t.Fatalf("draw %d: %d then %d: not reproducible", i, x, b[i])
+		}
+	}
+	return seen
+}

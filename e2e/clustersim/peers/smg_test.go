@@ -65,14 +65,7 @@ func TestSMGHolderTiesAreRandom(t *testing.T) {
 		}
 		return seq
 	}
-	a, b := draw(), draw()
-	seen := map[int]int{}
-	for i, x := range a {
-		seen[x]++
-		if b[i] != x {
-			t.Fatalf("draw %d: %d then %d: ties are not reproducible", i, x, b[i])
-		}
-	}
+	seen := reproducibleChoices(t, draw)
 	if seen[0] == 0 || seen[1] == 0 || seen[2] != 0 {
 		t.Errorf("choices %v: want both holders and never the non-holder", seen)
 	}
