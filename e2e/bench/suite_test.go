@@ -19,11 +19,7 @@ func TestRunPlanEndToEnd(t *testing.T) {
 	}
 	out := t.TempDir()
 	plan := Plan{
-		Config: Config{
-			PrefillEngines: 1, DecodeEngines: 1, DPSize: 2,
-			LoadInterval: 200 * time.Millisecond, SampleInterval: 50 * time.Millisecond,
-			Dir: t.TempDir(),
-		},
+		Config:    tinyStack(t),
 		Params:    QuickParams(),
 		Workloads: []string{WorkloadVariable, WorkloadMultiTurn},
 		Rates:     map[string][]float64{WorkloadVariable: {8}, WorkloadMultiTurn: {3}},
@@ -32,16 +28,7 @@ func TestRunPlanEndToEnd(t *testing.T) {
 		OutDir:    out,
 		Setup:     []string{"simulator: simple model (test)"},
 	}
-	var err error
-	if plan.Policies, err = SelectPolicies([]string{PolicyEngineDefault, "least_tokens"}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
-	rep, err := RunPlan(ctx, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runTinyPlan(t, plan, PolicyEngineDefault, "least_tokens")
 	if len(rep.Summaries) != 4 {
 		t.Fatalf("%d summaries, want 4", len(rep.Summaries))
 	}
@@ -85,13 +72,8 @@ func TestRunPlanTraceEndToEnd(t *testing.T) {
 		}
 		recs = append(recs, TraceRecord{Timestamp: int64(100 * i), InputLength: 512*len(ids) + 40, OutputLength: 8, HashIDs: ids})
 	}
-	var err error
 	plan := Plan{
-		Config: Config{
-			PrefillEngines: 1, DecodeEngines: 1, DPSize: 2,
-			LoadInterval: 200 * time.Millisecond, SampleInterval: 50 * time.Millisecond,
-			Dir: t.TempDir(),
-		},
+		Config:    tinyStack(t),
 		Params:    QuickParams(),
 		Workloads: []string{"trace"},
 		Rates:     map[string][]float64{"trace": {1}},
@@ -102,15 +84,7 @@ func TestRunPlanTraceEndToEnd(t *testing.T) {
 			return TraceWorkload(name, recs, TraceOptions{Speedup: rate, Window: window})
 		},
 	}
-	if plan.Policies, err = SelectPolicies([]string{PolicyEngineDefault, "least_cost"}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
-	defer cancel()
-	rep, err := RunPlan(ctx, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := runTinyPlan(t, plan, PolicyEngineDefault, "least_cost")
 	if len(rep.Summaries) != 2 {
 		t.Fatalf("%d summaries, want 2", len(rep.Summaries))
 	}
@@ -124,4 +98,31 @@ func TestRunPlanTraceEndToEnd(t *testing.T) {
 	if !strings.Contains(string(md), "## trace") || !strings.Contains(string(md), "| least_cost |") {
 		t.Errorf("report has no trace table:\n%s", md)
 	}
+}
+
+// tinyStack is the smallest real stack: one prefill and one decode engine
+// at dp 2, with fast load scrapes and samples.
+func tinyStack(t *testing.T) Config {
+	return Config{
+		PrefillEngines: 1, DecodeEngines: 1, DPSize: 2,
+		LoadInterval: 200 * time.Millisecond, SampleInterval: 50 * time.Millisecond,
+		Dir: t.TempDir(),
+	}
+}
+
+// runTinyPlan runs plan under the named policies, within 50 s, and fails
+// the test if the run fails.
+func runTinyPlan(t *testing.T, plan Plan, policies ...string) Report {
+	t.Helper()
+	var err error
+	if plan.Policies, err = SelectPolicies(policies); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	rep, err := RunPlan(ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
