@@ -64,14 +64,8 @@ func TestReadTrace(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			recs, err := ReadTrace(bytes.NewReader(tt.in))
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
-				}
+			if !succeeded(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var got []int64
 			var inputs []int
@@ -113,14 +107,8 @@ func TestLoadTrace(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			recs, err := LoadTrace(tt.path)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
-				}
+			if !succeeded(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if len(recs) != 1 || recs[0].InputLength != 1024 || !slices.Equal(recs[0].HashIDs, []int64{7, 8}) {
 				t.Errorf("records %+v, want the one written", recs)
@@ -261,14 +249,8 @@ func TestTraceWorkload(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			w, err := TraceWorkload("t", tt.recs, tt.o)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
-				}
+			if !succeeded(t, err, tt.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var starts []time.Duration
 			var prompts, outputs []int
@@ -584,4 +566,21 @@ func TestLimitStreaming(t *testing.T) {
 			}
 		})
 	}
+}
+
+// succeeded checks err against want, the text a failure must contain ("":
+// none may occur). It reports whether the call succeeded, so that the
+// caller checks its results only then.
+func succeeded(t *testing.T, err error, want string) bool {
+	t.Helper()
+	if want != "" {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("err = %v, want it to contain %q", err, want)
+		}
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
 }
