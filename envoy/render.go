@@ -12,14 +12,12 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
 // Cluster names used in the rendered bootstrap.
 const (
-	ClusterDecode  = "duet_decode"
-	ClusterPrefill = "duet_prefill"
-	ClusterDuet    = "duet_extproc"
+	ClusterDuet = "duet_extproc"
 	// ClusterFeedback reaches duet too, for the access-log streams only:
 	// those streams live as long as Envoy, and on ClusterDuet they would
 	// count against its circuit breaker, which sheds ext_proc streams
@@ -27,27 +25,10 @@ const (
 	ClusterFeedback = "duet_feedback"
 )
 
-// Log names of the two gRPC access-log (ALS) streams Envoy opens to duet:
-// LogDownstream carries one entry per client request (HCM access_log),
-// LogUpstream one entry per upstream request, the prefill mirror included
-// (router upstream_log). Package extproc/accesslog reads them.
-const (
-	LogDownstream = "duet_downstream"
-	LogUpstream   = "duet_upstream"
-)
-
-// Keys in the extproc.MetadataNamespace dynamic metadata that the response
-// filters (json_to_metadata, sse_to_metadata) fill with the engine's token
-// usage, as numbers.
-const (
-	MetadataPromptTokens     = "prompt_tokens"
-	MetadataCompletionTokens = "completion_tokens"
-)
-
 // LoggedRequestHeaders are the request headers every ALS entry carries.
 var LoggedRequestHeaders = []string{
-	extproc.HeaderDuetRequestID, extproc.HeaderRequestID, extproc.HeaderDecodeEndpoint, extproc.HeaderPrefillEndpoint,
-	extproc.HeaderDPRank,
+	contract.HeaderDuetRequestID, contract.HeaderRequestID, contract.HeaderDecodeEndpoint, contract.HeaderPrefillEndpoint,
+	contract.HeaderDPRank,
 }
 
 // Address is a host (IP or DNS name) and port.
@@ -128,7 +109,7 @@ func ErrorEnvelopeLua() string { return errorEnvelopeLua }
 // that writes the decode rank of a PD /generate request into that leg's
 // body (see docs/scheduling.md).
 func BodyRankLua() string {
-	return strings.ReplaceAll(bodyRankLua, "HEADER", extproc.HeaderDecodeBodyRank)
+	return strings.ReplaceAll(bodyRankLua, "HEADER", contract.HeaderDecodeBodyRank)
 }
 
 var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
@@ -150,7 +131,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		if p.Headless {
 			c.DNSRefreshRate = DNSRefreshRate
 		}
-		if name == ClusterDecode && len(p.Prefill) > 0 {
+		if name == contract.ClusterDecode && len(p.Prefill) > 0 {
 			c.BodyRankLua = BodyRankLua()
 		}
 		return c
@@ -195,8 +176,8 @@ type usageRule struct{ Object, Field, Key string }
 // openAIUsage finds the token usage of the OpenAI routes: the "usage" object
 // of a JSON response, or of the SSE event that include_usage adds.
 var openAIUsage = []usageRule{
-	{"usage", "prompt_tokens", MetadataPromptTokens},
-	{"usage", "completion_tokens", MetadataCompletionTokens},
+	{"usage", "prompt_tokens", contract.MetadataPromptTokens},
+	{"usage", "completion_tokens", contract.MetadataCompletionTokens},
 }
 
 // jsonUsage finds the token usage in JSON responses: OpenAI's "usage", or
@@ -205,10 +186,10 @@ var openAIUsage = []usageRule{
 // parsing them costs quadratic time, and sse_to_metadata skips events above
 // max_event_size, which would leave a stale, too-small count.
 var jsonUsage = []usageRule{
-	{"usage", "prompt_tokens", MetadataPromptTokens},
-	{"usage", "completion_tokens", MetadataCompletionTokens},
-	{"meta_info", "prompt_tokens", MetadataPromptTokens},
-	{"meta_info", "completion_tokens", MetadataCompletionTokens},
+	{"usage", "prompt_tokens", contract.MetadataPromptTokens},
+	{"usage", "completion_tokens", contract.MetadataCompletionTokens},
+	{"meta_info", "prompt_tokens", contract.MetadataPromptTokens},
+	{"meta_info", "completion_tokens", contract.MetadataCompletionTokens},
 }
 
 // usageRules is what the template needs to render token rules, either as
@@ -254,20 +235,20 @@ func Render(w io.Writer, p Params) error {
 	}
 	data := templateData{
 		Params:                p,
-		ClusterDecode:         ClusterDecode,
-		ClusterPrefill:        ClusterPrefill,
+		ClusterDecode:         contract.ClusterDecode,
+		ClusterPrefill:        contract.ClusterPrefill,
 		ClusterDuet:           ClusterDuet,
 		ClusterFeedback:       ClusterFeedback,
 		ErrorEnvelopeLua:      ErrorEnvelopeLua(),
-		HeaderDecodeEndpoint:  extproc.HeaderDecodeEndpoint,
-		HeaderPrefillEndpoint: extproc.HeaderPrefillEndpoint,
-		HeaderMirror:          extproc.HeaderMirror,
-		HeaderPrefillRank:     extproc.HeaderPrefillRank,
-		HeaderDPRank:          extproc.HeaderDPRank,
-		HeaderPrefix:          extproc.HeaderPrefix,
-		MetadataNamespace:     extproc.MetadataNamespace,
-		LogDownstream:         LogDownstream,
-		LogUpstream:           LogUpstream,
+		HeaderDecodeEndpoint:  contract.HeaderDecodeEndpoint,
+		HeaderPrefillEndpoint: contract.HeaderPrefillEndpoint,
+		HeaderMirror:          contract.HeaderMirror,
+		HeaderPrefillRank:     contract.HeaderPrefillRank,
+		HeaderDPRank:          contract.HeaderDPRank,
+		HeaderPrefix:          contract.HeaderPrefix,
+		MetadataNamespace:     contract.MetadataNamespace,
+		LogDownstream:         contract.LogDownstream,
+		LogUpstream:           contract.LogUpstream,
 	}
 	if err := tmpl.Execute(w, data); err != nil {
 		return fmt.Errorf("render envoy bootstrap: %w", err)

@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
 func params() Params {
@@ -192,8 +193,8 @@ func TestRenderFeedback(t *testing.T) {
 		logName string
 		loggers any
 	}{
-		{LogDownstream, node(t, hcm, "access_log")},
-		{LogUpstream, node(t, router, "upstream_log")},
+		{contract.LogDownstream, node(t, hcm, "access_log")},
+		{contract.LogUpstream, node(t, router, "upstream_log")},
 	} {
 		loggers := tt.loggers.([]any)
 		if len(loggers) != 2 || node(t, loggers[0], "name") != "envoy.access_loggers.stdout" {

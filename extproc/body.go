@@ -10,7 +10,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/duet-router/duet/extproc/jsondepth"
+	"github.com/duet-router/duet/scheduler/jsondepth"
 )
 
 // Body field names SGLang reads for PD bootstrap and DP routing.

@@ -6,6 +6,6 @@
 // the request to the decode engine and mirror it to the prefill engine.
 //
 // The header contract with the Envoy configuration rendered by package envoy
-// lives in headers.go; docs/envoy-contract.md records what was proved on a
+// lives in package envoy/contract; docs/envoy-contract.md records what was proved on a
 // real Envoy.
 package extproc

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/duet-router/duet/envoy/contract"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -40,7 +41,7 @@ func immediateError(status int, details, message string) *extprocv3.ProcessingRe
 		Message: message, Type: errorType(status), Code: status,
 	}})
 	// Tag the reply so Envoy's local_reply_config leaves duet's body alone.
-	md, _ := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{"local_reply": true}})
+	md, _ := structpb.NewStruct(map[string]any{contract.MetadataNamespace: map[string]any{"local_reply": true}})
 	return &extprocv3.ProcessingResponse{
 		DynamicMetadata: md,
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -60,7 +61,7 @@ type Options struct {
 	// Legs, when set, is told about every routed PD inference request.
 	Legs LegTracker
 	// Fallbacks, when set, adds a second decode host to
-	// HeaderDecodeEndpoint: Envoy's override_host tries it when the first
+	// contract.HeaderDecodeEndpoint: Envoy's override_host tries it when the first
 	// refuses the connection.
 	Fallbacks DecodeFallbacker
 }
@@ -221,7 +222,7 @@ func newRequest(h *extprocv3.HttpHeaders) *request {
 			r.method = v
 		case ":path":
 			r.path = v
-		case HeaderRequestID:
+		case contract.HeaderRequestID:
 			r.requestID = v
 		}
 	}
@@ -296,30 +297,30 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 			decodeHosts += "," + fallback.Address
 		}
 	}
-	set(HeaderDecodeEndpoint, decodeHosts)
-	set(HeaderRequestID, req.requestID)
-	set(HeaderDuetRequestID, req.duetID)
+	set(contract.HeaderDecodeEndpoint, decodeHosts)
+	set(contract.HeaderRequestID, req.requestID)
+	set(contract.HeaderDuetRequestID, req.duetID)
 	mirror := decision.Prefill != nil
 	if mirror {
-		set(HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
-		set(HeaderMirror, s.opts.PrefillCluster)
+		set(contract.HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
+		set(contract.HeaderMirror, s.opts.PrefillCluster)
 		if decision.Prefill.Rank != scheduler.NoRank {
-			set(HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
+			set(contract.HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
 		} else {
-			mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderPrefillRank)
+			mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderPrefillRank)
 		}
 	} else {
-		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderPrefillEndpoint, HeaderPrefillRank, HeaderMirror)
+		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderPrefillEndpoint, contract.HeaderPrefillRank, contract.HeaderMirror)
 	}
 	if decision.Decode.Rank != scheduler.NoRank && req.route.Inference() {
-		set(HeaderDPRank, strconv.Itoa(decision.Decode.Rank))
+		set(contract.HeaderDPRank, strconv.Itoa(decision.Decode.Rank))
 	} else {
-		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderDPRank)
+		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderDPRank)
 	}
 	if mirror && req.route == RouteGenerate && decision.Decode.Rank != scheduler.NoRank {
-		set(HeaderDecodeBodyRank, strconv.Itoa(decision.Decode.Rank))
+		set(contract.HeaderDecodeBodyRank, strconv.Itoa(decision.Decode.Rank))
 	} else {
-		mut.RemoveHeaders = append(mut.RemoveHeaders, HeaderDecodeBodyRank)
+		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderDecodeBodyRank)
 	}
 
 	meta := map[string]any{
@@ -355,7 +356,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}
 		set("content-length", strconv.Itoa(len(out)))
 	}
-	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: meta})
+	md, err := structpb.NewStruct(map[string]any{contract.MetadataNamespace: meta})
 	if err != nil {
 		return s.reject(req, http.StatusInternalServerError, "metadata", err.Error())
 	}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -152,9 +153,9 @@ func TestProcessPDChat(t *testing.T) {
 	body := cr.GetBodyMutation().GetBody()
 	h := setHeaders(cr)
 	want := map[string]string{
-		HeaderDecodeEndpoint: "10.0.0.2:30000", HeaderPrefillEndpoint: "10.0.0.1:30000",
-		HeaderMirror: "duet_prefill", HeaderPrefillRank: "3", HeaderDPRank: "1",
-		HeaderRequestID: "abc", "content-length": strconv.Itoa(len(body)),
+		contract.HeaderDecodeEndpoint: "10.0.0.2:30000", contract.HeaderPrefillEndpoint: "10.0.0.1:30000",
+		contract.HeaderMirror: "duet_prefill", contract.HeaderPrefillRank: "3", contract.HeaderDPRank: "1",
+		contract.HeaderRequestID: "abc", "content-length": strconv.Itoa(len(body)),
 	}
 	for k, v := range want {
 		if h[k] != v {
@@ -169,18 +170,18 @@ func TestProcessPDChat(t *testing.T) {
 	if j.Get("routed_dp_rank").Exists() {
 		t.Errorf("shared PD body must not pin a rank: %s", body)
 	}
-	if _, set := h[HeaderDecodeBodyRank]; set || !removed(cr)[HeaderDecodeBodyRank] {
-		t.Errorf("chat must not carry %s", HeaderDecodeBodyRank)
+	if _, set := h[contract.HeaderDecodeBodyRank]; set || !removed(cr)[contract.HeaderDecodeBodyRank] {
+		t.Errorf("chat must not carry %s", contract.HeaderDecodeBodyRank)
 	}
 	gen := setHeaders(common(exchange(t, c, "POST", "/generate", nil, []byte(`{"text":"hi"}`))))
-	if gen[HeaderDecodeBodyRank] != "1" {
-		t.Errorf("PD /generate: %s = %q, want the decode rank 1", HeaderDecodeBodyRank, gen[HeaderDecodeBodyRank])
+	if gen[contract.HeaderDecodeBodyRank] != "1" {
+		t.Errorf("PD /generate: %s = %q, want the decode rank 1", contract.HeaderDecodeBodyRank, gen[contract.HeaderDecodeBodyRank])
 	}
 	// Identity: duet mints its own id, which keys the pick and is the rid;
 	// the client's id is kept for logs but keys nothing.
-	duetID := h[HeaderDuetRequestID]
+	duetID := h[contract.HeaderDuetRequestID]
 	if len(duetID) != 36 || duetID == "abc" {
-		t.Errorf("%s = %q, want a minted UUID", HeaderDuetRequestID, duetID)
+		t.Errorf("%s = %q, want a minted UUID", contract.HeaderDuetRequestID, duetID)
 	}
 	if got := pickedID; got != duetID {
 		t.Errorf("picked under id %q, want duet's %q", got, duetID)
@@ -188,7 +189,7 @@ func TestProcessPDChat(t *testing.T) {
 	if rid := j.Get("rid").String(); rid != duetID {
 		t.Errorf("rid = %q, want duet's id %q (the client's rid must be replaced)", rid, duetID)
 	}
-	md := resp.GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()
+	md := resp.GetDynamicMetadata().GetFields()[contract.MetadataNamespace].GetStructValue().GetFields()
 	if md["request_id"].GetStringValue() != duetID || md["client_request_id"].GetStringValue() != "abc" ||
 		md["prefill"].GetStringValue() == "" {
 		t.Errorf("dynamic metadata = %v", md)
@@ -196,9 +197,9 @@ func TestProcessPDChat(t *testing.T) {
 	// The same client id twice still gives two distinct duet ids.
 	again := setHeaders(common(exchange(t, c, "POST", "/v1/chat/completions", map[string]string{"x-request-id": "abc"},
 		[]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))))
-	if again[HeaderDuetRequestID] == duetID || again[HeaderRequestID] != "abc" {
+	if again[contract.HeaderDuetRequestID] == duetID || again[contract.HeaderRequestID] != "abc" {
 		t.Errorf("second request with the same x-request-id: duet id %q (first %q), x-request-id %q",
-			again[HeaderDuetRequestID], duetID, again[HeaderRequestID])
+			again[contract.HeaderDuetRequestID], duetID, again[contract.HeaderRequestID])
 	}
 }
 
@@ -218,12 +219,12 @@ func TestProcessEngineRanks(t *testing.T) {
 		if body.Get("disagg_prefill_dp_rank").Exists() || !body.Get("bootstrap_room").Exists() {
 			t.Fatalf("body = %s", cr.GetBodyMutation().GetBody())
 		}
-		for _, k := range []string{HeaderPrefillRank, HeaderDPRank, HeaderDecodeBodyRank} {
+		for _, k := range []string{contract.HeaderPrefillRank, contract.HeaderDPRank, contract.HeaderDecodeBodyRank} {
 			if _, set := h[k]; set || !rm[k] {
 				t.Errorf("%s must be removed", k)
 			}
 		}
-		if h[HeaderMirror] == "" {
+		if h[contract.HeaderMirror] == "" {
 			t.Error("PD request not mirrored")
 		}
 		rooms[body.Get("bootstrap_room").Uint()%4] = true
@@ -260,19 +261,19 @@ func TestProcessPassThroughAndAggregated(t *testing.T) {
 				t.Errorf("DecodeOnly = %v for an inference=%v route", !inference, inference)
 			}
 			h, rm := setHeaders(cr), removed(cr)
-			if h[HeaderDecodeEndpoint] != "10.0.0.2:30000" {
-				t.Errorf("decode endpoint = %q", h[HeaderDecodeEndpoint])
+			if h[contract.HeaderDecodeEndpoint] != "10.0.0.2:30000" {
+				t.Errorf("decode endpoint = %q", h[contract.HeaderDecodeEndpoint])
 			}
-			for _, k := range []string{HeaderMirror, HeaderPrefillEndpoint, HeaderPrefillRank} {
+			for _, k := range []string{contract.HeaderMirror, contract.HeaderPrefillEndpoint, contract.HeaderPrefillRank} {
 				if _, set := h[k]; set || !rm[k] {
 					t.Errorf("%s must be removed (set=%v removed=%v)", k, set, rm[k])
 				}
 			}
-			if got := h[HeaderDPRank]; got != tt.wantRank || (tt.wantRank == "" && !rm[HeaderDPRank]) {
-				t.Errorf("rank header = %q (removed %v), want %q", got, rm[HeaderDPRank], tt.wantRank)
+			if got := h[contract.HeaderDPRank]; got != tt.wantRank || (tt.wantRank == "" && !rm[contract.HeaderDPRank]) {
+				t.Errorf("rank header = %q (removed %v), want %q", got, rm[contract.HeaderDPRank], tt.wantRank)
 			}
-			if len(h[HeaderRequestID]) != 36 {
-				t.Errorf("request id not minted: %q", h[HeaderRequestID])
+			if len(h[contract.HeaderRequestID]) != 36 {
+				t.Errorf("request id not minted: %q", h[contract.HeaderRequestID])
 			}
 			body := cr.GetBodyMutation().GetBody()
 			if !inference {
@@ -343,8 +344,8 @@ func TestDecodeFallbackHost(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := client(t, &fakePicker{decision: pdPick, fallback: tt.fallback}, 1<<20)
 			h := setHeaders(common(exchange(t, c, "POST", "/generate", nil, []byte(`{"text":"hi"}`))))
-			if h[HeaderDecodeEndpoint] != tt.want {
-				t.Errorf("%s = %q, want %q", HeaderDecodeEndpoint, h[HeaderDecodeEndpoint], tt.want)
+			if h[contract.HeaderDecodeEndpoint] != tt.want {
+				t.Errorf("%s = %q, want %q", contract.HeaderDecodeEndpoint, h[contract.HeaderDecodeEndpoint], tt.want)
 			}
 		})
 	}

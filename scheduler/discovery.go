@@ -11,7 +11,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/duet-router/duet/extproc/jsondepth"
+	"github.com/duet-router/duet/scheduler/jsondepth"
 	"go.uber.org/zap"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/extproc/accesslog"
 )
 
@@ -28,7 +28,7 @@ func TestEnvoyClusters(t *testing.T) {
 			accesslog.Clusters{Decode: "httproute/inference/duet/rule/0", Prefill: "httproute/inference/duet/rule/0-mirror-0"},
 			"envoy.clusters: the bootstrap names its clusters duet_decode and duet_prefill"},
 		{"prefill renamed", engines + "envoy: {clusters: {prefill: mirror}}\n",
-			accesslog.Clusters{Decode: envoy.ClusterDecode, Prefill: "mirror"}, "envoy.clusters"},
+			accesslog.Clusters{Decode: contract.ClusterDecode, Prefill: "mirror"}, "envoy.clusters"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -42,8 +42,8 @@ func TestEnvoyClusters(t *testing.T) {
 				if err != nil {
 					t.Fatalf("envoy-config: %v", err)
 				}
-				if !strings.Contains(out.String(), "cluster_header: x-duet-mirror") || !strings.Contains(out.String(), "- name: "+envoy.ClusterPrefill) {
-					t.Errorf("bootstrap lacks the mirror or the %s cluster", envoy.ClusterPrefill)
+				if !strings.Contains(out.String(), "cluster_header: x-duet-mirror") || !strings.Contains(out.String(), "- name: "+contract.ClusterPrefill) {
+					t.Errorf("bootstrap lacks the mirror or the %s cluster", contract.ClusterPrefill)
 				}
 				return
 			}

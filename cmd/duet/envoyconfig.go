@@ -10,6 +10,7 @@ import (
 
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
 // writeEnvoyConfig renders the Envoy bootstrap that matches cfg.
@@ -49,9 +50,9 @@ func writeEnvoyConfigFile(path string, cfg *config.Config) error {
 
 // envoyParams maps duet's configuration onto the bootstrap's inputs.
 func envoyParams(cfg *config.Config) (envoy.Params, error) {
-	if c := cfg.Envoy.Clusters; c.Decode != envoy.ClusterDecode || c.Prefill != envoy.ClusterPrefill {
+	if c := cfg.Envoy.Clusters; c.Decode != contract.ClusterDecode || c.Prefill != contract.ClusterPrefill {
 		return envoy.Params{}, fmt.Errorf("envoy.clusters: the bootstrap names its clusters %s and %s; other names are for a gateway that builds its own Envoy configuration (Envoy Gateway)",
-			envoy.ClusterDecode, envoy.ClusterPrefill)
+			contract.ClusterDecode, contract.ClusterPrefill)
 	}
 	p := envoy.Params{
 		MaxBodyBytes:       cfg.Request.MaxBodyBytes,

@@ -5,16 +5,16 @@
 // HTTPAccessLogEntry when a stream ends. The rendered bootstrap (package
 // envoy) configures two loggers that both point at duet's gRPC server:
 //
-//   - envoy.LogDownstream on the HTTP connection manager: one entry per client
+//   - contract.LogDownstream on the HTTP connection manager: one entry per client
 //     request, carrying duet's dynamic metadata (the targets it chose) and the
 //     token usage that the response filters copied into the same namespace;
-//   - envoy.LogUpstream on the router: one entry per upstream request, the
+//   - contract.LogUpstream on the router: one entry per upstream request, the
 //     prefill mirror included, each naming its cluster and upstream host.
 //
 // [Server] converts each entry into a [Completion] and hands it to a [Sink]
 // owned by the consumer (the scheduler, through an adapter in cmd/duet). The
-// leg comes from the log name and the upstream cluster: envoy.ClusterDecode
-// gives [LegDecode], envoy.ClusterPrefill gives [LegPrefill], and the
+// leg comes from the log name and the upstream cluster: contract.ClusterDecode
+// gives [LegDecode], contract.ClusterPrefill gives [LegPrefill], and the
 // downstream entry gives [LegRequest]. Entries are joined by x-duet-request-id, the id duet mints per request.
 //
 // Dependencies: this package imports package envoy for the log, cluster and

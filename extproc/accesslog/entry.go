@@ -8,11 +8,10 @@ import (
 	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/duet-router/duet/envoy"
-	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
-// Keys of duet's dynamic metadata (extproc.MetadataNamespace) that a
+// Keys of duet's dynamic metadata (contract.MetadataNamespace) that a
 // completion reads besides the token counts: the targets extproc.Server
 // chose, written as "decode" and "prefill".
 const (
@@ -32,16 +31,16 @@ type Clusters struct {
 // DefaultClusters are the clusters of the bootstrap `duet envoy-config`
 // renders (package envoy). Gateways that name clusters themselves, such as
 // Envoy Gateway, need others.
-var DefaultClusters = Clusters{Decode: envoy.ClusterDecode, Prefill: envoy.ClusterPrefill}
+var DefaultClusters = Clusters{Decode: contract.ClusterDecode, Prefill: contract.ClusterPrefill}
 
 // legOf returns the leg an entry of the named log describes, or false when
 // the entry is not one duet asked for (another log, or an upstream entry of
 // a cluster that is not an engine pool).
 func (cl Clusters) legOf(logName, cluster string) (Leg, bool) {
 	switch logName {
-	case envoy.LogDownstream:
+	case contract.LogDownstream:
 		return LegRequest, true
-	case envoy.LogUpstream:
+	case contract.LogUpstream:
 		switch cluster {
 		case cl.Decode:
 			return LegDecode, true
@@ -61,13 +60,13 @@ func (cl Clusters) completion(logName string, e *accesslogdatav3.HTTPAccessLogEn
 		return Completion{}, false
 	}
 	headers := e.GetRequest().GetRequestHeaders()
-	c.RequestID = headers[extproc.HeaderDuetRequestID]
-	c.ClientRequestID = headers[extproc.HeaderRequestID]
+	c.RequestID = headers[contract.HeaderDuetRequestID]
+	c.ClientRequestID = headers[contract.HeaderRequestID]
 	if c.ClientRequestID == "" {
 		c.ClientRequestID = e.GetRequest().GetRequestId()
 	}
 	c.DPRank = NoRank
-	if r, err := strconv.Atoi(headers[extproc.HeaderDPRank]); err == nil && r >= 0 {
+	if r, err := strconv.Atoi(headers[contract.HeaderDPRank]); err == nil && r >= 0 {
 		c.DPRank = r
 	}
 	c.Upstream = hostPort(common.GetUpstreamRemoteAddress())
@@ -81,10 +80,10 @@ func (cl Clusters) completion(logName string, e *accesslogdatav3.HTTPAccessLogEn
 		// Older Envoys leave duration unset: fall back to the last byte sent.
 		c.Duration = common.GetTimeToLastDownstreamTxByte().AsDuration()
 	}
-	if md := common.GetMetadata().GetFilterMetadata()[extproc.MetadataNamespace]; md != nil {
+	if md := common.GetMetadata().GetFilterMetadata()[contract.MetadataNamespace]; md != nil {
 		f := md.GetFields()
-		c.PromptTokens = number(f[envoy.MetadataPromptTokens])
-		c.CompletionTokens = number(f[envoy.MetadataCompletionTokens])
+		c.PromptTokens = number(f[contract.MetadataPromptTokens])
+		c.CompletionTokens = number(f[contract.MetadataCompletionTokens])
 		c.DecodeTarget = f[metadataDecode].GetStringValue()
 		c.PrefillTarget = f[metadataPrefill].GetStringValue()
 	}

@@ -2,7 +2,8 @@ package load
 
 import (
 	"fmt"
-	"github.com/duet-router/duet/extproc/jsondepth"
+
+	"github.com/duet-router/duet/scheduler/jsondepth"
 
 	"github.com/tidwall/gjson"
 )

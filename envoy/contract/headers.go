@@ -1,4 +1,4 @@
-package extproc
+package contract
 
 // Headers of the contract between duet and the Envoy configuration. Envoy
 // strips every one of them from client requests before ext_proc runs (early
@@ -45,3 +45,28 @@ const MetadataNamespace = "duet"
 // ClientStrippedHeaders lists the headers Envoy must remove from client
 // requests before any filter runs, besides those with HeaderPrefix.
 var ClientStrippedHeaders = []string{HeaderDPRank}
+
+// Log names of the two gRPC access-log (ALS) streams Envoy opens to duet:
+// LogDownstream carries one entry per client request (HCM access_log),
+// LogUpstream one entry per upstream request, the prefill mirror included
+// (router upstream_log). Package extproc/accesslog reads them.
+const (
+	LogDownstream = "duet_downstream"
+	LogUpstream   = "duet_upstream"
+)
+
+// Keys in the MetadataNamespace dynamic metadata that the response
+// filters (json_to_metadata, sse_to_metadata) fill with the engine's token
+// usage, as numbers.
+const (
+	MetadataPromptTokens     = "prompt_tokens"
+	MetadataCompletionTokens = "completion_tokens"
+)
+
+// Names of the engine clusters in the bootstrap `duet envoy-config` renders:
+// the decode (or aggregated) pool and the prefill pool. A gateway that names
+// clusters itself configures its own names (envoy.clusters).
+const (
+	ClusterDecode  = "duet_decode"
+	ClusterPrefill = "duet_prefill"
+)
