@@ -80,12 +80,27 @@ type Params struct {
 	Prefill []Address
 	// Decode engines (or the aggregated pool).
 	Decode []Address
+	// DuetTLS, when set, makes Envoy reach duet over mutual TLS.
+	DuetTLS *ClientTLS
+	// DuetToken, when set, is the bearer token Envoy sends duet on every
+	// ext_proc and access-log stream ("authorization" gRPC metadata). The
+	// rendered bootstrap then holds a secret.
+	DuetToken string
 	// Headless says that Prefill and Decode are DNS names that resolve to
 	// every engine of their pool (Kubernetes headless Services), not one
 	// engine each: the engine clusters then take every address of both
 	// families and re-resolve every DNSRefreshRate, so that override_host
 	// finds an engine soon after it becomes ready.
 	Headless bool
+}
+
+// ClientTLS is Envoy's side of mutual TLS to duet: its client certificate
+// and the CA and name it verifies duet's certificate by. Paths are as
+// Envoy sees them.
+type ClientTLS struct {
+	CertFile, KeyFile, CAFile string
+	// ServerName is sent as SNI and must be a DNS SAN of duet's certificate.
+	ServerName string
 }
 
 // DNSRefreshRate is how often the engine clusters of a Headless bootstrap
@@ -118,7 +133,14 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"list":     func(a Address) []Address { return []Address{a} },
 	"join":     strings.Join,
 	"grpcLog": func(indent, name string, d templateData) grpcLog {
-		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: LoggedRequestHeaders}
+		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: LoggedRequestHeaders, Token: d.DuetToken}
+	},
+	"duetCluster": func(name string, shed bool, d templateData) duetCluster {
+		c := duetCluster{Name: name, Duet: d.Duet, TLS: d.DuetTLS}
+		if shed {
+			c.MaxRequests = d.MaxRoutingRequests
+		}
+		return c
 	},
 	"usageRules": func(indent string, sse bool, d templateData) usageRules {
 		if sse {
@@ -168,6 +190,17 @@ type engineCluster struct {
 type grpcLog struct {
 	Indent, Name, Cluster string
 	Headers               []string
+	// Token, when set, is sent as a bearer token on the stream.
+	Token string
+}
+
+// duetCluster is what the template needs to render one cluster to duet.
+type duetCluster struct {
+	Name string
+	Duet Address
+	TLS  *ClientTLS
+	// MaxRequests, when positive, is the cluster's circuit breaker.
+	MaxRequests int
 }
 
 // usageRule copies the number at Object.Field of a response into Key.
@@ -225,6 +258,16 @@ func Render(w io.Writer, p Params) error {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
 			return fmt.Errorf("render envoy bootstrap: bad host %q", a.Host)
 		}
+	}
+	if t := p.DuetTLS; t != nil {
+		for _, f := range []string{t.CertFile, t.KeyFile, t.CAFile, t.ServerName} {
+			if f == "" || strings.ContainsAny(f, "\"'\n") {
+				return fmt.Errorf("render envoy bootstrap: duet TLS needs a client certificate, key, CA and server name without quotes or newlines, got %q", f)
+			}
+		}
+	}
+	if strings.ContainsAny(p.DuetToken, " \"'\\\n") {
+		return errors.New("render envoy bootstrap: the duet token must not contain spaces, quotes, backslashes or newlines")
 	}
 	if p.Headless {
 		for _, a := range append(append([]Address(nil), p.Prefill...), p.Decode...) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/duet-router/duet/cmd/duet/internal/auth"
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/envoy/contract"
@@ -73,6 +75,9 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 			return p, fmt.Errorf("%s: %w", a.field, err)
 		}
 	}
+	if err := duetAuthParams(&p, cfg); err != nil {
+		return p, err
+	}
 	if cfg.Kubernetes != nil {
 		return p, kubernetesEnvoyParams(&p, cfg.Kubernetes, osEnv)
 	}
@@ -83,6 +88,27 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// duetAuthParams gives Envoy the credentials duet requires of it: the
+// client certificate of envoy.duet_tls under auth.tls, and the first token
+// of auth.token_file.
+func duetAuthParams(p *envoy.Params, cfg *config.Config) error {
+	if cfg.Auth.TLS != nil {
+		t := cfg.Envoy.DuetTLS
+		if t == nil {
+			return errors.New("envoy.duet_tls: auth.tls makes duet require Envoy's client certificate; name it (and the CA of duet's certificate) in envoy.duet_tls")
+		}
+		p.DuetTLS = &envoy.ClientTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, CAFile: t.CAFile, ServerName: t.ServerName}
+	}
+	if cfg.Auth.TokenFile != "" {
+		token, err := auth.FirstToken(cfg.Auth.TokenFile)
+		if err != nil {
+			return fmt.Errorf("auth.token_file: %w", err)
+		}
+		p.DuetToken = token
+	}
+	return nil
 }
 
 func engineAddresses(role string, eps []config.Endpoint) ([]envoy.Address, error) {

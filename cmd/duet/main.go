@@ -7,6 +7,8 @@
 //	                                    SIGHUP reloads the endpoint lists
 //	duet envoy-config -config duet.yaml print the matching Envoy bootstrap
 //	                  [-out envoy.yaml] (or write it to a file)
+//	duet certs -out DIR [-hosts ...]    make a CA, duet's server and Envoy's
+//	                                    client certificates, and tokens
 //	duet version                        print the version, commit and Go version
 package main
 
@@ -49,9 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "version":
 		fmt.Fprintln(stdout, buildVersionLine())
 		return nil
+	case "certs":
+		return runCerts(args, stdout, stderr)
 	case "serve", "envoy-config":
 	default:
-		return fmt.Errorf("unknown command %q (want serve, envoy-config or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, envoy-config, certs or version)", cmd)
 	}
 	fs := flag.NewFlagSet("duet "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/duet-router/duet/cmd/duet/internal/auth"
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
@@ -97,7 +98,24 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		return fmt.Errorf("listen.admin: %w", err)
 	}
 
-	gs := grpc.NewServer(extproc.ServerOptions(cfg.Request.MaxBodyBytes)...)
+	refusals := auth.NewRefusals(log.Named("auth"), reg)
+	guard, err := auth.NewGuard(auth.Options{TLS: tlsFiles(cfg.Auth.TLS), TokenFile: cfg.Auth.TokenFile, Refusals: refusals})
+	if err != nil {
+		grpcLis.Close()
+		adminLis.Close()
+		return err
+	}
+	adminGuard, err := auth.NewAdmin(config.Loopback(cfg.Listen.Admin), cfg.Auth.AdminTokenFile, refusals)
+	if err != nil {
+		grpcLis.Close()
+		adminLis.Close()
+		return err
+	}
+	if guard.Mode() == "none" && !cfg.Auth.Unauthenticated {
+		log.Warn("the gRPC port authenticates no caller: any process on this host can feed duet access-log entries and open ext_proc streams; set auth.tls or auth.token_file (docs/security.md)",
+			zap.String("grpc", cfg.Listen.GRPC))
+	}
+	gs := grpc.NewServer(append(extproc.ServerOptions(cfg.Request.MaxBodyBytes), guard.ServerOptions()...)...)
 	extprocv3.RegisterExternalProcessorServer(gs, proc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -111,8 +129,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		servePprof(mux)
 	}
 	status.New(sched, status.Options{Version: version}).Register(mux) // GET /status, /status.json
-	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	admin.Handler = withFeedbackDebug(admin.Handler, feedback)
+	admin := &http.Server{Handler: adminGuard.Handler(withFeedbackDebug(mux, feedback)), ReadHeaderTimeout: 5 * time.Second}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -132,6 +149,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 			case <-hup:
 				log.Info("SIGHUP: reloading the configuration", zap.String("config", path))
 				reloads.reload(runCtx)
+				reloadCredentials(log, guard, adminGuard)
 			}
 		}
 	})
@@ -143,7 +161,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	log.Info("duet started",
 		zap.String("grpc", grpcLis.Addr().String()), zap.String("admin", adminLis.Addr().String()),
 		zap.Int("prefill_endpoints", len(cfg.Prefill)), zap.Int("decode_endpoints", len(cfg.Decode)),
-		zap.String("version", version))
+		zap.String("version", version), zap.String("grpc_auth", guard.Mode()))
 
 	var serveErr error
 	select {
@@ -170,6 +188,29 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		return serveErr
 	}
 	return nil
+}
+
+// tlsFiles converts the configuration's auth.tls.
+func tlsFiles(t *config.AuthTLS) *auth.TLSFiles {
+	if t == nil {
+		return nil
+	}
+	return &auth.TLSFiles{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile, ClientNames: t.ClientNames}
+}
+
+// credentialReloader is a guard whose files SIGHUP reads again.
+type credentialReloader interface{ Reload() error }
+
+// reloadCredentials reads the certificates and tokens again, so that they
+// rotate without a restart; a file that fails leaves the old credentials.
+func reloadCredentials(log *zap.Logger, guards ...credentialReloader) {
+	for _, g := range guards {
+		if err := g.Reload(); err != nil {
+			log.Error("SIGHUP: credentials not reloaded; the previous ones stay in use", zap.Error(err))
+			return
+		}
+	}
+	log.Info("SIGHUP: credentials reloaded")
 }
 
 // readiness is what /readyz needs to know.

@@ -60,6 +60,9 @@ type Addresses struct {
 	// Prefill and Decode are the engines' base URLs, in the order of
 	// Options.Prefill and Options.Decode.
 	Prefill, Decode []string
+	// Credentials are the files duet's auth section and Envoy's side of it
+	// name (unused under AuthNone).
+	Credentials Credentials
 }
 
 // DuetConfig renders duet's YAML configuration for opts (defaults applied)
@@ -81,7 +84,10 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	if opts.EngineRanks {
 		b.WriteString("engine_ranks: true\n")
 	}
+	authSection, envoyAuth := authYAML(opts.Auth, addrs.Credentials)
+	b.WriteString(authSection)
 	fmt.Fprintf(&b, "envoy:\n  listen: %s\n  admin: %s\n", addrs.EnvoyListen, addrs.EnvoyAdmin)
+	b.WriteString(envoyAuth)
 	if opts.MaxRoutingRequests > 0 {
 		fmt.Fprintf(&b, "  max_routing_requests: %d\n", opts.MaxRoutingRequests)
 	}

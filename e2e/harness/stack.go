@@ -62,6 +62,9 @@ type Options struct {
 	Bootstrap func(ctx context.Context, addrs Addresses) ([]byte, error)
 	// Dir receives configs and logs; default a new temporary directory.
 	Dir string
+	// Auth is how Envoy authenticates to duet (default AuthMTLS); the
+	// stack makes the credentials with `duet certs` in Dir.
+	Auth Auth
 }
 
 // Stack is a running Envoy + duet + engines on loopback.
@@ -76,6 +79,10 @@ type Stack struct {
 	DuetAdminURL string
 	// EnvoyConfig is the path of the rendered Envoy bootstrap.
 	EnvoyConfig string
+	// DuetGRPC is duet's gRPC (ext_proc and access-log) address.
+	DuetGRPC string
+	// Credentials are the stack's credentials (see Options.Auth).
+	Credentials Credentials
 	Prefill     []*Sim
 	Decode      []*Sim
 	Duet        *Process
@@ -153,6 +160,12 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	grpcPort, adminPort, envoyPort, envoyAdminPort := next(), next(), next(), next()
 	cfgPath := filepath.Join(s.Dir, "duet.yaml")
 	addrs := s.addresses(grpcPort, adminPort, envoyPort, envoyAdminPort)
+	if opts.Auth != AuthNone {
+		if addrs.Credentials, err = MakeCredentials(ctx, tools.Duet, filepath.Join(s.Dir, "credentials")); err != nil {
+			return nil, err
+		}
+	}
+	s.Credentials, s.DuetGRPC = addrs.Credentials, addrs.DuetGRPC
 	if err := os.WriteFile(cfgPath, []byte(DuetConfig(opts, addrs)), 0o644); err != nil {
 		return nil, err
 	}

@@ -110,7 +110,7 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 
 	// duet's default policies (docs/configuration.md), as users run it; the
 	// harness's own default, round_robin, reads no prefix index.
-	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second, Pprof: pprof,
+	opts := harness.Options{LogLevel: "info", LoadInterval: time.Second, Pprof: pprof, Auth: harness.AuthNone,
 		PrefillPolicy: duetPrefillPolicy, DecodePolicy: duetDecodePolicy}
 	spec := harness.SimSpec{DPSize: dp, Args: fastSim()}
 	startSim := func(name, mode string) (string, error) {

@@ -55,6 +55,59 @@ type Config struct {
 	Request Request `yaml:"request"`
 	// Envoy parameterises the bootstrap rendered by `duet envoy-config`.
 	Envoy Envoy `yaml:"envoy"`
+	// Auth says who may call duet's gRPC port and read its status pages
+	// (docs/security.md).
+	Auth Auth `yaml:"auth"`
+}
+
+// Auth authenticates duet's callers. On the gRPC port, TLS and a token may
+// be combined (both are then required); a gRPC port bound beyond loopback
+// needs one of them, or Unauthenticated where something else (a mesh)
+// authenticates.
+type Auth struct {
+	// TLS requires mutual TLS on the gRPC port.
+	TLS *AuthTLS `yaml:"tls"`
+	// TokenFile holds the accepted bearer tokens, one per line (blank lines
+	// and lines starting with # are skipped). Envoy sends the first as
+	// "authorization: Bearer <token>" gRPC metadata. Read again on SIGHUP.
+	TokenFile string `yaml:"token_file"`
+	// Unauthenticated accepts any caller on a gRPC port reachable from the
+	// network: only where a mesh or network policy admits Envoy alone.
+	Unauthenticated bool `yaml:"unauthenticated"`
+	// AdminTokenFile holds the token that opens /status, /status.json,
+	// /debug/* and pprof on an admin port bound beyond loopback. Read again
+	// on SIGHUP.
+	AdminTokenFile string `yaml:"admin_token_file"`
+}
+
+// AuthTLS is duet's side of mutual TLS on the gRPC port. The files are
+// read again on SIGHUP.
+type AuthTLS struct {
+	// CertFile is duet's server certificate chain (PEM).
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is its private key (PEM).
+	KeyFile string `yaml:"key_file"`
+	// ClientCAFile holds the CA certificates (PEM) a client certificate
+	// must chain to.
+	ClientCAFile string `yaml:"client_ca_file"`
+	// ClientNames, when set, admits only client certificates one of whose
+	// DNS or URI SANs, or whose common name, is listed.
+	ClientNames []string `yaml:"client_names"`
+}
+
+// DuetTLS is Envoy's side of mutual TLS to duet, as `duet envoy-config`
+// renders it on the clusters that reach duet.
+type DuetTLS struct {
+	// CertFile and KeyFile are Envoy's client certificate and key (PEM),
+	// paths as Envoy sees them.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// CAFile holds the CA certificates that duet's server certificate
+	// chains to.
+	CAFile string `yaml:"ca_file"`
+	// ServerName is sent as SNI and must be a DNS SAN of duet's
+	// certificate.
+	ServerName string `yaml:"server_name"`
 }
 
 // Listen holds duet's own addresses.
@@ -237,6 +290,9 @@ type Envoy struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Clusters names the engine pools' clusters in Envoy's configuration.
 	Clusters EnvoyClusters `yaml:"clusters"`
+	// DuetTLS is Envoy's client certificate and the CA it trusts for duet,
+	// required by `duet envoy-config` when auth.tls is set.
+	DuetTLS *DuetTLS `yaml:"duet_tls"`
 }
 
 // EnvoyClusters names the clusters of the engine pools. `duet envoy-config`
@@ -277,6 +333,9 @@ const (
 	DefaultProbeFailures      = 2
 	DefaultBaseEjection       = 5 * time.Second
 	DefaultMaxEjection        = 2 * time.Minute
+	// DefaultDuetServerName is envoy.duet_tls.server_name's default, a SAN
+	// of the server certificate `duet certs` makes.
+	DefaultDuetServerName = "duet"
 )
 
 // Load reads, defaults and validates the configuration file at path.
@@ -340,6 +399,9 @@ func (c *Config) applyDefaults() {
 		c.Discovery.Timeout = DefaultDiscoveryTimeout
 	}
 	c.Health.applyDefaults()
+	if t := c.Envoy.DuetTLS; t != nil {
+		setDefault(&t.ServerName, DefaultDuetServerName)
+	}
 	if c.Kubernetes != nil {
 		c.Kubernetes.applyDefaults()
 	}
@@ -474,6 +536,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.Health.validate()...)
+	errs = append(errs, c.validateAuth()...)
 	if c.Tokens.CharsPerToken < 0 {
 		errs = append(errs, fmt.Errorf("tokens.chars_per_token: %v must not be negative", c.Tokens.CharsPerToken))
 	}
@@ -483,6 +546,59 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// validateAuth checks the auth section and envoy.duet_tls, naming each
+// field. A gRPC port reachable beyond loopback must say how its callers
+// are authenticated.
+func (c *Config) validateAuth() []error {
+	var errs []error
+	a := c.Auth
+	if t := a.TLS; t != nil {
+		for _, f := range []struct{ field, value string }{
+			{"auth.tls.cert_file", t.CertFile}, {"auth.tls.key_file", t.KeyFile}, {"auth.tls.client_ca_file", t.ClientCAFile},
+		} {
+			if f.value == "" {
+				errs = append(errs, fmt.Errorf("%s: is required with auth.tls", f.field))
+			}
+		}
+	}
+	if t := c.Envoy.DuetTLS; t != nil {
+		for _, f := range []struct{ field, value string }{
+			{"envoy.duet_tls.cert_file", t.CertFile}, {"envoy.duet_tls.key_file", t.KeyFile}, {"envoy.duet_tls.ca_file", t.CAFile},
+		} {
+			if f.value == "" {
+				errs = append(errs, fmt.Errorf("%s: is required with envoy.duet_tls", f.field))
+			}
+		}
+		if a.TLS == nil {
+			errs = append(errs, errors.New("envoy.duet_tls: set without auth.tls: duet would not speak TLS"))
+		}
+	}
+	if a.Unauthenticated && (a.TLS != nil || a.TokenFile != "") {
+		errs = append(errs, errors.New("auth.unauthenticated: set together with auth.tls or auth.token_file"))
+	}
+	if a.TLS == nil && a.TokenFile == "" && !a.Unauthenticated && !Loopback(c.Listen.GRPC) {
+		errs = append(errs, fmt.Errorf("auth: listen.grpc %s is reachable beyond loopback and nothing authenticates its callers "+
+			"(anyone who reaches it could eject engines and abort requests): set auth.tls or auth.token_file, "+
+			"or auth.unauthenticated: true where a mesh admits only Envoy (docs/security.md)", c.Listen.GRPC))
+	}
+	return errs
+}
+
+// Loopback reports whether a listen address binds a loopback address only,
+// so that only processes on the same host can connect. A host name counts
+// only as "localhost".
+func Loopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 // validate checks the health section (after defaults), naming each field.
