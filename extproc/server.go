@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/duet-router/duet/envoy/contract"
+	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -36,6 +37,13 @@ type LegTracker interface {
 	// for a single request); decodeFallback is the decode engine listed
 	// second for Envoy's connect-failure retry, or nil.
 	Track(id string, items int, d scheduler.Decision, decodeFallback *scheduler.Endpoint)
+}
+
+// RouteRecorder is told where each routed request's legs go, before Envoy
+// hears of it, so that access-log entries about the request can be checked
+// against it (package routed implements it).
+type RouteRecorder interface {
+	Record(id string, r routed.Route)
 }
 
 // DecodeFallbacker names a second decode engine for a decode target, for
@@ -60,6 +68,8 @@ type Options struct {
 	Metrics *Metrics
 	// Legs, when set, is told about every routed PD inference request.
 	Legs LegTracker
+	// Routes, when set, is told about every routed request.
+	Routes RouteRecorder
 	// Fallbacks, when set, adds a second decode host to
 	// contract.HeaderDecodeEndpoint: Envoy's override_host tries it when the first
 	// refuses the connection.
@@ -312,8 +322,16 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	} else {
 		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderPrefillEndpoint, contract.HeaderPrefillRank, contract.HeaderMirror)
 	}
+	route := routed.Route{Decode: decision.Decode.Endpoint.Address, DecodeRank: routed.NoRank, PrefillRank: routed.NoRank}
+	if fallback != nil {
+		route.DecodeFallback = fallback.Address
+	}
+	if mirror {
+		route.Prefill, route.PrefillRank = decision.Prefill.Endpoint.Address, decision.Prefill.Rank
+	}
 	if decision.Decode.Rank != scheduler.NoRank && req.route.Inference() {
 		set(contract.HeaderDPRank, strconv.Itoa(decision.Decode.Rank))
+		route.DecodeRank = decision.Decode.Rank
 	} else {
 		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderDPRank)
 	}
@@ -361,6 +379,9 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		return s.reject(req, http.StatusInternalServerError, "metadata", err.Error())
 	}
 	s.count(req, "routed")
+	if s.opts.Routes != nil {
+		s.opts.Routes.Record(req.duetID, route)
+	}
 	if mirror && body != nil && req.route.HasRID() && s.opts.Legs != nil {
 		s.opts.Legs.Track(req.duetID, body.Batch, decision, fallback)
 	}

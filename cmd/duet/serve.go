@@ -29,6 +29,7 @@ import (
 	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/legs"
+	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -75,7 +76,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	if err != nil {
 		return err
 	}
+	book := routed.New(routed.Options{Logger: log.Named("feedback"), Registerer: reg})
 	proc, err := extproc.NewServer(extproc.Options{
+		Routes:         book,
 		Picker:         sched,
 		PrefillCluster: cfg.Envoy.Clusters.Prefill,
 		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
@@ -121,7 +124,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	healthpb.RegisterHealthServer(gs, hs)
 	// The tracker sees each entry before the scheduler, whose health
 	// accounting may eject an engine and call tracker.Ejected for it.
-	feedback := registerFeedback(ctx, gs, fanout{tracker, schedulerFeedback(sched.Complete)}, feedbackClusters(cfg), log.Named("feedback"), reg)
+	// Only entries about requests duet routed, naming the hosts and ranks it
+	// chose, reach either (package routed).
+	feedback := registerFeedback(ctx, gs, book.Gate(fanout{tracker, schedulerFeedback(sched.Complete)}), feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	mux := adminMux(reg, sched, &stopping)
@@ -135,6 +140,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	defer cancel()
 	go sched.Run(runCtx)
 	go tracker.Run(runCtx)
+	go book.Run(runCtx)
 	var discovering sync.WaitGroup // joined on return: client-go's goroutines end with serve
 	defer func() { cancel(); discovering.Wait() }()
 	discovering.Go(func() { runDiscovery(runCtx) })
