@@ -29,12 +29,11 @@ const requestTimeout = 30 * time.Second
 var fastPrefill = []string{"--prefill-ms-per-1k-tokens", "1"}
 
 // startGateway starts two prefill engines (dp 2 and dp 4), two decode
-// engines (dp 2 each) and duet (with the ConfigMap's envoy.clusters), and
-// Envoy 1.40 on the bootstrap made from egctl's translation of
-// deploy/envoy-gateway. The translation must be accepted whole: every
-// route and policy Accepted, every reference resolved, every patch
-// applied.
-func startGateway(t *testing.T) *harness.Stack {
+// engines (dp 2 each) and duet (with the ConfigMap's envoy.clusters,
+// requiring mutual TLS), and Envoy 1.40 on the bootstrap made from egctl's
+// translation of deploy/envoy-gateway with the stack's credentials
+// (gatewayBootstrap). It returns the stack and its addresses.
+func startGateway(t *testing.T) (*harness.Stack, harness.Addresses) {
 	t.Helper()
 	egctl, err := egctlPath()
 	if err != nil {
@@ -44,6 +43,7 @@ func startGateway(t *testing.T) *harness.Stack {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var addrs harness.Addresses
 	decodeCluster, prefillCluster, err := duetClusters(objs)
 	if err != nil {
 		t.Fatal(err)
@@ -70,43 +70,149 @@ func startGateway(t *testing.T) *harness.Stack {
 		DecodeCluster:  decodeCluster,
 		PrefillCluster: prefillCluster,
 		Dir:            dir,
-		Bootstrap: func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
-			input, err := translationInput(objs, addrs)
-			if err != nil {
-				return nil, err
-			}
-			tr, err := translate(ctx, egctl, dir, input)
-			if err != nil {
-				return nil, err
-			}
-			if p := tr.problems(); len(p) > 0 {
-				return nil, fmt.Errorf("Envoy Gateway did not take the manifests whole:\n  %s", strings.Join(p, "\n  "))
-			}
-			// The ext_proc cluster sheds past envoy.max_routing_requests
-			// (policies.yaml's backendSettings.circuitBreaker).
-			if out, err := os.ReadFile(filepath.Join(dir, "envoy-gateway-output.json")); err != nil {
-				return nil, err
-			} else if !regexp.MustCompile(`"maxRequests":\s*256`).Match(out) || !regexp.MustCompile(`"maxPendingRequests":\s*256`).Match(out) {
-				return nil, errors.New("the translated ext_proc cluster has no circuit breaker of 256 requests")
-			}
-			m, err := remap(addrs)
-			if err != nil {
-				return nil, err
-			}
-			return tr.bootstrap(addrs, m, decodeCluster, prefillCluster)
+		// duet requires mutual TLS on its gRPC port (the harness's
+		// default, spelled out): the manifests' recipe.
+		Auth: harness.AuthMTLS,
+		Bootstrap: func(ctx context.Context, a harness.Addresses) ([]byte, error) {
+			addrs = a
+			return gatewayBootstrap(ctx, egctl, dir, objs, addrs, addrs.Credentials)
 		},
 	})
 	if err != nil {
 		t.Fatalf("start the Envoy Gateway stack (files in %s): %v", dir, err)
 	}
 	t.Cleanup(func() { s.CloseLoggingIfFailed(t) })
-	return s
+	return s, addrs
+}
+
+// secondEnvoy is an Envoy started beside a stack's.
+type secondEnvoy struct{ url, adminURL string }
+
+// startSecondEnvoy starts another Envoy, logging into dir, for the stack at
+// addrs (its duet and engines) on new loopback ports, with the bootstrap
+// that makeBootstrap returns; the test stops it.
+func startSecondEnvoy(t *testing.T, addrs harness.Addresses, dir string,
+	makeBootstrap func(context.Context, harness.Addresses) ([]byte, error)) secondEnvoy {
+	t.Helper()
+	ports, err := harness.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs.EnvoyListen = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	addrs.EnvoyAdmin = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bootstrap, err := makeBootstrap(ctx, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "envoy.json")
+	if err := os.WriteFile(path, bootstrap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := secondEnvoy{url: "http://" + addrs.EnvoyListen, adminURL: "http://" + addrs.EnvoyAdmin}
+	p, err := harness.StartEnvoy(ctx, dir, path, e.adminURL)
+	if err != nil {
+		t.Fatalf("start a second Envoy (files in %s): %v", dir, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("second Envoy's log:\n%s", p.Tail(40))
+		}
+		p.Stop(5 * time.Second)
+	})
+	return e
+}
+
+// duetRefused is duet's duet_auth_refused_total by reason, summed over
+// the services.
+func duetRefused(t *testing.T, s *harness.Stack) map[string]float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	mfs, err := s.DuetMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, m := range mfs["duet_auth_refused_total"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "reason" {
+				out[l.GetValue()] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// envoySSL sums Envoy's ssl.<name> counters over its clusters (only the
+// clusters to duet use TLS).
+func envoySSL(t *testing.T, adminURL, name string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	counters, err := harness.EnvoyCounters(ctx, adminURL, `^cluster\..*\.ssl\.`+regexp.QuoteMeta(name)+`$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for _, n := range counters {
+		sum += n
+	}
+	return sum
+}
+
+// gatewayBootstrap translates the manifests objs (which it changes) with
+// egctl in dir, Envoy's side of mutual TLS with duet filled in from creds,
+// and returns the static bootstrap for the stack at addrs. The translation
+// must be accepted whole: every route and policy Accepted, every reference
+// resolved, every patch applied, TLS on every cluster to duet.
+func gatewayBootstrap(ctx context.Context, egctl, dir string, objs []object, addrs harness.Addresses, creds harness.Credentials) ([]byte, error) {
+	decodeCluster, prefillCluster, err := duetClusters(objs)
+	if err != nil {
+		return nil, err
+	}
+	g, err := readGatewayTLS(objs)
+	if err != nil {
+		return nil, err
+	}
+	extra, err := credentialObjects(g, creds)
+	if err != nil {
+		return nil, err
+	}
+	secrets, err := sdsSecrets(g, creds)
+	if err != nil {
+		return nil, err
+	}
+	input, err := translationInput(objs, extra, addrs)
+	if err != nil {
+		return nil, err
+	}
+	tr, err := translate(ctx, egctl, dir, input)
+	if err != nil {
+		return nil, err
+	}
+	if p := tr.problems(); len(p) > 0 {
+		return nil, fmt.Errorf("Envoy Gateway did not take the manifests whole:\n  %s", strings.Join(p, "\n  "))
+	}
+	// The ext_proc cluster sheds past envoy.max_routing_requests
+	// (policies.yaml's backendSettings.circuitBreaker).
+	if out, err := os.ReadFile(filepath.Join(dir, "envoy-gateway-output.json")); err != nil {
+		return nil, err
+	} else if !regexp.MustCompile(`"maxRequests":\s*256`).Match(out) || !regexp.MustCompile(`"maxPendingRequests":\s*256`).Match(out) {
+		return nil, errors.New("the translated ext_proc cluster has no circuit breaker of 256 requests")
+	}
+	m, err := remap(addrs)
+	if err != nil {
+		return nil, err
+	}
+	return tr.bootstrap(addrs, m, decodeCluster, prefillCluster, g, secrets)
 }
 
 // TestEnvoyGateway runs duet's core claims through the Envoy that Envoy
 // Gateway's translation of deploy/envoy-gateway configures.
 func TestEnvoyGateway(t *testing.T) {
-	s := startGateway(t)
+	s, addrs := startGateway(t)
 
 	// Claims 1, 3, 4 of docs/envoy-contract.md: each leg reaches the engine
 	// duet named, the mirror carries the rewritten body, and each leg its
@@ -375,6 +481,100 @@ func TestEnvoyGateway(t *testing.T) {
 			if req := got[accesslog.LegRequest]; req.PromptTokens <= 0 || req.CompletionTokens != 4 {
 				t.Errorf("stream=%v: the request's entry has %v prompt and %v completion tokens, want some and 4", stream, req.PromptTokens, req.CompletionTokens)
 			}
+		}
+	})
+
+	// Issue 19: the gateway's Envoy reached duet, for ext_proc and both
+	// access logs (the subtests above), over mutual TLS, and duet refused
+	// none of its streams.
+	t.Run("the gateway authenticates to duet with mutual TLS", func(t *testing.T) {
+		if n := duetRefused(t, s); len(n) != 0 {
+			t.Errorf("duet_auth_refused_total by reason %v, want none: duet refused some of the gateway's streams", n)
+		}
+		if n := envoySSL(t, s.EnvoyAdminURL, "handshake"); n == 0 {
+			t.Error("Envoy counted no TLS handshake: it does not reach duet over TLS")
+		}
+	})
+
+	// Issue 19: a gateway whose credentials do not fit duet's gets nothing
+	// through, and each side is the one that refuses: duet a client
+	// certificate from another CA, Envoy a duet certificate from a CA it
+	// does not trust or without the BackendTLSPolicy's hostname. Each case
+	// starts a second Envoy from a translation of the manifests with the
+	// case's change; duet and the engines are the stack's.
+	t.Run("a gateway with credentials that do not fit is refused", func(t *testing.T) {
+		egctl, err := egctlPath()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Credentials of another `duet certs` run: another CA.
+		other, err := harness.MakeCredentials(context.Background(), s.Tools.Duet, filepath.Join(s.Dir, "other-credentials"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range []struct {
+			name string
+			// change alters the manifests or Envoy's credentials.
+			change func(objs []object, creds *harness.Credentials)
+			// duetRefuses: duet counts the refusal in
+			// duet_auth_refused_total with this reason; otherwise Envoy
+			// refuses duet's certificate, counted in its ssl.<envoyRefusal>
+			// counter.
+			duetRefuses  string
+			envoyRefusal string
+		}{
+			{"Envoy's client certificate from another CA", func(_ []object, creds *harness.Credentials) {
+				creds.EnvoyCertFile, creds.EnvoyKeyFile = other.EnvoyCertFile, other.EnvoyKeyFile
+			}, "tls_handshake", ""},
+			{"Envoy trusts another CA for duet", func(_ []object, creds *harness.Credentials) {
+				creds.CAFile = other.CAFile
+			}, "", "fail_verify_error"},
+			{"a hostname duet's certificate does not carry", func(objs []object, _ *harness.Credentials) {
+				for _, o := range objs {
+					if o["kind"] == "BackendTLSPolicy" {
+						get(o, "spec", "validation").(map[string]any)["hostname"] = "not-duet.example"
+					}
+				}
+			}, "", "fail_verify_san"},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				objs, err := loadManifests()
+				if err != nil {
+					t.Fatal(err)
+				}
+				creds := addrs.Credentials
+				c.change(objs, &creds)
+				dir := filepath.Join(s.Dir, fmt.Sprintf("refused-%d", i))
+				if err := os.Mkdir(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				envoy := startSecondEnvoy(t, addrs, dir, func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
+					return gatewayBootstrap(ctx, egctl, dir, objs, addrs, creds)
+				})
+				refusedBefore := duetRefused(t, s)
+				id := requestID(t, 0)
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+				defer cancel()
+				resp, body, err := harness.Send(ctx, envoy.url, http.MethodPost, "/v1/chat/completions", map[string]string{"x-request-id": id}, chatBody(false))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != http.StatusServiceUnavailable {
+					t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
+				}
+				time.Sleep(200 * time.Millisecond)
+				legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
+				refused := duetRefused(t, s)
+				t.Logf("duet_auth_refused_total by reason: before %v, after %v", refusedBefore, refused)
+				if c.duetRefuses != "" && refused[c.duetRefuses] <= refusedBefore[c.duetRefuses] {
+					t.Errorf("duet did not count the refusal in duet_auth_refused_total{reason=%q}", c.duetRefuses)
+				}
+				if c.duetRefuses == "" {
+					if n := envoySSL(t, envoy.adminURL, c.envoyRefusal); n == 0 {
+						t.Errorf("Envoy's ssl.%s is 0: Envoy did not refuse duet's certificate", c.envoyRefusal)
+					}
+				}
+			})
 		}
 	})
 

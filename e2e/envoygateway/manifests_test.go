@@ -1,8 +1,12 @@
 package envoygateway
 
 import (
+	"path"
 	"slices"
+	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/duet-router/duet/e2e/harness"
 )
 
 // TestManifestKubernetesObjects checks what egctl does not: the core
@@ -104,11 +110,11 @@ func TestManifestKubernetesObjects(t *testing.T) {
 			t.Errorf("Service port grpc is %d, the policies dial %d", p.Port, duetGRPCPort)
 		}
 	}
-	if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
-		return v.ConfigMap != nil && v.ConfigMap.Name == cm.Name
-	}) {
-		t.Errorf("duet's pods do not mount ConfigMap %s", cm.Name)
+	files := mountedFiles(c, pod.Spec.Volumes, cm)
+	if i := slices.Index(c.Args, "-config"); i < 0 || i+1 >= len(c.Args) || files[c.Args[i+1]] != "ConfigMap "+cm.Name+" duet.yaml" {
+		t.Errorf("duet runs with %v, which does not name the duet.yaml of ConfigMap %s as mounted (%v)", c.Args, cm.Name, files)
 	}
+	checkAuthFiles(t, cm, files)
 	if pod.Spec.ServiceAccountName != sa.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != sa.Name || rb.RoleRef.Name != role.Name {
 		t.Errorf("pods run as %q; the RoleBinding binds %+v to %s; want ServiceAccount %s bound to Role %s",
 			pod.Spec.ServiceAccountName, rb.Subjects, rb.RoleRef.Name, sa.Name, role.Name)
@@ -117,5 +123,114 @@ func TestManifestKubernetesObjects(t *testing.T) {
 	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, want.APIGroups) ||
 		!slices.Equal(role.Rules[0].Resources, want.Resources) || !slices.Equal(role.Rules[0].Verbs, want.Verbs) {
 		t.Errorf("Role rules %+v, want exactly %+v", role.Rules, want)
+	}
+}
+
+// mountedFiles maps each file that c sees from a ConfigMap or Secret volume
+// to its source, "ConfigMap <name> <key>" or "Secret <name> <key>". A
+// ConfigMap source without items shows every key of cm (the only ConfigMap
+// whose keys the manifests hold); a Secret source must list its items.
+func mountedFiles(c corev1.Container, volumes []corev1.Volume, cm *corev1.ConfigMap) map[string]string {
+	files := map[string]string{}
+	add := func(dir, kind, name string, items []corev1.KeyToPath) {
+		if len(items) == 0 && kind == "ConfigMap" && name == cm.Name {
+			for k := range cm.Data {
+				items = append(items, corev1.KeyToPath{Key: k, Path: k})
+			}
+		}
+		for _, it := range items {
+			files[path.Join(dir, it.Path)] = kind + " " + name + " " + it.Key
+		}
+	}
+	for _, m := range c.VolumeMounts {
+		i := slices.IndexFunc(volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 {
+			continue
+		}
+		v := volumes[i].VolumeSource
+		switch {
+		case v.ConfigMap != nil:
+			add(m.MountPath, "ConfigMap", v.ConfigMap.Name, v.ConfigMap.Items)
+		case v.Secret != nil:
+			add(m.MountPath, "Secret", v.Secret.SecretName, v.Secret.Items)
+		case v.Projected != nil:
+			for _, src := range v.Projected.Sources {
+				if src.ConfigMap != nil {
+					add(m.MountPath, "ConfigMap", src.ConfigMap.Name, src.ConfigMap.Items)
+				}
+				if src.Secret != nil {
+					add(m.MountPath, "Secret", src.Secret.Name, src.Secret.Items)
+				}
+			}
+		}
+	}
+	return files
+}
+
+// checkAuthFiles: the ConfigMap's duet.yaml requires mutual TLS on the gRPC
+// port, from the client certificate `duet certs` makes for Envoy (the one
+// docs/deploy/envoy-gateway.md puts in the gateway's Secret), and an admin
+// token; every file its auth section names is mounted from the Secret key
+// that the guide's `kubectl create secret` commands fill (one Secret for
+// duet's certificate, key and CA, one for the admin token), and the
+// BackendTLSPolicy checks the name `duet certs` gives duet's certificate.
+func checkAuthFiles(t *testing.T, cm *corev1.ConfigMap, files map[string]string) {
+	t.Helper()
+	var cfg struct {
+		Auth struct {
+			TLS *struct {
+				CertFile     string   `yaml:"cert_file"`
+				KeyFile      string   `yaml:"key_file"`
+				ClientCAFile string   `yaml:"client_ca_file"`
+				ClientNames  []string `yaml:"client_names"`
+			} `yaml:"tls"`
+			TokenFile      string `yaml:"token_file"`
+			AdminTokenFile string `yaml:"admin_token_file"`
+		} `yaml:"auth"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["duet.yaml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	tls := cfg.Auth.TLS
+	if tls == nil {
+		t.Fatal("duet.yaml sets no auth.tls")
+	}
+	made := harness.CredentialsIn("")
+	if !slices.Equal(tls.ClientNames, []string{made.ClientName}) {
+		t.Errorf("auth.tls.client_names %v, want [%s] (Envoy's certificate from `duet certs`)", tls.ClientNames, made.ClientName)
+	}
+	secretOf := func(source string) string { // "Secret <name> <key>": name
+		if f := strings.Fields(source); len(f) == 3 && f[0] == "Secret" {
+			return f[1]
+		}
+		return ""
+	}
+	for _, f := range []struct{ field, file, key string }{
+		{"auth.tls.cert_file", tls.CertFile, "tls.crt"},
+		{"auth.tls.key_file", tls.KeyFile, "tls.key"},
+		{"auth.tls.client_ca_file", tls.ClientCAFile, "ca.crt"},
+		{"auth.admin_token_file", cfg.Auth.AdminTokenFile, "token"},
+	} {
+		source := files[f.file]
+		if secretOf(source) == "" || !strings.HasSuffix(source, " "+f.key) {
+			t.Errorf("%s %q is %q, want a Secret's key %s mounted there", f.field, f.file, source, f.key)
+		}
+	}
+	if a, b, c := secretOf(files[tls.CertFile]), secretOf(files[tls.KeyFile]), secretOf(files[tls.ClientCAFile]); a != b || a != c {
+		t.Errorf("duet's certificate, key and CA come from Secrets %s, %s, %s, want one", a, b, c)
+	}
+	if cfg.Auth.TokenFile != "" {
+		t.Errorf("auth.token_file %q: the recipe is mutual TLS alone (the e2e test runs no token)", cfg.Auth.TokenFile)
+	}
+	objs, err := loadManifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := readGatewayTLS(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.hostname != made.ServerName {
+		t.Errorf("BackendTLSPolicy %s checks hostname %q, want %q (duet's certificate from `duet certs`)", g.policy, g.hostname, made.ServerName)
 	}
 }

@@ -187,9 +187,10 @@ func duetClusters(objs []object) (decode, prefill string, err error) {
 
 // translationInput is the manifests as egctl gets them: the engines'
 // Services replaced by Backends listing the simulated engines, duet's
-// Service given a placeholder ClusterIP, and the Deployment's plumbing
-// (which egctl ignores) left out.
-func translationInput(objs []object, addrs harness.Addresses) ([]byte, error) {
+// Service given a placeholder ClusterIP, the Deployment's plumbing (which
+// egctl ignores) left out, and extra (the Secrets and ConfigMaps that a
+// cluster would hold) added. It changes objs.
+func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, error) {
 	route := find(objs, "HTTPRoute", "duet")
 	if route == nil {
 		return nil, errors.New("no HTTPRoute duet")
@@ -236,6 +237,7 @@ func translationInput(objs []object, addrs harness.Addresses) ([]byte, error) {
 		}
 		out = append(out, o)
 	}
+	out = append(out, extra...)
 	for _, b := range []struct {
 		name string
 		pods []string
@@ -304,6 +306,7 @@ func remap(addrs harness.Addresses) (map[string]string, error) {
 // xDS of each gateway as an Envoy config dump (protojson field names).
 type translation struct {
 	GatewayClass           object            `json:"gatewayClass"`
+	BackendTLSPolicies     []object          `json:"backendTLSPolicies"`
 	Gateways               []object          `json:"gateways"`
 	HTTPRoutes             []object          `json:"httpRoutes"`
 	EnvoyPatchPolicies     []object          `json:"envoyPatchPolicies"`
@@ -378,6 +381,7 @@ func (tr *translation) problems() []string {
 	for kind, list := range map[string][]object{
 		"EnvoyPatchPolicy": tr.EnvoyPatchPolicies, "ClientTrafficPolicy": tr.ClientTrafficPolicies,
 		"BackendTrafficPolicy": tr.BackendTrafficPolicies, "EnvoyExtensionPolicy": tr.EnvoyExtensionPolicies,
+		"BackendTLSPolicy": tr.BackendTLSPolicies,
 	} {
 		if len(list) == 0 {
 			out = append(out, "no "+kind)
@@ -398,11 +402,14 @@ func (tr *translation) problems() []string {
 
 // bootstrap turns the one gateway's xDS into a static Envoy bootstrap:
 // its listener (on addrs.EnvoyListen) with the route configuration inlined,
-// its clusters with their endpoints inlined, and an admin interface on
+// its clusters with their endpoints inlined, the secrets they name over SDS
+// made static (from secrets, by name), and an admin interface on
 // addrs.EnvoyAdmin. remap rewrites endpoint addresses ("ip:port" to
 // "ip:port"); every endpoint must end up on loopback. It fails unless the
-// xDS has what the manifests configure for duet (patchEffects).
-func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]string, decodeCluster, prefillCluster string) ([]byte, error) {
+// xDS has what the manifests configure for duet (patchEffects, and
+// authEffects for the mutual TLS of g).
+func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]string, decodeCluster, prefillCluster string,
+	g gatewayTLS, secrets map[string]any) ([]byte, error) {
 	if len(tr.Xds) != 1 {
 		return nil, fmt.Errorf("xDS for %d gateways, want 1", len(tr.Xds))
 	}
@@ -493,6 +500,13 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 			cm["loadAssignment"] = la
 		}
 	}
+	if missing := authEffects(listeners[0], clusters, g.hostname, decodeCluster, prefillCluster); len(missing) > 0 {
+		return nil, fmt.Errorf("the translation lacks mutual TLS to duet:\n  %s", strings.Join(missing, "\n  "))
+	}
+	static, err := staticSecrets(clusters, secrets)
+	if err != nil {
+		return nil, err
+	}
 	var remapErr error
 	walk(clusters, func(m map[string]any) {
 		sa, ok := m["socketAddress"].(map[string]any)
@@ -524,6 +538,7 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 		"staticResources": object{
 			"listeners": []any{listener},
 			"clusters":  clusters,
+			"secrets":   static,
 		},
 	}, "", "  ")
 }

@@ -1,0 +1,274 @@
+package envoygateway
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// gatewayTLS is the gateway's half of mutual TLS with duet, as the
+// manifests configure it: the Secret with Envoy's client certificate
+// (EnvoyProxy duet, spec.backendTLS.clientCertificateRef) and the
+// BackendTLSPolicy on duet's gRPC port (the CA duet's certificate must chain
+// to, and the name it must carry).
+type gatewayTLS struct {
+	// clientSecret names the kubernetes.io/tls Secret (tls.crt, tls.key)
+	// with Envoy's client certificate.
+	clientSecret string
+	// policy names the BackendTLSPolicy.
+	policy string
+	// caRefs are its caCertificateRefs, kind and name, each holding ca.crt.
+	caRefs []caRef
+	// hostname is its validation.hostname: SNI, and a DNS SAN duet's
+	// certificate must carry.
+	hostname string
+}
+
+// caRef is one of a BackendTLSPolicy's caCertificateRefs.
+type caRef struct{ kind, name string }
+
+// readGatewayTLS reads the gateway's half of mutual TLS from the manifests.
+// It fails unless the EnvoyProxy gives Envoy a client certificate and one
+// BackendTLSPolicy puts TLS on duet's gRPC port (the port both the
+// EnvoyExtensionPolicy and the access logs dial).
+func readGatewayTLS(objs []object) (gatewayTLS, error) {
+	var g gatewayTLS
+	g.clientSecret = str(find(objs, "EnvoyProxy", "duet"), "spec", "backendTLS", "clientCertificateRef", "name")
+	if g.clientSecret == "" {
+		return g, errors.New("EnvoyProxy duet gives Envoy no client certificate (spec.backendTLS.clientCertificateRef)")
+	}
+	var policies []object
+	for _, o := range objs {
+		if o["kind"] != "BackendTLSPolicy" {
+			continue
+		}
+		for _, ref := range list(get(o, "spec", "targetRefs")) {
+			if str(ref, "kind") == "Service" && str(ref, "name") == duetService && slices.Contains([]string{"", "grpc"}, str(ref, "sectionName")) {
+				policies = append(policies, o)
+			}
+		}
+	}
+	if len(policies) != 1 {
+		return g, fmt.Errorf("%d BackendTLSPolicies target Service %s port grpc, want 1", len(policies), duetService)
+	}
+	p := policies[0]
+	g.policy = str(p, "metadata", "name")
+	g.hostname = str(p, "spec", "validation", "hostname")
+	for _, ref := range list(get(p, "spec", "validation", "caCertificateRefs")) {
+		g.caRefs = append(g.caRefs, caRef{str(ref, "kind"), str(ref, "name")})
+	}
+	if g.hostname == "" || len(g.caRefs) == 0 {
+		return g, fmt.Errorf("BackendTLSPolicy %s names no CA (caCertificateRefs) or no hostname", g.policy)
+	}
+	return g, nil
+}
+
+// pem reads the credential files named, in order.
+func pem(files ...string) ([]byte, error) {
+	var out []byte
+	for _, f := range files {
+		if f == "" {
+			return nil, errors.New("a credential file is not set (harness.Credentials)")
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+	}
+	return out, nil
+}
+
+// credentialObjects are the Secret and the CA objects that the manifests
+// name, filled with creds as docs/deploy/envoy-gateway.md fills them from
+// `duet certs`: Envoy's client certificate and key, and the CA.
+func credentialObjects(g gatewayTLS, creds harness.Credentials) ([]object, error) {
+	cert, err := pem(creds.EnvoyCertFile)
+	if err != nil {
+		return nil, err
+	}
+	key, err := pem(creds.EnvoyKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := pem(creds.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	meta := func(name string) object { return object{"name": name, "namespace": namespace} }
+	out := []object{{
+		"apiVersion": "v1", "kind": "Secret", "metadata": meta(g.clientSecret), "type": "kubernetes.io/tls",
+		"data": object{"tls.crt": b64(cert), "tls.key": b64(key)},
+	}}
+	for _, r := range g.caRefs {
+		switch r.kind {
+		case "ConfigMap":
+			out = append(out, object{"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(r.name), "data": object{"ca.crt": string(ca)}})
+		case "Secret":
+			out = append(out, object{"apiVersion": "v1", "kind": "Secret", "metadata": meta(r.name), "data": object{"ca.crt": b64(ca)}})
+		default:
+			return nil, fmt.Errorf("BackendTLSPolicy %s: caCertificateRef of kind %q", g.policy, r.kind)
+		}
+	}
+	return out, nil
+}
+
+// sdsSecrets are the secrets that the translated clusters name over SDS,
+// by name, as static bootstrap secrets (protojson). egctl prints no
+// secrets, so they are made from creds under the names Envoy Gateway
+// v1.9.1 gives them: "<namespace>/<Secret>" for a client certificate
+// (irTLSListenerConfigName, internal/gatewayapi/helpers.go) and
+// "<BackendTLSPolicy>/<namespace>-ca" for its CA (getBackendTLSBundle,
+// internal/gatewayapi/backendtlspolicy.go). A name the clusters use and
+// this map lacks fails the bootstrap.
+func sdsSecrets(g gatewayTLS, creds harness.Credentials) (map[string]any, error) {
+	cert, err := pem(creds.EnvoyCertFile)
+	if err != nil {
+		return nil, err
+	}
+	key, err := pem(creds.EnvoyKeyFile)
+	if err != nil {
+		return nil, err
+	}
+	ca, err := pem(creds.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	inline := func(b []byte) object { return object{"inlineBytes": base64.StdEncoding.EncodeToString(b)} }
+	client := namespace + "/" + g.clientSecret
+	trust := g.policy + "/" + namespace + "-ca"
+	return map[string]any{
+		client: object{"name": client, "tlsCertificate": object{"certificateChain": inline(cert), "privateKey": inline(key)}},
+		trust:  object{"name": trust, "validationContext": object{"trustedCa": inline(ca)}},
+	}, nil
+}
+
+// staticSecrets makes every SDS reference in clusters name a static secret
+// of secrets (dropping its sdsConfig, which points at Envoy Gateway's xDS
+// server) and returns the secrets used, in name order.
+func staticSecrets(clusters []any, secrets map[string]any) ([]any, error) {
+	used := map[string]bool{}
+	var errs []error
+	ref := func(sds any) {
+		m, ok := sds.(map[string]any)
+		if !ok {
+			return
+		}
+		name := str(m, "name")
+		if _, ok := secrets[name]; !ok {
+			errs = append(errs, fmt.Errorf("a cluster names SDS secret %q, which the test cannot make", name))
+		}
+		delete(m, "sdsConfig")
+		used[name] = true
+	}
+	walk(clusters, func(m map[string]any) {
+		for _, s := range list(m["tlsCertificateSdsSecretConfigs"]) {
+			ref(s)
+		}
+		ref(m["validationContextSdsSecretConfig"])
+	})
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var names []string
+	for n := range used {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var out []any
+	for _, n := range names {
+		out = append(out, secrets[n])
+	}
+	return out, nil
+}
+
+// authEffects lists what the gateway's xDS lacks of mutual TLS to duet:
+// the cluster of the ext_proc filter and of each access log must reach
+// every endpoint over TLS with Envoy's client certificate, a CA to verify
+// duet with, SNI hostname and a DNS SAN check for it; the engines' clusters
+// stay plain HTTP. Envoy Gateway puts TLS on an endpoint by a
+// transport_socket_matches entry that the endpoint's metadata names (the
+// cluster's own transport socket, for endpoints that name none, is an empty
+// TLS context: none of duet's endpoints may use it). Field names are
+// protojson's.
+func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillCluster string) []string {
+	var missing []string
+	hcm := get(listener, "defaultFilterChain", "filters", 0, "typedConfig")
+	toDuet := map[string]string{} // cluster name: what dials duet through it
+	for _, f := range list(get(hcm, "httpFilters")) {
+		if strings.HasPrefix(str(f, "name"), "envoy.filters.http.ext_proc/") {
+			toDuet[str(f, "typedConfig", "grpcService", "envoyGrpc", "clusterName")] = "ext_proc"
+		}
+		if str(f, "name") == "envoy.filters.http.router" {
+			for _, a := range list(get(f, "typedConfig", "upstreamLog")) {
+				toDuet[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
+			}
+		}
+	}
+	for _, a := range list(get(hcm, "accessLog")) {
+		toDuet[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
+	}
+	delete(toDuet, "")
+	var users []string
+	for _, u := range toDuet {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	if !slices.Contains(users, "ext_proc") || !slices.Contains(users, "duet_downstream") || !slices.Contains(users, "duet_upstream") {
+		missing = append(missing, fmt.Sprintf("gRPC services of ext_proc, duet_downstream and duet_upstream (found %v)", users))
+	}
+	byName := map[string]any{}
+	for _, c := range clusters {
+		byName[str(c, "name")] = c
+	}
+	for name, user := range toDuet {
+		what := fmt.Sprintf("cluster %s (%s): ", name, user)
+		c, ok := byName[name]
+		if !ok {
+			missing = append(missing, what+"missing")
+			continue
+		}
+		tls := map[string]any{} // match name: UpstreamTlsContext
+		for _, m := range list(get(c, "transportSocketMatches")) {
+			if str(m, "transportSocket", "name") == "envoy.transport_sockets.tls" {
+				tls[str(m, "match", "name")] = get(m, "transportSocket", "typedConfig")
+			}
+		}
+		endpoints := 0
+		walk(get(c, "loadAssignment"), func(m map[string]any) {
+			if _, ok := m["endpoint"]; !ok {
+				return
+			}
+			endpoints++
+			ctx, ok := tls[str(m, "metadata", "filterMetadata", "envoy.transport_socket_match", "name")]
+			if !ok {
+				missing = append(missing, what+"an endpoint without TLS")
+				return
+			}
+			common := get(ctx, "commonTlsContext")
+			san := get(common, "combinedValidationContext", "defaultValidationContext", "matchTypedSubjectAltNames", 0)
+			if len(list(get(common, "tlsCertificateSdsSecretConfigs"))) != 1 ||
+				str(common, "combinedValidationContext", "validationContextSdsSecretConfig", "name") == "" ||
+				str(ctx, "sni") != hostname || str(san, "sanType") != "DNS" || str(san, "matcher", "exact") != hostname {
+				missing = append(missing, fmt.Sprintf("%sTLS with a client certificate, a CA, SNI %s and the DNS SAN %s (got %v)", what, hostname, hostname, ctx))
+			}
+		})
+		if endpoints == 0 {
+			missing = append(missing, what+"no endpoints")
+		}
+	}
+	for _, name := range []string{decodeCluster, prefillCluster} {
+		c := byName[name]
+		if get(c, "transportSocket") != nil || get(c, "transportSocketMatches") != nil {
+			missing = append(missing, "cluster "+name+": TLS to the engines, which serve plain HTTP")
+		}
+	}
+	slices.Sort(missing)
+	return missing
+}
