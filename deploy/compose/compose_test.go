@@ -6,6 +6,9 @@
 // and the configurations are exactly those `make demo` runs, apart from the
 // addresses (duet.yaml is rendered by harness.DuetConfig from
 // harness.DemoOptions, envoy.yaml by `duet envoy-config` from duet.yaml).
+// Envoy and duet authenticate each other with mutual TLS, with credentials
+// that the one-shot service certs makes with `duet certs` (TestCredentials
+// runs its command).
 //
 // After changing the demo's options or an address in compose.yaml,
 // regenerate the two files with
@@ -16,6 +19,8 @@ package compose
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"flag"
 	"fmt"
 	"net"
@@ -56,6 +61,15 @@ const (
 const (
 	duetConfigPath  = "/etc/duet/duet.yaml"
 	envoyConfigPath = "/etc/envoy/envoy.yaml"
+	// certsDir is where duet and Envoy mount the credentials volume (the
+	// same path in both: duet's client CA is Envoy's server CA).
+	certsDir = "/etc/duet/certs"
+)
+
+// The one-shot service that makes the credentials, and their volume.
+const (
+	certsService = "certs"
+	certsVolume  = "duet-certs"
 )
 
 // networkName is the compose network every service is attached to.
@@ -123,6 +137,7 @@ func demoAddresses(t *testing.T, p *types.Project, opts harness.Options) harness
 		EnvoyListen: hostPort("0.0.0.0", envoyPort),
 		EnvoyAdmin:  hostPort("0.0.0.0", envoyAdminPort),
 		EnvoyDuet:   hostPort(ipOf(t, p, "duet"), duetGRPCPort),
+		Credentials: harness.CredentialsIn(certsDir),
 	}
 	for _, name := range engines("prefill", len(opts.Prefill)) {
 		a.Prefill = append(a.Prefill, "http://"+hostPort(ipOf(t, p, name), simPort))
@@ -250,7 +265,9 @@ func mountSource(s types.ServiceConfig, target string) string {
 
 // TestServices checks each service on its own: images pinned or built from
 // an existing Dockerfile, a non-root user, a health check, bind mounts that
-// exist and are read-only, a fixed address inside the subnet.
+// exist and are read-only, a fixed address inside the subnet. A one-shot
+// service (restart "no", see oneShot) has no health check and no network;
+// the services that wait for it wait for its successful completion.
 func TestServices(t *testing.T) {
 	p := loadProject(t)
 	subnet := projectSubnet(t, p)
@@ -278,12 +295,13 @@ func TestServices(t *testing.T) {
 			if user, _, _ := strings.Cut(s.User, ":"); user == "" || user == "0" || user == "root" {
 				t.Errorf("user %q: every service runs as a non-root user", s.User)
 			}
-			if s.HealthCheck == nil || s.HealthCheck.Disable || len(s.HealthCheck.Test) < 2 {
-				t.Errorf("no health check")
-			}
 			for dep, d := range s.DependsOn {
-				if d.Condition != types.ServiceConditionHealthy {
-					t.Errorf("depends_on %s: condition %q, want service_healthy", dep, d.Condition)
+				want := types.ServiceConditionHealthy
+				if oneShot(p.Services[dep]) {
+					want = types.ServiceConditionCompletedSuccessfully
+				}
+				if d.Condition != want {
+					t.Errorf("depends_on %s: condition %q, want %s", dep, d.Condition, want)
 				}
 			}
 			for _, v := range s.Volumes {
@@ -297,6 +315,15 @@ func TestServices(t *testing.T) {
 					t.Errorf("mount %s: configuration is mounted read-only", v.Target)
 				}
 			}
+			if oneShot(s) {
+				if s.NetworkMode != "none" || len(s.Networks) > 0 || len(s.Ports) > 0 {
+					t.Errorf("one-shot service: network_mode %q, networks %v, ports %v; want network_mode none and nothing else", s.NetworkMode, s.Networks, s.Ports)
+				}
+				return
+			}
+			if s.HealthCheck == nil || s.HealthCheck.Disable || len(s.HealthCheck.Test) < 2 {
+				t.Errorf("no health check")
+			}
 			ip := ipOf(t, p, name)
 			addr, err := netip.ParseAddr(ip)
 			if err != nil || !subnet.Contains(addr) || addr == subnet.Addr().Next() {
@@ -309,6 +336,10 @@ func TestServices(t *testing.T) {
 		})
 	}
 }
+
+// oneShot reports whether s runs once and exits (restart "no"), as the
+// certs service does, rather than serving.
+func oneShot(s types.ServiceConfig) bool { return s.Restart == types.RestartPolicyNo }
 
 // projectSubnet returns the duet network's subnet.
 func projectSubnet(t *testing.T, p *types.Project) netip.Prefix {
@@ -514,14 +545,33 @@ func TestEnvoyHealthCheck(t *testing.T) {
 
 // TestEnvoyValidates runs the Envoy the tests prove (the image's version,
 // see TestEnvoyImageVersion) in validate mode on the compose bootstrap.
+// Envoy loads the certificate files the bootstrap names, so it validates a
+// copy whose credentials directory (certsDir in the containers) is one that
+// `duet certs` has just filled; nothing else differs.
 func TestEnvoyValidates(t *testing.T) {
 	tools, err := harness.FindTools()
 	if err != nil {
 		t.Fatal(err)
 	}
+	data, err := os.ReadFile("envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, []byte(certsDir+"/")) {
+		t.Fatalf("envoy.yaml names no file in %s: Envoy does not authenticate to duet", certsDir)
+	}
+	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, tools.Envoy, "--mode", "validate", "-c", "envoy.yaml").CombinedOutput()
+	if _, err := harness.MakeCredentials(ctx, tools.Duet, filepath.Join(dir, "certs")); err != nil {
+		t.Fatal(err)
+	}
+	bootstrap := filepath.Join(dir, "envoy.yaml")
+	data = bytes.ReplaceAll(data, []byte(certsDir+"/"), []byte(filepath.Join(dir, "certs")+"/"))
+	if err := os.WriteFile(bootstrap, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, tools.Envoy, "--mode", "validate", "-c", bootstrap).CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("OK")) {
 		t.Fatalf("envoy --mode validate: %v\n%s", err, out)
 	}
@@ -584,4 +634,207 @@ func readYAML(t *testing.T, path string, v any) {
 	if err := yaml.Unmarshal(data, v); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
+}
+
+// TestCredentials proves the stack's mutual TLS without Docker: the certs
+// service runs duet's image as duet's user and without a network; duet and
+// Envoy mount its volume read-only where duet.yaml names the files; and its
+// command, run here on bin/duet, makes credentials that duet and Envoy can
+// each read (and Envoy no more than its own), that chain to one CA under the
+// names duet.yaml verifies, and that a second run keeps.
+func TestCredentials(t *testing.T) {
+	p := loadProject(t)
+	certs, duet, envoy := service(t, p, certsService), service(t, p, "duet"), service(t, p, "envoy")
+	if !oneShot(certs) || certs.Image != duet.Image || certs.User != duet.User {
+		t.Errorf("certs: restart %q, image %q, user %q; want a one-shot run of duet's image %q as duet's user %q",
+			certs.Restart, certs.Image, certs.User, duet.Image, duet.User)
+	}
+	out := volumeMount(t, certs, certsVolume)
+	if out.ReadOnly {
+		t.Errorf("certs mounts %s read-only: it writes the credentials", certsVolume)
+	}
+	for _, s := range []types.ServiceConfig{duet, envoy} {
+		if m := volumeMount(t, s, certsVolume); m.Target != certsDir || !m.ReadOnly {
+			t.Errorf("%s mounts %s at %s (read-only %v), want read-only at %s", s.Name, certsVolume, m.Target, m.ReadOnly, certsDir)
+		}
+		if d, ok := s.DependsOn[certsService]; !ok || d.Condition != types.ServiceConditionCompletedSuccessfully {
+			t.Errorf("%s does not wait for %s to complete", s.Name, certsService)
+		}
+	}
+
+	// The files duet.yaml names: duet's, and Envoy's (envoy.duet_tls).
+	var cfg struct {
+		Auth struct {
+			TLS struct {
+				CertFile     string   `yaml:"cert_file"`
+				KeyFile      string   `yaml:"key_file"`
+				ClientCAFile string   `yaml:"client_ca_file"`
+				ClientNames  []string `yaml:"client_names"`
+			}
+			TokenFile      string `yaml:"token_file"`
+			AdminTokenFile string `yaml:"admin_token_file"`
+		}
+		Envoy struct {
+			DuetTLS struct {
+				CertFile   string `yaml:"cert_file"`
+				KeyFile    string `yaml:"key_file"`
+				CAFile     string `yaml:"ca_file"`
+				ServerName string `yaml:"server_name"`
+			} `yaml:"duet_tls"`
+		}
+	}
+	readYAML(t, "duet.yaml", &cfg)
+	a, e := cfg.Auth, cfg.Envoy.DuetTLS
+	duetFiles := []string{a.TLS.CertFile, a.TLS.KeyFile, a.TLS.ClientCAFile, a.AdminTokenFile}
+	envoyFiles := []string{e.CertFile, e.KeyFile, e.CAFile}
+	if slices.Contains(duetFiles, "") || slices.Contains(envoyFiles, "") || e.CAFile != a.TLS.ClientCAFile {
+		t.Fatalf("duet.yaml: auth %+v, envoy.duet_tls %+v: want mutual TLS, an admin token and one CA", a, e)
+	}
+
+	// Run the command as the container would, twice.
+	if !slices.Equal(certs.Entrypoint, []string{"/bin/sh", "-c"}) || len(certs.Command) != 1 {
+		t.Fatalf("certs: entrypoint %q command %q, want [/bin/sh -c] and one script", certs.Entrypoint, certs.Command)
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := strings.NewReplacer("/usr/local/bin/duet", tools.Duet, out.Target, dir).Replace(certs.Command[0])
+	run := func() {
+		t.Helper()
+		if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+			t.Fatalf("certs command: %v: %s", err, out)
+		}
+	}
+	run()
+	local := func(path string) string {
+		rest, ok := strings.CutPrefix(path, certsDir+"/")
+		if !ok {
+			t.Fatalf("%s is not in the credentials volume (%s)", path, certsDir)
+		}
+		return filepath.Join(dir, rest)
+	}
+	firstCA, err := os.ReadFile(local(e.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Who reads what: the files belong to the certs service's user and group.
+	owner, group := splitUser(t, certs.User)
+	secret := map[string]bool{a.TLS.KeyFile: true, a.AdminTokenFile: true}
+	if a.TokenFile != "" {
+		secret[a.TokenFile] = true
+		duetFiles = append(duetFiles, a.TokenFile)
+	}
+	for _, c := range []struct {
+		svc   types.ServiceConfig
+		files []string
+	}{{duet, duetFiles}, {envoy, envoyFiles}} {
+		uid, gid := splitUser(t, c.svc.User)
+		for _, f := range c.files {
+			info, err := os.Stat(local(f))
+			if err != nil {
+				t.Fatalf("%s names %s, which the certs command does not make: %v", c.svc.Name, f, err)
+			}
+			if !canRead(info.Mode(), uid, gid, owner, group) {
+				t.Errorf("%s (user %s) cannot read %s (mode %v, owner %s)", c.svc.Name, c.svc.User, f, info.Mode(), certs.User)
+			}
+		}
+	}
+	uid, gid := splitUser(t, envoy.User)
+	for f := range secret {
+		if info, err := os.Stat(local(f)); err != nil {
+			t.Fatal(err)
+		} else if canRead(info.Mode(), uid, gid, owner, group) && uid != owner {
+			t.Errorf("envoy (user %s) can read duet's secret %s (mode %v)", envoy.User, f, info.Mode())
+		}
+	}
+
+	// One CA; duet's certificate has the name Envoy verifies, Envoy's one
+	// duet admits.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(firstCA)
+	for _, c := range []struct {
+		file  string
+		usage x509.ExtKeyUsage
+		names []string
+	}{
+		{a.TLS.CertFile, x509.ExtKeyUsageServerAuth, []string{e.ServerName}},
+		{e.CertFile, x509.ExtKeyUsageClientAuth, a.TLS.ClientNames},
+	} {
+		cert := readCert(t, local(c.file))
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{c.usage}}); err != nil {
+			t.Errorf("%s does not chain to %s: %v", c.file, e.CAFile, err)
+		}
+		if len(c.names) > 0 && !slices.ContainsFunc(c.names, func(n string) bool {
+			return cert.Subject.CommonName == n || slices.Contains(cert.DNSNames, n)
+		}) {
+			t.Errorf("%s is for %q %v, none of %v", c.file, cert.Subject.CommonName, cert.DNSNames, c.names)
+		}
+	}
+	if err := readCert(t, local(a.TLS.CertFile)).VerifyHostname(e.ServerName); err != nil {
+		t.Errorf("duet's certificate: %v", err)
+	}
+
+	// A second `docker compose up` keeps the credentials.
+	run()
+	if again, err := os.ReadFile(local(e.CAFile)); err != nil || !bytes.Equal(again, firstCA) {
+		t.Errorf("a second run of the certs command replaced the CA (%v)", err)
+	}
+}
+
+// volumeMount returns s's mount of the named volume or fails the test.
+func volumeMount(t *testing.T, s types.ServiceConfig, volume string) types.ServiceVolumeConfig {
+	t.Helper()
+	for _, v := range s.Volumes {
+		if v.Type == types.VolumeTypeVolume && v.Source == volume {
+			return v
+		}
+	}
+	t.Fatalf("%s does not mount the volume %s", s.Name, volume)
+	return types.ServiceVolumeConfig{}
+}
+
+// splitUser parses a compose "uid:gid".
+func splitUser(t *testing.T, user string) (uid, gid int) {
+	t.Helper()
+	u, g, ok := strings.Cut(user, ":")
+	uid, err1 := strconv.Atoi(u)
+	gid, err2 := strconv.Atoi(g)
+	if !ok || err1 != nil || err2 != nil {
+		t.Fatalf("user %q: want numeric uid:gid", user)
+	}
+	return uid, gid
+}
+
+// canRead reports whether uid:gid may read a file of the given mode owned
+// by owner:group, as the kernel decides (no capabilities: every service is
+// non-root).
+func canRead(mode os.FileMode, uid, gid, owner, group int) bool {
+	switch {
+	case uid == owner:
+		return mode&0o400 != 0
+	case gid == group:
+		return mode&0o040 != 0
+	}
+	return mode&0o004 != 0
+}
+
+// readCert parses the first PEM certificate in the file at path.
+func readCert(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		t.Fatalf("%s: no PEM block", path)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return cert
 }
