@@ -499,10 +499,12 @@ func TestEnvoyGateway(t *testing.T) {
 	// Issue 19: a gateway whose credentials do not fit duet's gets nothing
 	// through, and each side is the one that refuses: duet a client
 	// certificate from another CA, Envoy a duet certificate from a CA it
-	// does not trust or without the BackendTLSPolicy's hostname. Each case
-	// starts a second Envoy from a translation of the manifests with the
-	// case's change; duet and the engines are the stack's.
-	t.Run("a gateway with credentials that do not fit is refused", func(t *testing.T) {
+	// does not trust or without the BackendTLSPolicy's hostname. A CA
+	// bundle that holds duet's CA beside another (the middle of a CA
+	// rotation, docs/deploy/envoy-gateway.md) still serves. Each case starts
+	// a second Envoy from a translation of the manifests with the case's
+	// change; duet and the engines are the stack's.
+	t.Run("a second gateway is served or refused by its credentials", func(t *testing.T) {
 		egctl, err := egctlPath()
 		if err != nil {
 			t.Fatal(err)
@@ -512,30 +514,40 @@ func TestEnvoyGateway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		bundle := filepath.Join(s.Dir, "ca-bundle.crt")
+		if b, err := pem(other.CAFile, addrs.Credentials.CAFile); err != nil {
+			t.Fatal(err)
+		} else if err := os.WriteFile(bundle, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		for i, c := range []struct {
 			name string
 			// change alters the manifests or Envoy's credentials.
 			change func(objs []object, creds *harness.Credentials)
-			// duetRefuses: duet counts the refusal in
-			// duet_auth_refused_total with this reason; otherwise Envoy
-			// refuses duet's certificate, counted in its ssl.<envoyRefusal>
-			// counter.
-			duetRefuses  string
-			envoyRefusal string
+			// served: the request is served. Otherwise it gets 503 and
+			// reaches no engine, and duetRefuses is the reason of
+			// duet_auth_refused_total that counts duet's refusal, or
+			// envoyRefusal the ssl.<name> counter of Envoy's refusal of
+			// duet's certificate.
+			served                    bool
+			duetRefuses, envoyRefusal string
 		}{
+			{"Envoy trusts a bundle of another CA and duet's", func(_ []object, creds *harness.Credentials) {
+				creds.CAFile = bundle
+			}, true, "", ""},
 			{"Envoy's client certificate from another CA", func(_ []object, creds *harness.Credentials) {
 				creds.EnvoyCertFile, creds.EnvoyKeyFile = other.EnvoyCertFile, other.EnvoyKeyFile
-			}, "tls_handshake", ""},
+			}, false, "tls_handshake", ""},
 			{"Envoy trusts another CA for duet", func(_ []object, creds *harness.Credentials) {
 				creds.CAFile = other.CAFile
-			}, "", "fail_verify_error"},
+			}, false, "", "fail_verify_error"},
 			{"a hostname duet's certificate does not carry", func(objs []object, _ *harness.Credentials) {
 				for _, o := range objs {
 					if o["kind"] == "BackendTLSPolicy" {
 						get(o, "spec", "validation").(map[string]any)["hostname"] = "not-duet.example"
 					}
 				}
-			}, "", "fail_verify_san"},
+			}, false, "", "fail_verify_san"},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				objs, err := loadManifests()
@@ -544,7 +556,7 @@ func TestEnvoyGateway(t *testing.T) {
 				}
 				creds := addrs.Credentials
 				c.change(objs, &creds)
-				dir := filepath.Join(s.Dir, fmt.Sprintf("refused-%d", i))
+				dir := filepath.Join(s.Dir, fmt.Sprintf("second-gateway-%d", i))
 				if err := os.Mkdir(dir, 0o755); err != nil {
 					t.Fatal(err)
 				}
@@ -559,17 +571,33 @@ func TestEnvoyGateway(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				refused := func() map[string]float64 {
+					after := duetRefused(t, s)
+					t.Logf("duet_auth_refused_total by reason: before %v, after %v", refusedBefore, after)
+					return after
+				}
+				if c.served {
+					if resp.StatusCode != http.StatusOK {
+						t.Fatalf("status %d, want 200: %s", resp.StatusCode, body)
+					}
+					legs(t, s.Decode, id, 1)
+					after := refused()
+					for reason, n := range after {
+						if n != refusedBefore[reason] {
+							t.Errorf("duet refused some of the second gateway's streams (%s)", reason)
+						}
+					}
+					return
+				}
 				if resp.StatusCode != http.StatusServiceUnavailable {
 					t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
 				}
 				time.Sleep(200 * time.Millisecond)
 				legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
-				refused := duetRefused(t, s)
-				t.Logf("duet_auth_refused_total by reason: before %v, after %v", refusedBefore, refused)
-				if c.duetRefuses != "" && refused[c.duetRefuses] <= refusedBefore[c.duetRefuses] {
+				if after := refused(); c.duetRefuses != "" && after[c.duetRefuses] <= refusedBefore[c.duetRefuses] {
 					t.Errorf("duet did not count the refusal in duet_auth_refused_total{reason=%q}", c.duetRefuses)
 				}
-				if c.duetRefuses == "" {
+				if c.envoyRefusal != "" {
 					if n := envoySSL(t, envoy.adminURL, c.envoyRefusal); n == 0 {
 						t.Errorf("Envoy's ssl.%s is 0: Envoy did not refuse duet's certificate", c.envoyRefusal)
 					}
