@@ -1,12 +1,15 @@
 package envoygateway
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 
 	"github.com/duet-router/duet/e2e/harness"
 )
@@ -271,4 +274,87 @@ func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillC
 	}
 	slices.Sort(missing)
 	return missing
+}
+
+// TestMissingCredentialsFailClosed: Envoy Gateway v1.9.1 does not take the
+// manifests without the Secret or ConfigMap that mutual TLS with duet
+// needs, and then fails closed: the EnvoyExtensionPolicy is not Accepted
+// (its message names what is missing, as docs/deploy/envoy-gateway.md
+// says) and every route answers 500 itself, reaching no engine.
+func TestMissingCredentialsFailClosed(t *testing.T) {
+	egctl, err := egctlPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := harness.Addresses{DuetGRPC: "127.0.0.1:9002", Decode: []string{"http://127.0.0.1:30001"}, Prefill: []string{"http://127.0.0.1:30002"}}
+	for _, c := range []struct {
+		name, kind, object, message string
+	}{
+		{"no Secret with Envoy's client certificate", "Secret", "duet-gateway-tls", "failed to locate TLS secret for client auth: inference/duet-gateway-tls"},
+		{"no ConfigMap with the CA", "ConfigMap", "duet-ca", "configmap duet-ca not found"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			objs, err := loadManifests()
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := readGatewayTLS(objs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			all, err := credentialObjects(g, creds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var extra []object
+			for _, o := range all {
+				if o["kind"] != c.kind || str(o, "metadata", "name") != c.object {
+					extra = append(extra, o)
+				}
+			}
+			if len(extra) != len(all)-1 {
+				t.Fatalf("the manifests name no %s %s", c.kind, c.object)
+			}
+			input, err := translationInput(objs, extra, addrs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr, err := translate(context.Background(), egctl, t.TempDir(), input)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := strings.Join(tr.problems(), "\n"); !strings.Contains(p, "EnvoyExtensionPolicy duet: Accepted=False") || !strings.Contains(p, c.message) {
+				t.Errorf("want the EnvoyExtensionPolicy not Accepted, saying %q; the translation's problems:\n%s", c.message, p)
+			}
+			routes := 0
+			for _, d := range tr.Xds {
+				var dumps []any // the gateway's routes (not the bootstrap's stats route)
+				for _, c := range list(get(d, "configs")) {
+					if strings.HasSuffix(str(c, "@type"), ".RoutesConfigDump") {
+						dumps = append(dumps, c)
+					}
+				}
+				walk(dumps, func(m map[string]any) {
+					if _, ok := m["match"]; !ok {
+						return
+					}
+					routes++
+					if get(m, "directResponse", "status") != float64(500) || get(m, "route") != nil {
+						t.Errorf("route %s: %v, want a direct 500", str(m, "name"), m)
+					}
+				})
+			}
+			if routes == 0 {
+				t.Error("no routes in the xDS")
+			}
+		})
+	}
 }
