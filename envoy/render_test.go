@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,6 +28,10 @@ func params() Params {
 // Every variant of the bootstrap must load in the real Envoy.
 func TestRenderValidatesInEnvoy(t *testing.T) {
 	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := harness.MakeCredentials(context.Background(), tools.Duet, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +68,13 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} },
 			[]string{"type: STRICT_DNS"}, []string{"dns_lookup_family", "dns_refresh_rate"}},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
+		{"mutual TLS and token to duet", func(p *Params) {
+			p.DuetTLS = &ClientTLS{CertFile: creds.EnvoyCertFile, KeyFile: creds.EnvoyKeyFile, CAFile: creds.CAFile, ServerName: "duet"}
+			p.DuetToken = creds.Token
+		}, []string{"transport_socket:", `sni: "duet"`, "alpn_protocols: [h2]", `certificate_chain: {filename: "` + creds.EnvoyCertFile + `"}`,
+			`trusted_ca: {filename: "` + creds.CAFile + `"}`, "matcher: {exact: \"duet\"}",
+			`initial_metadata: [{key: authorization, value: "Bearer ` + creds.Token + `"}]`},
+			nil},
 		{"routing request limit", func(p *Params) { p.MaxRoutingRequests = 64 }, []string{"{max_requests: 64, max_pending_requests: 64}"}, nil},
 	}
 	for _, tt := range tests {

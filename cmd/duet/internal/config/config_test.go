@@ -15,6 +15,8 @@ decode:
   - url: http://10.0.0.2:30000
 listen:
   grpc: 0.0.0.0:9102
+auth:
+  token_file: /run/duet/token
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -142,5 +144,31 @@ health:
 	}
 	if cfg.Health != want {
 		t.Errorf("health = %+v, want %+v", cfg.Health, want)
+	}
+}
+
+func TestParseAuth(t *testing.T) {
+	const pool = `decode: [{url: "http://a:1"}], `
+	checkParseErrors(t, []parseErrorCase{
+		{"open port without auth", `{` + pool + `listen: {grpc: "0.0.0.0:9002"}}`, []string{"auth: listen.grpc 0.0.0.0:9002 is reachable beyond loopback"}},
+		{"pod IP without auth", `{` + pool + `listen: {grpc: "10.1.2.3:9002"}}`, []string{"auth: listen.grpc"}},
+		{"empty host without auth", `{` + pool + `listen: {grpc: ":9002"}}`, []string{"auth: listen.grpc"}},
+		{"tls without files", `{` + pool + `auth: {tls: {cert_file: c}}}`, []string{"auth.tls.key_file: is required", "auth.tls.client_ca_file: is required"}},
+		{"duet_tls without auth.tls", `{` + pool + `envoy: {duet_tls: {cert_file: c, key_file: k, ca_file: ca}}}`, []string{"envoy.duet_tls: set without auth.tls"}},
+		{"duet_tls without files", `{` + pool + `auth: {tls: {cert_file: c, key_file: k, client_ca_file: ca}}, envoy: {duet_tls: {cert_file: c}}}`,
+			[]string{"envoy.duet_tls.key_file", "envoy.duet_tls.ca_file"}},
+		{"unauthenticated and a token", `{` + pool + `auth: {unauthenticated: true, token_file: t}}`, []string{"auth.unauthenticated: set together"}},
+	})
+	for _, ok := range []string{
+		`{` + pool + `listen: {grpc: "127.0.0.1:9002"}}`,
+		`{` + pool + `listen: {grpc: "[::1]:9002"}}`,
+		`{` + pool + `listen: {grpc: "localhost:9002"}}`,
+		`{` + pool + `listen: {grpc: "0.0.0.0:9002"}, auth: {token_file: /t}}`,
+		`{` + pool + `listen: {grpc: "0.0.0.0:9002"}, auth: {tls: {cert_file: c, key_file: k, client_ca_file: ca}}}`,
+		`{` + pool + `listen: {grpc: "0.0.0.0:9002"}, auth: {unauthenticated: true}}`,
+	} {
+		if _, err := Parse([]byte(ok)); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
 	}
 }

@@ -148,10 +148,16 @@ func TestReferenceListsEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The kubernetes section's defaults apply when it is present.
-	kdefaults, err := Parse([]byte("kubernetes: {decode: {service: sglang}}\n"))
-	if err != nil {
-		t.Fatal(err)
+	// The defaults of these sections apply when the section is present.
+	sections := map[string]*Config{}
+	for prefix, yaml := range map[string]string{
+		"kubernetes.": "kubernetes: {decode: {service: sglang}}\n",
+		"envoy.duet_tls.": "decode: [{url: \"http://10.0.0.1:30000\"}]\nauth: {tls: {cert_file: c, key_file: k, client_ca_file: ca}}\n" +
+			"envoy: {duet_tls: {cert_file: c, key_file: k, ca_file: ca}}\n",
+	} {
+		if sections[prefix], err = Parse([]byte(yaml)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	token := regexp.MustCompile("`([^`]*)`")
 	for key, cell := range rows {
@@ -160,8 +166,10 @@ func TestReferenceListsEveryKey(t *testing.T) {
 			continue
 		}
 		v := leafValue(reflect.ValueOf(*defaults), key)
-		if strings.HasPrefix(key, "kubernetes.") {
-			v = leafValue(reflect.ValueOf(*kdefaults), key)
+		for prefix, cfg := range sections {
+			if strings.HasPrefix(key, prefix) {
+				v = leafValue(reflect.ValueOf(*cfg), key)
+			}
 		}
 		m := token.FindStringSubmatch(cell)
 		switch {
