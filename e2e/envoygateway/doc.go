@@ -4,7 +4,10 @@
 // translator (`egctl x translate`, built by the Makefile at a pinned
 // version), turns the xDS it produces into a static Envoy bootstrap, and
 // runs duet's core end-to-end claims through it with real duet and
-// simulated SGLang engines (package e2e/harness).
+// simulated SGLang engines (package e2e/harness). duet requires mutual TLS
+// on its gRPC port, as the manifests configure it; the translation gets
+// the stack's credentials as the Secret and ConfigMap the manifests name,
+// and gateways with credentials that do not fit are shown refused.
 //
 // The package holds tests only; docs/deploy/envoy-gateway.md is the guide.
 package envoygateway
