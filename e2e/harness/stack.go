@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -65,6 +67,10 @@ type Options struct {
 	// Auth is how Envoy authenticates to duet (default AuthMTLS); the
 	// stack makes the credentials with `duet certs` in Dir.
 	Auth Auth
+	// AdminAllInterfaces binds duet's admin port on every interface
+	// (0.0.0.0) rather than loopback, so that its protected pages need the
+	// admin token; DuetAdminURL still dials loopback.
+	AdminAllInterfaces bool
 }
 
 // Stack is a running Envoy + duet + engines on loopback.
@@ -160,6 +166,9 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	grpcPort, adminPort, envoyPort, envoyAdminPort := next(), next(), next(), next()
 	cfgPath := filepath.Join(s.Dir, "duet.yaml")
 	addrs := s.addresses(grpcPort, adminPort, envoyPort, envoyAdminPort)
+	if opts.AdminAllInterfaces {
+		addrs.DuetAdmin = net.JoinHostPort("0.0.0.0", strconv.Itoa(adminPort))
+	}
 	if opts.Auth != AuthNone {
 		if addrs.Credentials, err = MakeCredentials(ctx, tools.Duet, filepath.Join(s.Dir, "credentials")); err != nil {
 			return nil, err

@@ -1,0 +1,397 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy/contract"
+)
+
+// Claim (issue 19): only Envoy may feed duet facts, and only facts about
+// requests duet started count. Under steady traffic through the real Envoy,
+// a process on the network that is not Envoy:
+//   - sends the one access-log message that used to take the gateway down:
+//     16 entries saying every decode engine refused a connection, for
+//     made-up request ids;
+//   - sends failure entries for real, in-flight request ids, which would
+//     make duet abort their surviving legs;
+//   - opens an ext_proc stream of its own;
+//   - reads /status on an admin port bound beyond loopback without the token.
+//
+// With auth on (mTLS, or the token) every attempt is refused at the door
+// and counted; with auth off the access-log entries are accepted on the
+// wire but not believed, and counted. Either way: no ejection, no abort,
+// every legitimate request served, and every legitimate entry believed.
+func TestRedTeam(t *testing.T) {
+	for _, mode := range []harness.Auth{harness.AuthMTLS, harness.AuthToken, harness.AuthNone} {
+		t.Run(mode.String(), func(t *testing.T) { redTeam(t, mode) })
+	}
+}
+
+func redTeam(t *testing.T, mode harness.Auth) {
+	s := startStack(t, harness.Options{
+		Prefill:            []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		Decode:             []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		DecodeMsPerToken:   5,
+		LogLevel:           "info",
+		Auth:               mode,
+		AdminAllInterfaces: true,
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &http.Client{Timeout: requestTimeout}
+
+	// Steady traffic: four clients, short requests, streamed and not.
+	traffic, stopTraffic := context.WithCancel(ctx)
+	var mu sync.Mutex
+	var results []harness.Result
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; traffic.Err() == nil; i++ {
+				r := harness.Chat(ctx, client, s.EnvoyURL, 1000*w+i, i%2 == 0, 40)
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		})
+	}
+	// Long requests, whose ids the attacker will know while they run.
+	longDone := make(chan harness.Result, 4)
+	for i := range 4 {
+		go func() { longDone <- harness.Chat(ctx, client, s.EnvoyURL, 9000+i, i%2 == 0, 600) }()
+	}
+	victims := inFlightLegs(t, s, 4)
+
+	a := newAttacker(t, s, mode)
+	// 1. The forged message of the issue: every decode engine "unreachable".
+	var forged []*accesslogdatav3.HTTPAccessLogEntry
+	for i := range 16 {
+		d := s.Decode[i%len(s.Decode)]
+		forged = append(forged, forgedEntry(fmt.Sprintf("forged-%d", i), contract.ClusterDecode, d.Address, i%2, 0, true))
+	}
+	a.sendLogs(t, forged)
+	// 2. Failure entries for real in-flight ids. Without auth the attacker
+	// does not see duet's choices, so it names the other engine of each
+	// role; with auth it names exactly what duet chose, and is refused at
+	// the door anyway.
+	forged = nil
+	for _, v := range victims {
+		prefill, decode, prefillRank := v.prefill, v.decode, v.prefillRank
+		if mode == harness.AuthNone {
+			prefill, decode = otherSim(s.Prefill, prefill), otherSim(s.Decode, decode)
+		}
+		forged = append(forged,
+			forgedEntry(v.id, contract.ClusterPrefill, prefill, prefillRank, 503, false),
+			forgedEntry(v.id, contract.ClusterDecode, decode, v.decodeRank, 500, false))
+	}
+	a.sendLogs(t, forged)
+	// 3. An ext_proc stream of the attacker's own.
+	a.openExtProc(t)
+	// 4. The status page without the admin token.
+	adminPages(t, s, mode)
+
+	time.Sleep(500 * time.Millisecond) // traffic goes on after the attacks
+	stopTraffic()
+	wg.Wait()
+	for range 4 {
+		results = append(results, <-longDone)
+	}
+	for _, r := range results {
+		if r.Outcome != harness.OutcomeServed {
+			t.Errorf("legitimate request %s: %s (status %d) after %v: %s", r.ID, r.Outcome, r.Status, r.Wait, r.Detail)
+		}
+	}
+	t.Logf("%s: %d legitimate requests, all checked; %d in-flight victims", mode, len(results), len(victims))
+
+	for _, m := range []string{"duet_ejections_total", "duet_leg_aborts_total"} {
+		if n := duetMetricSum(t, s, m, nil); n != 0 {
+			t.Errorf("%s = %v: forged entries took effect", m, n)
+		}
+	}
+	refused := duetMetricSum(t, s, "duet_auth_refused_total", map[string]string{"service": "access_log"}) +
+		duetMetricSum(t, s, "duet_auth_refused_total", map[string]string{"service": "ext_proc"})
+	untrusted := duetMetricSum(t, s, "duet_feedback_untrusted_total", nil)
+	switch mode {
+	case harness.AuthNone:
+		if refused != 0 {
+			t.Errorf("duet_auth_refused_total{service=access_log|ext_proc} = %v without auth", refused)
+		}
+		want := float64(16 + 2*len(victims))
+		if untrusted != want {
+			t.Errorf("duet_feedback_untrusted_total = %v, want the %v forged entries", untrusted, want)
+		}
+	default:
+		for _, service := range []string{"access_log", "ext_proc"} {
+			if n := duetMetricSum(t, s, "duet_auth_refused_total", map[string]string{"service": service}); n == 0 {
+				t.Errorf("no refusal of the %s service counted", service)
+			}
+		}
+		if untrusted != 0 {
+			t.Errorf("duet_feedback_untrusted_total = %v: a legitimate entry was not believed", untrusted)
+		}
+	}
+	if n := duetMetricSum(t, s, "duet_auth_refused_total", map[string]string{"service": "admin"}); n == 0 {
+		t.Error("the refused /status was not counted")
+	}
+	// Every legitimate reservation ends with its feedback.
+	waitFor(t, 5*time.Second, "reserved tokens back to 0", func() bool {
+		return duetMetricSum(t, s, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
+	})
+}
+
+// inFlightLeg is what duet chose for one running PD request, as its decode
+// engine received it.
+type inFlightLeg struct {
+	id                      string
+	decode, prefill         string
+	decodeRank, prefillRank int
+}
+
+// inFlightLegs waits for n requests of at least 600 tokens (the long ones)
+// to reach their decode engines and returns their routing.
+func inFlightLegs(t *testing.T, s *harness.Stack, n int) []inFlightLeg {
+	t.Helper()
+	var out []inFlightLeg
+	waitFor(t, 10*time.Second, "the long requests on their decode engines", func() bool {
+		out = out[:0]
+		for _, sim := range s.Decode {
+			recs, err := sim.Requests(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if !strings.Contains(string(r.Body), `"max_tokens":600`) {
+					continue
+				}
+				rank := func(h string) int {
+					v, err := strconv.Atoi(r.Headers[h])
+					if err != nil {
+						return -1
+					}
+					return v
+				}
+				out = append(out, inFlightLeg{id: r.Headers[contract.HeaderDuetRequestID], decode: sim.Address,
+					prefill: r.Headers[contract.HeaderPrefillEndpoint], decodeRank: rank(contract.HeaderDPRank),
+					prefillRank: rank(contract.HeaderPrefillRank)})
+			}
+		}
+		return len(out) >= n
+	})
+	return out
+}
+
+// otherSim returns the address of a sim of sims other than addr.
+func otherSim(sims []*harness.Sim, addr string) string {
+	for _, s := range sims {
+		if s.Address != addr {
+			return s.Address
+		}
+	}
+	return addr
+}
+
+// forgedEntry is an upstream access-log entry as Envoy would send it for a
+// leg of request id on upstream with rank (-1: none), failed with status
+// (0: no response) or, with unreachable, a refused connection.
+func forgedEntry(id, cluster, upstream string, rank int, statusCode uint32, unreachable bool) *accesslogdatav3.HTTPAccessLogEntry {
+	host, port, _ := net.SplitHostPort(upstream)
+	p, _ := strconv.Atoi(port)
+	headers := map[string]string{contract.HeaderDuetRequestID: id}
+	if rank >= 0 {
+		headers[contract.HeaderDPRank] = strconv.Itoa(rank)
+	}
+	e := &accesslogdatav3.HTTPAccessLogEntry{
+		CommonProperties: &accesslogdatav3.AccessLogCommon{
+			UpstreamCluster: cluster,
+			UpstreamRemoteAddress: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}},
+			ResponseFlags: &accesslogdatav3.ResponseFlags{UpstreamConnectionFailure: unreachable},
+		},
+		Request:  &accesslogdatav3.HTTPRequestProperties{RequestHeaders: headers},
+		Response: &accesslogdatav3.HTTPResponseProperties{},
+	}
+	if statusCode != 0 {
+		e.Response.ResponseCode = wrapperspb.UInt32(statusCode)
+	}
+	return e
+}
+
+// attacker is a client of duet's gRPC port that is not Envoy: it has no
+// client certificate and no token, only what anyone on the network has.
+type attacker struct {
+	s    *harness.Stack
+	mode harness.Auth
+	// dials are the ways it tries: plaintext, and under mTLS also TLS
+	// (trusting duet's CA, which is public) without a client certificate.
+	dials []grpc.DialOption
+}
+
+func newAttacker(t *testing.T, s *harness.Stack, mode harness.Auth) *attacker {
+	a := &attacker{s: s, mode: mode, dials: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}}
+	if mode.TLS() {
+		pem, err := os.ReadFile(s.Credentials.CAFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		a.dials = append(a.dials, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "duet"})))
+	}
+	return a
+}
+
+// context carries a guessed token under the token mode, none otherwise.
+func (a *attacker) context(ctx context.Context) context.Context {
+	if a.mode.UsesToken() {
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer guessed-token-0123456789")
+	}
+	return ctx
+}
+
+// refused checks that a call ended as duet refuses strangers: gRPC
+// Unauthenticated, or a failed TLS handshake (Unavailable) for plaintext
+// on a TLS port.
+func (a *attacker) refused(t *testing.T, what string, err error) {
+	t.Helper()
+	if a.mode == harness.AuthNone {
+		if err != nil {
+			t.Errorf("%s without auth: %v (the stream is accepted, its entries not believed)", what, err)
+		}
+		return
+	}
+	if c := status.Code(err); c != codes.Unauthenticated && c != codes.Unavailable {
+		t.Errorf("%s: %v, want Unauthenticated (or a failed TLS handshake)", what, err)
+	}
+}
+
+// sendLogs sends entries as one access-log message of the upstream log,
+// once per way of dialling.
+func (a *attacker) sendLogs(t *testing.T, entries []*accesslogdatav3.HTTPAccessLogEntry) {
+	t.Helper()
+	for _, dial := range a.dials {
+		conn, err := grpc.NewClient(a.s.DuetGRPC, dial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(a.context(context.Background()), 5*time.Second)
+		stream, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
+		if err == nil {
+			err = stream.Send(&accesslogv3.StreamAccessLogsMessage{
+				Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{LogName: contract.LogUpstream, Node: &corev3.Node{Id: "envoy"}},
+				LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}},
+			})
+			if err == nil || errors.Is(err, io.EOF) { // EOF: the status comes with the close
+				_, err = stream.CloseAndRecv()
+			}
+		}
+		a.refused(t, "access-log stream", err)
+		cancel()
+		conn.Close()
+		if a.mode == harness.AuthNone {
+			return // one accepted copy is enough to count
+		}
+	}
+}
+
+// openExtProc opens an ext_proc stream and asks duet to route a request.
+func (a *attacker) openExtProc(t *testing.T) {
+	t.Helper()
+	if a.mode == harness.AuthNone {
+		return // duet would route it: without auth anyone on loopback is Envoy
+	}
+	for _, dial := range a.dials {
+		conn, err := grpc.NewClient(a.s.DuetGRPC, dial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(a.context(context.Background()), 5*time.Second)
+		stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+		if err == nil {
+			err = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}},
+				EndOfStream: true,
+			}}})
+			if err == nil || errors.Is(err, io.EOF) {
+				_, err = stream.Recv()
+			}
+		}
+		a.refused(t, "ext_proc stream", err)
+		cancel()
+		conn.Close()
+	}
+}
+
+// adminPages: on an admin port bound beyond loopback the status page needs
+// the admin token (403 where none is configured); the metrics stay open to
+// scrapers.
+func adminPages(t *testing.T, s *harness.Stack, mode harness.Auth) {
+	t.Helper()
+	get := func(path, token string) int {
+		req, err := http.NewRequest(http.MethodGet, s.DuetAdminURL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	type page struct {
+		path, token string
+		want        int
+	}
+	pages := []page{{"/status", "", 401}, {"/status.json", "", 401}, {"/debug/completions", "guessed-token-0123456789", 401},
+		{"/status.json", s.Credentials.AdminToken, 200}, {"/metrics", "", 200}, {"/readyz", "", 200}}
+	if mode == harness.AuthNone { // no admin token configured
+		pages = []page{{"/status", "", 403}, {"/debug/completions", "guessed-token-0123456789", 403}, {"/metrics", "", 200}}
+	}
+	for _, c := range pages {
+		if got := get(c.path, c.token); got != c.want {
+			t.Errorf("GET %s (token %v): %d, want %d", c.path, c.token != "", got, c.want)
+		}
+	}
+}
+
+// waitFor polls cond every 50 ms until it holds, failing the test after
+// within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
