@@ -51,6 +51,7 @@ func run(ctx context.Context, hold bool) error {
 	for _, sim := range s.Decode {
 		fmt.Printf("  decode       %s dp %d\n", sim.Address, sim.DPSize)
 	}
+	fmt.Printf("  Envoy->duet  %s (credentials from `duet certs` in %s)\n", opts.Auth, s.Credentials.Dir)
 	fmt.Printf("  logs         %s\n\n", s.Dir)
 
 	requests := []struct {

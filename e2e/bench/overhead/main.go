@@ -270,6 +270,8 @@ var variantDescriptions = map[string]string{
 	variantExtProc: "the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) " +
 		"and without the json_to_metadata, sse_to_metadata and Lua filters",
 	variantAgg:   "the bootstrap `duet envoy-config` renders, one engine in the decode pool",
+	variantMTLS:  "duet aggregated with mutual TLS between Envoy and duet (auth.tls, `duet certs` credentials: ECDSA P-256, TLS 1.3) on the ext_proc and access-log streams",
+	variantToken: "duet aggregated with the bearer token (auth.token_file) on every ext_proc and access-log stream, plaintext",
 	variantPD:    "the rendered bootstrap of one prefill and one decode engine (the mirror)",
 	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
 	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",

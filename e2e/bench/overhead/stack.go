@@ -23,6 +23,8 @@ const (
 	variantFloorDuplex = "floor full-duplex"
 	variantExtProc     = "ext_proc only"
 	variantAgg         = "duet aggregated"
+	variantMTLS        = "duet mTLS"
+	variantToken       = "duet token"
 	variantPD          = "duet PD"
 	variantSMG         = "SMG aggregated"
 	variantSMGPD       = "SMG PD"
@@ -31,7 +33,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantPD, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantPD, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -40,6 +42,10 @@ var floorModes = map[string]string{
 	variantFloorBody:   floorEcho,
 	variantFloorDuplex: floorDuplex,
 }
+
+// authModes maps the variants that authenticate Envoy to duet to their
+// mode; every other variant runs without auth (duet on loopback).
+var authModes = map[string]harness.Auth{variantMTLS: harness.AuthMTLS, variantToken: harness.AuthToken}
 
 // isPD reports whether a variant runs a prefill and a decode engine.
 func isPD(variant string) bool { return variant == variantPD || variant == variantSMGPD }
@@ -126,6 +132,12 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	addrs := harness.Addresses{
 		DuetGRPC: addr(next()), DuetAdmin: addr(next()),
 		EnvoyListen: addr(next()), EnvoyAdmin: addr(next()),
+	}
+	if mode, ok := authModes[variant]; ok {
+		opts.Auth = mode
+		if addrs.Credentials, err = harness.MakeCredentials(ctx, tools.Duet, filepath.Join(dir, "credentials")); err != nil {
+			return nil, err
+		}
 	}
 	decodeMode := "null"
 	prefillBoot := 0
