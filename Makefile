@@ -92,21 +92,25 @@ image:
 
 # Pinned tools and schemas of the Helm chart tests (deploy/helm), in .tools/:
 # helm and kubeconform built from their Go modules, Kubernetes' OpenAPI v3
-# documents from the k8s.io/kubernetes module and the ServiceMonitor CRD from
-# the prometheus-operator module (both from the Go module proxy).
+# documents from the k8s.io/kubernetes module, the ServiceMonitor CRD from
+# the prometheus-operator module and the Certificate CRD from the
+# cert-manager module (all from the Go module proxy).
 TOOLS                       := .tools
 HELM_VERSION                := v3.22.0
 KUBECONFORM_VERSION         := v0.8.0
 K8S_OPENAPI_VERSION         := v1.37.2
 PROMETHEUS_OPERATOR_VERSION := v0.85.0
+CERT_MANAGER_VERSION        := v1.21.2
 HELM_BIN        := $(TOOLS)/helm-$(HELM_VERSION)/helm
 KUBECONFORM_BIN := $(TOOLS)/kubeconform-$(KUBECONFORM_VERSION)/kubeconform
 K8S_OPENAPI     := $(TOOLS)/k8s-openapi-$(K8S_OPENAPI_VERSION)
 K8S_CRDS        := $(TOOLS)/crds-prometheus-operator-$(PROMETHEUS_OPERATOR_VERSION)
+CERT_MANAGER_CRDS := $(TOOLS)/crds-cert-manager-$(CERT_MANAGER_VERSION)
 export DUET_HELM_BIN        := $(abspath $(HELM_BIN))
 export DUET_KUBECONFORM_BIN := $(abspath $(KUBECONFORM_BIN))
 export DUET_K8S_OPENAPI_DIR := $(abspath $(K8S_OPENAPI))
 export DUET_K8S_CRD_DIR     := $(abspath $(K8S_CRDS))
+export DUET_CERT_MANAGER_CRD_DIR := $(abspath $(CERT_MANAGER_CRDS))
 # The source directory of a module version in the module cache (downloaded
 # outside this module, so go.mod and go.sum stay as they are).
 module_dir = $$(cd / && $(GO) mod download -json $(1) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')
@@ -123,10 +127,14 @@ $(K8S_CRDS)/.installed:
 	@mkdir -p $(@D)
 	dir=$(call module_dir,github.com/prometheus-operator/prometheus-operator@$(PROMETHEUS_OPERATOR_VERSION)); test -n "$$dir" && cp "$$dir"/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml $(@D)/
 	chmod -R u+w $(@D) && touch $@
+$(CERT_MANAGER_CRDS)/.installed:
+	@mkdir -p $(@D)
+	dir=$(call module_dir,github.com/cert-manager/cert-manager@$(CERT_MANAGER_VERSION)); test -n "$$dir" && cp "$$dir"/deploy/crds/cert-manager.io_certificates.yaml $(@D)/
+	chmod -R u+w $(@D) && touch $@
 
 # Everything the Helm chart tests need.
 .PHONY: helm-tools
-helm-tools: $(HELM_BIN) $(KUBECONFORM_BIN) $(K8S_OPENAPI)/.installed $(K8S_CRDS)/.installed
+helm-tools: $(HELM_BIN) $(KUBECONFORM_BIN) $(K8S_OPENAPI)/.installed $(K8S_CRDS)/.installed $(CERT_MANAGER_CRDS)/.installed
 
 # egctl, Envoy Gateway's CLI, for the Envoy Gateway test (e2e/envoygateway):
 # `egctl x translate` turns deploy/envoy-gateway into the xDS that the test

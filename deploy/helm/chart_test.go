@@ -2,11 +2,15 @@ package helm
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,7 +36,7 @@ const (
 // tools are the executables and schema sources the tests use, all pinned
 // and installed by `make helm-tools` (part of `make test`).
 type tools struct {
-	helm, kubeconform, openAPIDir, crdDir, duet, envoy string
+	helm, kubeconform, openAPIDir, crdDir, certManagerCRDDir, duet, envoy string
 }
 
 // findTools reads the tools' paths from the environment the Makefile
@@ -45,6 +49,8 @@ func findTools(t *testing.T) tools {
 		openAPIDir:  os.Getenv("DUET_K8S_OPENAPI_DIR"),
 		crdDir:      os.Getenv("DUET_K8S_CRD_DIR"),
 		envoy:       os.Getenv("DUET_ENVOY_BIN"),
+
+		certManagerCRDDir: os.Getenv("DUET_CERT_MANAGER_CRD_DIR"),
 	}
 	if dir := os.Getenv("DUET_BIN_DIR"); dir != "" {
 		tk.duet = filepath.Join(dir, "duet")
@@ -53,6 +59,7 @@ func findTools(t *testing.T) tools {
 	for _, p := range []struct{ env, path string }{
 		{"DUET_HELM_BIN", tk.helm}, {"DUET_KUBECONFORM_BIN", tk.kubeconform},
 		{"DUET_K8S_OPENAPI_DIR", tk.openAPIDir}, {"DUET_K8S_CRD_DIR", tk.crdDir},
+		{"DUET_CERT_MANAGER_CRD_DIR", tk.certManagerCRDDir},
 		{"DUET_BIN_DIR", tk.duet}, {"DUET_ENVOY_BIN", tk.envoy},
 	} {
 		if p.path == "" {
@@ -68,8 +75,8 @@ func findTools(t *testing.T) tools {
 }
 
 // writeSchemas generates the strict JSON schemas of every Kubernetes kind
-// and of the ServiceMonitor CRD into a temporary directory, and returns
-// kubeconform's schema location for them.
+// and of the ServiceMonitor and cert-manager Certificate CRDs into a
+// temporary directory, and returns kubeconform's schema location for them.
 func writeSchemas(t *testing.T, tk tools) string {
 	t.Helper()
 	docs, err := filepath.Glob(filepath.Join(tk.openAPIDir, "*.json"))
@@ -88,16 +95,21 @@ func writeSchemas(t *testing.T, tk tools) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crd, err := os.ReadFile(filepath.Join(tk.crdDir, "monitoring.coreos.com_servicemonitors.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	monitors, err := kubeschema.FromCRD(crd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := set.Merge(monitors); err != nil {
-		t.Fatal(err)
+	for _, crd := range []string{
+		filepath.Join(tk.crdDir, "monitoring.coreos.com_servicemonitors.yaml"),
+		filepath.Join(tk.certManagerCRDDir, "cert-manager.io_certificates.yaml"),
+	} {
+		data, err := os.ReadFile(crd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds, err := kubeschema.FromCRD(data)
+		if err != nil {
+			t.Fatalf("%s: %v", crd, err)
+		}
+		if err := set.Merge(kinds); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dir := t.TempDir()
 	if err := set.Write(dir); err != nil {
@@ -224,9 +236,31 @@ type container struct {
 	Resources struct {
 		Requests map[string]any
 	}
-	VolumeMounts []struct {
-		Name, MountPath string
-		ReadOnly        bool
+	VolumeMounts []mount
+}
+
+type mount struct {
+	Name, MountPath string
+	ReadOnly        bool
+}
+
+// mountOf returns the container's mount of the named volume.
+func (c container) mountOf(volume string) (mount, bool) {
+	for _, m := range c.VolumeMounts {
+		if m.Name == volume {
+			return m, true
+		}
+	}
+	return mount{}, false
+}
+
+type volume struct {
+	Name      string
+	ConfigMap *struct{ Name string }
+	EmptyDir  *struct{}
+	Secret    *struct {
+		SecretName string
+		Items      []struct{ Key, Path string }
 	}
 }
 
@@ -244,11 +278,7 @@ type deployment struct {
 					RunAsUser    int
 				}
 				InitContainers, Containers []container
-				Volumes                    []struct {
-					Name      string
-					ConfigMap *struct{ Name string }
-					EmptyDir  *struct{}
-				}
+				Volumes                    []volume
 			}
 		}
 	}
@@ -269,50 +299,102 @@ type service struct {
 type valueSet struct {
 	name  string
 	files []string // under examples/
+	set   []string // --set arguments after the files
 	// objects are the Kind/namespace/name of every object rendered.
 	objects []string
 	// replicas, envoy and pd are what the Deployment and configuration must say.
 	replicas int
 	envoy    bool
 	pd       bool
+	// auth is how duet must authenticate Envoy (auth.mode), admin whether
+	// its status page has a token.
+	auth  string
+	admin bool
+	// external are the Secrets the pods mount that the user creates (the
+	// chart renders the others, or cert-manager writes them).
+	external []string
+}
+
+// The objects of the chart's default values, apart from its Secrets.
+var defaultObjects = []string{
+	"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+	"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+	"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
+	"NetworkPolicy/duet-system/duet",
 }
 
 var valueSets = []valueSet{
 	{
-		name: "default", replicas: 1, envoy: true, pd: true,
-		objects: []string{
-			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
-			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
-			"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
-		},
+		name: "default", replicas: 1, envoy: true, pd: true, auth: "mtls", admin: true,
+		objects: append(slices.Clone(defaultObjects),
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
 	},
 	{
-		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true,
+		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
 			"Role/inference/duet-endpointslices", "RoleBinding/inference/duet-endpointslices",
-			"PodDisruptionBudget/duet-system/duet", "ServiceMonitor/duet-system/duet",
+			"PodDisruptionBudget/duet-system/duet", "ServiceMonitor/duet-system/duet", "NetworkPolicy/duet-system/duet",
+			"Certificate/duet-system/duet-tls", "Certificate/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token",
 		},
 	},
 	{
-		name: "pd-static", files: []string{"pd-static.yaml"}, replicas: 1, envoy: true, pd: true,
+		name: "pd-static", files: []string{"pd-static.yaml"}, replicas: 1, envoy: true, pd: true, auth: "token", admin: true,
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
-			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet", "NetworkPolicy/duet-system/duet",
+			"Secret/duet-system/duet-token",
 		},
+		external: []string{"duet-admin"},
 	},
 	{
-		name: "aggregated-static", files: []string{"aggregated-static.yaml"}, replicas: 1,
-		objects: []string{"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet"},
-	},
-	{
-		name: "aggregated-discovery", files: []string{"aggregated-discovery.yaml"}, replicas: 1, envoy: true,
+		name: "aggregated-static", files: []string{"aggregated-static.yaml"}, replicas: 1, auth: "mtls", admin: true,
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
-			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
-			"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
+			"NetworkPolicy/duet-system/duet", "Secret/duet-system/duet-admin-token",
 		},
+		external: []string{"duet-server-tls"},
+	},
+	{
+		name: "aggregated-discovery", files: []string{"aggregated-discovery.yaml"}, replicas: 1, envoy: true, auth: "both", admin: true,
+		objects: append(slices.Clone(defaultObjects),
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
+		external: []string{"duet-grpc-token"},
+	},
+	{
+		name: "istio", files: []string{"istio.yaml"}, replicas: 1, pd: true, auth: "none", admin: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
+			"RoleBinding/duet-system/duet-endpointslices", "NetworkPolicy/duet-system/duet",
+			"Secret/duet-system/duet-admin-token",
+		},
+	},
+	{
+		// A gateway outside the chart that sends a generated token; no
+		// status page token, no NetworkPolicy.
+		name: "token for a gateway", replicas: 1, pd: true, auth: "token",
+		set: []string{"envoy.enabled=false", "auth.mode=token", "auth.adminToken.enabled=false", "networkPolicy.enabled=false"},
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
+			"RoleBinding/duet-system/duet-endpointslices", "Secret/duet-system/duet-token",
+		},
+	},
+	{
+		// Names of one's own: the server name Envoy verifies, the one
+		// client name duet admits.
+		name: "mtls with other names", replicas: 1, envoy: true, pd: true, auth: "mtls",
+		set:     []string{"auth.tls.serverName=duet-grpc.internal", "auth.tls.clientNames={gateway}", "auth.adminToken.enabled=false"},
+		objects: append(slices.Clone(defaultObjects), "Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls"),
+	},
+	{
+		// duet beside its Envoy without credentials: its gRPC port is on
+		// loopback.
+		name: "no auth beside envoy", replicas: 1, envoy: true, pd: true, auth: "none",
+		set:     []string{"auth.mode=none", "auth.adminToken.enabled=false"},
+		objects: slices.Clone(defaultObjects),
 	},
 }
 
@@ -325,12 +407,12 @@ func TestChart(t *testing.T) {
 	schemas := writeSchemas(t, tk)
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
-			if out, err := command(tk.helm, append([]string{"lint", "--strict"}, helmArgs(chartDir, vs.files, nil)...)...); err != nil {
+			if out, err := command(tk.helm, append([]string{"lint", "--strict"}, helmArgs(chartDir, vs.files, vs.set)...)...); err != nil {
 				t.Fatal(err)
 			} else if !strings.Contains(out, "0 chart(s) failed") {
 				t.Fatalf("helm lint:\n%s", out)
 			}
-			manifest, err := render(tk, chartDir, vs.files, nil)
+			manifest, err := render(tk, chartDir, vs.files, vs.set)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -346,6 +428,7 @@ func TestChart(t *testing.T) {
 				t.Fatalf("objects = %v\nwant      %v", got, vs.objects)
 			}
 			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
+			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
 		})
 	}
@@ -403,13 +486,7 @@ func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
 			ports[p.Name] = p.ContainerPort
 		}
 		for _, m := range c.VolumeMounts {
-			if !slices.ContainsFunc(pod.Spec.Volumes, func(v struct {
-				Name      string
-				ConfigMap *struct{ Name string }
-				EmptyDir  *struct{}
-			}) bool {
-				return v.Name == m.Name
-			}) {
+			if !slices.ContainsFunc(pod.Spec.Volumes, func(v volume) bool { return v.Name == m.Name }) {
 				t.Errorf("container %s mounts the undefined volume %s", c.Name, m.Name)
 			}
 		}
@@ -420,6 +497,11 @@ func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
 	}
 	if !slices.Equal(names, wantNames) {
 		t.Errorf("containers = %v, want %v", names, wantNames)
+	}
+	// Beside its Envoy, duet's gRPC port is on loopback: no pod port, no
+	// Service port.
+	if _, grpc := ports["grpc"]; grpc == vs.envoy {
+		t.Errorf("container port grpc declared = %v, want %v (gRPC beyond the pod only without Envoy)", grpc, !vs.envoy)
 	}
 	duet := pod.Spec.Containers[0]
 	for _, p := range []struct {
@@ -448,6 +530,15 @@ func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
 		}
 		var svc service
 		o.into(t, &svc)
+		if id == "Service/duet-system/duet" && slices.ContainsFunc(svc.Spec.Ports, func(p struct {
+			Name       string
+			Port       int
+			TargetPort any
+		}) bool {
+			return p.Name == "grpc"
+		}) == vs.envoy {
+			t.Errorf("%s: a grpc port = %v, want %v", id, vs.envoy, !vs.envoy)
+		}
 		if !subset(svc.Spec.Selector, pod.Metadata.Labels) || len(svc.Spec.Selector) == 0 {
 			t.Errorf("%s selector %v does not select the pods %v", id, svc.Spec.Selector, pod.Metadata.Labels)
 		}
@@ -553,36 +644,245 @@ func subset(sub, of map[string]string) bool {
 	return true
 }
 
+// authConfig is duet's auth section and Envoy's side of it, as rendered.
+type authConfig struct {
+	Listen struct{ GRPC string }
+	Auth   struct {
+		TLS *struct {
+			CertFile     string   `yaml:"cert_file"`
+			KeyFile      string   `yaml:"key_file"`
+			ClientCAFile string   `yaml:"client_ca_file"`
+			ClientNames  []string `yaml:"client_names"`
+		}
+		TokenFile       string `yaml:"token_file"`
+		Unauthenticated bool
+		AdminTokenFile  string `yaml:"admin_token_file"`
+	}
+	Envoy struct {
+		DuetTLS *struct {
+			CertFile   string `yaml:"cert_file"`
+			KeyFile    string `yaml:"key_file"`
+			CAFile     string `yaml:"ca_file"`
+			ServerName string `yaml:"server_name"`
+		} `yaml:"duet_tls"`
+	}
+}
+
+func parseAuthConfig(t *testing.T, data string) authConfig {
+	t.Helper()
+	var cfg authConfig
+	if err := yaml.Unmarshal([]byte(data), &cfg); err != nil {
+		t.Fatalf("duet.yaml: %v", err)
+	}
+	return cfg
+}
+
+// certificate is a cert-manager Certificate.
+type certificate struct {
+	Spec struct {
+		SecretName, CommonName string
+		DNSNames               []string
+		Usages                 []string
+		IssuerRef              struct{ Name, Kind, Group string }
+	}
+}
+
+// networkPolicy is a NetworkPolicy, its ports by name.
+type networkPolicy struct {
+	Spec struct {
+		PodSelector labelSelector
+		PolicyTypes []string
+		Ingress     []struct {
+			Ports []struct {
+				Port     any
+				Protocol string
+			}
+			From []map[string]any
+		}
+	}
+}
+
+// checkAuth checks how duet authenticates its callers: the auth section
+// against the value set's mode, where duet listens, that every Secret the
+// pod mounts is rendered, written by a rendered Certificate or named as the
+// user's (once each), what the Certificates ask for, and that the
+// NetworkPolicy admits only what each port is for.
+func checkAuth(t *testing.T, vs valueSet, objs map[string]object) {
+	var cm struct{ Data map[string]string }
+	objs["ConfigMap/duet-system/duet"].into(t, &cm)
+	cfg := parseAuthConfig(t, cm.Data["duet.yaml"])
+	a := cfg.Auth
+	host, _, err := net.SplitHostPort(cfg.Listen.GRPC)
+	if err != nil || (host == "127.0.0.1") != vs.envoy {
+		t.Errorf("listen.grpc %q: want 127.0.0.1 exactly when Envoy is beside duet (%v)", cfg.Listen.GRPC, vs.envoy)
+	}
+	wantTLS, wantToken := vs.auth == "mtls" || vs.auth == "both", vs.auth == "token" || vs.auth == "both"
+	if got := (a.TLS != nil); got != wantTLS || (cfg.Envoy.DuetTLS != nil) != wantTLS {
+		t.Errorf("auth.tls set %v, envoy.duet_tls set %v; want both %v (auth mode %s)", got, cfg.Envoy.DuetTLS != nil, wantTLS, vs.auth)
+	}
+	if got := a.TokenFile != ""; got != wantToken {
+		t.Errorf("auth.token_file set %v, want %v (auth mode %s)", got, wantToken, vs.auth)
+	}
+	if want := vs.auth == "none" && !vs.envoy; a.Unauthenticated != want {
+		t.Errorf("auth.unauthenticated %v, want %v (only with mode none beyond loopback)", a.Unauthenticated, want)
+	}
+	if got := a.AdminTokenFile != ""; got != vs.admin {
+		t.Errorf("auth.admin_token_file set %v, want %v", got, vs.admin)
+	}
+
+	var dep deployment
+	objs["Deployment/duet-system/duet"].into(t, &dep)
+	pod := dep.Spec.Template
+	certs := map[string]certificate{} // by secretName
+	for _, o := range objs {
+		if o.Kind == "Certificate" {
+			var c certificate
+			o.into(t, &c)
+			certs[c.Spec.SecretName] = c
+		}
+	}
+	mounted := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		name := v.Secret.SecretName
+		mounted[name] = true
+		secret, rendered := objs["Secret/duet-system/"+name]
+		_, issued := certs[name]
+		if n := btoi(rendered) + btoi(issued) + btoi(slices.Contains(vs.external, name)); n != 1 {
+			t.Errorf("volume %s mounts Secret %s: rendered %v, by a Certificate %v, the user's %v; want exactly one",
+				v.Name, name, rendered, issued, slices.Contains(vs.external, name))
+		}
+		if rendered {
+			var sec struct{ Data map[string]string }
+			secret.into(t, &sec)
+			for _, it := range v.Secret.Items {
+				if sec.Data[it.Key] == "" {
+					t.Errorf("volume %s wants key %s, which Secret %s lacks", v.Name, it.Key, name)
+				}
+			}
+		}
+	}
+	for _, name := range vs.external {
+		if !mounted[name] {
+			t.Errorf("the user's Secret %s is mounted nowhere", name)
+		}
+	}
+	for name, c := range certs {
+		if !mounted[name] && !(name == "duet-envoy-tls" && !vs.envoy) {
+			t.Errorf("Certificate for Secret %s: no pod mounts it", name)
+		}
+		if c.Spec.IssuerRef.Name == "" || c.Spec.IssuerRef.Kind == "" {
+			t.Errorf("Certificate for %s: issuerRef %+v", name, c.Spec.IssuerRef)
+		}
+		names := append([]string{c.Spec.CommonName}, c.Spec.DNSNames...)
+		switch {
+		case slices.Contains(c.Spec.Usages, "server auth"):
+			for _, want := range []string{cfg.Envoy.DuetTLS.ServerName, "duet.duet-system.svc"} {
+				if !slices.Contains(c.Spec.DNSNames, want) {
+					t.Errorf("duet's Certificate names %v, not %s", c.Spec.DNSNames, want)
+				}
+			}
+		case slices.Contains(c.Spec.Usages, "client auth"):
+			if len(a.TLS.ClientNames) > 0 && !slices.ContainsFunc(names, func(n string) bool { return slices.Contains(a.TLS.ClientNames, n) }) {
+				t.Errorf("Envoy's Certificate names %v, none of which duet admits (%v)", names, a.TLS.ClientNames)
+			}
+		default:
+			t.Errorf("Certificate for %s: usages %v name neither server auth nor client auth", name, c.Spec.Usages)
+		}
+	}
+
+	o, ok := objs["NetworkPolicy/duet-system/duet"]
+	if !ok {
+		return
+	}
+	var np networkPolicy
+	o.into(t, &np)
+	if !subset(np.Spec.PodSelector.MatchLabels, pod.Metadata.Labels) || len(np.Spec.PodSelector.MatchLabels) == 0 ||
+		!slices.Equal(np.Spec.PolicyTypes, []string{"Ingress"}) {
+		t.Errorf("NetworkPolicy selects %v (%v), want duet's pods, Ingress", np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
+	}
+	ports := map[string]bool{}
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			ports[p.Name] = true
+		}
+	}
+	open := map[string][]map[string]any{} // port name -> sources (nil: any)
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			name, named := p.Port.(string)
+			if !named {
+				continue // a number: networkPolicy.extraIngress
+			}
+			if !ports[name] {
+				t.Errorf("NetworkPolicy opens port %v, which no container names", p.Port)
+			}
+			open[name] = rule.From
+		}
+	}
+	want := []string{"admin", "grpc"}
+	if vs.envoy {
+		want = []string{"admin", "http"}
+	}
+	if got := slices.Sorted(maps.Keys(open)); !slices.Equal(got, want) {
+		t.Errorf("NetworkPolicy opens %v, want %v", got, want)
+	}
+	if from, ok := open["grpc"]; ok && len(from) == 0 {
+		t.Error("NetworkPolicy opens duet's gRPC port to any source, want the gateway's pods")
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // checkDuetAndEnvoy runs what the pod runs, on the rendered files: duet
 // loads the configuration, the init container's command renders Envoy's
-// bootstrap, and Envoy validates it.
+// bootstrap, and Envoy validates it. Every volume is a directory here: the
+// ConfigMap's holds its data, a Secret's the rendered Secret's data or, for
+// a Secret the chart does not render (the user's, cert-manager's), files
+// `duet certs` makes. Paths in the configuration and the bootstrap are the
+// containers' own, mapped onto those directories through each container's
+// mounts, so a file that a container does not mount is not found.
 func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]object) {
 	var cm struct{ Data map[string]string }
 	objs["ConfigMap/duet-system/duet"].into(t, &cm)
 	var dep deployment
 	objs["Deployment/duet-system/duet"].into(t, &dep)
 	pod := dep.Spec.Template.Spec
-	// Every volume is a directory here; the ConfigMap's holds its data.
 	dirs := map[string]string{}
+	var made string // `duet certs` output, made on first need
 	for _, v := range pod.Volumes {
 		dirs[v.Name] = t.TempDir()
-		if v.ConfigMap != nil {
-			for name, data := range cm.Data {
-				if err := os.WriteFile(filepath.Join(dirs[v.Name], name), []byte(data), 0o644); err != nil {
+		if v.Secret != nil {
+			if objs["Secret/duet-system/"+v.Secret.SecretName].Kind == "" && made == "" {
+				made = t.TempDir()
+				if _, err := command(tk.duet, "certs", "-out", made); err != nil {
 					t.Fatal(err)
 				}
 			}
+			writeSecret(t, v, objs, made, dirs[v.Name])
 		}
 	}
-	// local maps the container's paths onto those directories.
-	local := func(c container, args []string) []string {
+	// local maps a container's paths in text onto the directories.
+	local := func(c container, text string) string {
+		mounts := slices.Clone(c.VolumeMounts)
+		slices.SortFunc(mounts, func(a, b mount) int { return len(b.MountPath) - len(a.MountPath) })
+		var pairs []string
+		for _, m := range mounts {
+			pairs = append(pairs, m.MountPath+"/", dirs[m.Name]+"/")
+		}
+		return strings.NewReplacer(pairs...).Replace(text)
+	}
+	localArgs := func(c container, args []string) []string {
 		out := slices.Clone(args)
 		for i, a := range out {
-			for _, m := range c.VolumeMounts {
-				if rest, ok := strings.CutPrefix(a, m.MountPath+"/"); ok {
-					out[i] = filepath.Join(dirs[m.Name], rest)
-				}
-			}
+			out[i] = local(c, a)
 		}
 		return out
 	}
@@ -590,8 +890,19 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 	if !slices.Equal(duet.Args[:2], []string{"serve", "-config"}) {
 		t.Fatalf("duet args = %v, want serve -config <file>", duet.Args)
 	}
+	// The ConfigMap's files, with duet's paths made local.
+	for _, v := range pod.Volumes {
+		if v.ConfigMap == nil {
+			continue
+		}
+		for name, data := range cm.Data {
+			if err := os.WriteFile(filepath.Join(dirs[v.Name], name), []byte(local(duet, data)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	// envoy-config loads and validates the file exactly as serve does.
-	cfgPath := local(duet, duet.Args)[2]
+	cfgPath := localArgs(duet, duet.Args)[2]
 	if _, err := command(tk.duet, "envoy-config", "-config", cfgPath); err != nil {
 		t.Fatalf("duet rejects the rendered configuration: %v", err)
 	}
@@ -604,28 +915,58 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 			t.Errorf("kubernetes.prefill present = %v, want %v", isPD, vs.pd)
 		}
 	}
+	// Every file duet's auth section names is where duet mounts it.
+	auth := parseAuthConfig(t, cm.Data["duet.yaml"])
+	duetFiles := []string{auth.Auth.TokenFile, auth.Auth.AdminTokenFile}
+	if tls := auth.Auth.TLS; tls != nil {
+		duetFiles = append(duetFiles, tls.CertFile, tls.KeyFile, tls.ClientCAFile)
+	}
+	for _, f := range duetFiles {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(local(duet, f)); err != nil {
+			t.Errorf("duet's configuration names %s, which duet does not mount: %v", f, err)
+		}
+	}
 	if !vs.envoy {
+		// The gateway's credentials, where the chart makes them.
+		if auth.Auth.TLS != nil && objs["Secret/duet-system/duet-envoy-tls"].Kind != "" {
+			client := t.TempDir()
+			for _, key := range []string{"tls.crt", "tls.key", "ca.crt"} {
+				writeFile(t, filepath.Join(client, key), secretData(t, objs, "duet-envoy-tls", key))
+			}
+			a := auth.Auth.TLS
+			checkHandshake(t, local(duet, a.CertFile), local(duet, a.KeyFile), local(duet, a.ClientCAFile), a.ClientNames,
+				filepath.Join(client, "tls.crt"), filepath.Join(client, "tls.key"), filepath.Join(client, "ca.crt"), auth.Envoy.DuetTLS.ServerName)
+		}
 		return
 	}
 	init := pod.InitContainers[0]
 	if init.Image != duet.Image {
 		t.Errorf("the init container runs %s, not duet's image %s", init.Image, duet.Image)
 	}
-	if _, err := command(tk.duet, local(init, init.Args)...); err != nil {
+	// The init container reads the token where duet does (it writes it into
+	// the bootstrap).
+	if f := auth.Auth.TokenFile; f != "" && local(init, f) != local(duet, f) {
+		t.Errorf("the init container does not mount the token file %s as duet does", f)
+	}
+	if _, err := command(tk.duet, localArgs(init, init.Args)...); err != nil {
 		t.Fatalf("the init container's command fails: %v", err)
 	}
 	envoy := pod.Containers[1]
-	args := local(envoy, envoy.Args)
+	args := localArgs(envoy, envoy.Args)
 	i := slices.Index(args, "-c")
 	if i < 0 || i+1 >= len(args) {
 		t.Fatalf("envoy args %v name no bootstrap", envoy.Args)
 	}
-	bootstrap, err := os.ReadFile(args[i+1])
+	raw, err := os.ReadFile(args[i+1])
 	if err != nil {
 		t.Fatalf("envoy's bootstrap is not where the init container wrote it: %v", err)
 	}
+	bootstrap := string(raw)
 	for _, want := range []string{"duet_decode", fmt.Sprintf("port_value: %d", envoy.Ports[0].ContainerPort)} {
-		if !strings.Contains(string(bootstrap), want) {
+		if !strings.Contains(bootstrap, want) {
 			t.Errorf("bootstrap lacks %q", want)
 		}
 	}
@@ -637,18 +978,160 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 				continue
 			}
 			host := fmt.Sprintf("%s.%s.svc.cluster.local", pool["service"], k["namespace"])
-			if !strings.Contains(string(bootstrap), host) {
+			if !strings.Contains(bootstrap, host) {
 				t.Errorf("bootstrap does not resolve the %s Service %s", role, host)
 			}
 		}
 	}
-	if strings.Contains(string(bootstrap), "duet_prefill") != vs.pd {
+	if strings.Contains(bootstrap, "duet_prefill") != vs.pd {
 		t.Errorf("bootstrap has a prefill cluster = %v, want %v", !vs.pd, vs.pd)
 	}
+	// Envoy's side of auth: its client certificate (mounted), the token.
+	if got, want := strings.Contains(bootstrap, "envoy.transport_sockets.tls"), auth.Auth.TLS != nil; got != want {
+		t.Errorf("bootstrap has a TLS transport socket = %v, want %v", got, want)
+	}
+	if got, want := strings.Contains(bootstrap, "Bearer "), auth.Auth.TokenFile != ""; got != want {
+		t.Errorf("bootstrap sends a bearer token = %v, want %v", got, want)
+	}
+	if e := auth.Envoy.DuetTLS; e != nil {
+		for _, f := range []string{e.CertFile, e.KeyFile, e.CAFile} {
+			if _, err := os.Stat(local(envoy, f)); err != nil {
+				t.Errorf("Envoy's client certificate file %s is not mounted in the envoy container: %v", f, err)
+			}
+		}
+		a := auth.Auth.TLS
+		checkHandshake(t, local(duet, a.CertFile), local(duet, a.KeyFile), local(duet, a.ClientCAFile), a.ClientNames,
+			local(envoy, e.CertFile), local(envoy, e.KeyFile), local(envoy, e.CAFile), e.ServerName)
+	}
+	// Envoy loads the files it names: validate the bootstrap with Envoy's
+	// paths made local.
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	writeFile(t, path, []byte(local(envoy, bootstrap)))
+	args[i+1] = path
 	if out, err := command(tk.envoy, append([]string{"--mode", "validate"}, args...)...); err != nil {
 		t.Fatalf("envoy rejects the bootstrap: %v", err)
 	} else if !strings.Contains(out, "OK") {
 		t.Fatalf("envoy --mode validate:\n%s", out)
+	}
+}
+
+// writeSecret fills dir with what the Secret volume v holds in a pod: the
+// rendered Secret's data or, for a Secret the chart does not render, the
+// file of made (`duet certs` output) that the volume's role calls for.
+func writeSecret(t *testing.T, v volume, objs map[string]object, made, dir string) {
+	t.Helper()
+	name := v.Secret.SecretName
+	rendered := objs["Secret/duet-system/"+name].Kind != ""
+	// The `duet certs` file for each key, by the chart's volume names.
+	files := map[string]map[string]string{
+		"duet-tls":    {"tls.crt": "duet.crt", "tls.key": "duet.key", "ca.crt": "ca.crt"},
+		"envoy-tls":   {"tls.crt": "envoy.crt", "tls.key": "envoy.key", "ca.crt": "ca.crt"},
+		"token":       {"token": "token"},
+		"admin-token": {"token": "admin-token"},
+	}[v.Name]
+	if len(v.Secret.Items) == 0 {
+		t.Errorf("volume %s mounts every key of Secret %s: list the keys (items), so that a missing one stops the pod", v.Name, name)
+	}
+	for _, it := range v.Secret.Items {
+		var data []byte
+		if rendered {
+			data = secretData(t, objs, name, it.Key)
+		} else if f, ok := files[it.Key]; ok {
+			var err error
+			if data, err = os.ReadFile(filepath.Join(made, f)); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			t.Fatalf("volume %s: no stand-in for key %s of the user's Secret %s", v.Name, it.Key, name)
+		}
+		writeFile(t, filepath.Join(dir, it.Path), data)
+	}
+}
+
+// secretData returns the decoded value of key in the rendered Secret name.
+func secretData(t *testing.T, objs map[string]object, name, key string) []byte {
+	t.Helper()
+	var sec struct{ Data map[string]string }
+	objs["Secret/duet-system/"+name].into(t, &sec)
+	data, err := base64.StdEncoding.DecodeString(sec.Data[key])
+	if err != nil || len(data) == 0 {
+		t.Fatalf("Secret %s, key %s: %q (%v)", name, key, sec.Data[key], err)
+	}
+	return data
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkHandshake runs a mutual TLS handshake over loopback between duet's
+// side (its certificate, the CA it requires of clients, the client names it
+// admits) and Envoy's (its client certificate, the CA it trusts, the name
+// it verifies), as duet's configuration and the bootstrap set them up.
+func checkHandshake(t *testing.T, cert, key, clientCA string, clientNames []string, clientCert, clientKey, ca, serverName string) {
+	t.Helper()
+	pair := func(cert, key string) tls.Certificate {
+		c, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			t.Fatalf("%s, %s: %v", cert, key, err)
+		}
+		return c
+	}
+	pool := func(path string) *x509.CertPool {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := x509.NewCertPool()
+		if !p.AppendCertsFromPEM(data) {
+			t.Fatalf("%s holds no certificate", path)
+		}
+		return p
+	}
+	server := &tls.Config{Certificates: []tls.Certificate{pair(cert, key)}, ClientCAs: pool(clientCA), ClientAuth: tls.RequireAndVerifyClientCert}
+	client := &tls.Config{Certificates: []tls.Certificate{pair(clientCert, clientKey)}, RootCAs: pool(ca), ServerName: serverName}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type result struct {
+		peer *x509.Certificate
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer conn.Close()
+		s := tls.Server(conn, server)
+		if err := s.Handshake(); err != nil {
+			done <- result{err: err}
+			return
+		}
+		done <- result{peer: s.ConnectionState().PeerCertificates[0]}
+	}()
+	conn, err := tls.Dial("tcp", ln.Addr().String(), client)
+	if err != nil {
+		t.Fatalf("Envoy's side of the handshake (server name %s): %v", serverName, err)
+	}
+	defer conn.Close()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("duet's side of the handshake: %v", r.err)
+	}
+	if len(clientNames) > 0 && !slices.Contains(clientNames, r.peer.Subject.CommonName) &&
+		!slices.ContainsFunc(r.peer.DNSNames, func(n string) bool { return slices.Contains(clientNames, n) }) {
+		t.Errorf("Envoy's certificate (%s, %v) has none of the names duet admits (%v)", r.peer.Subject.CommonName, r.peer.DNSNames, clientNames)
 	}
 }
 
@@ -730,10 +1213,13 @@ func testBrokenTemplates(t *testing.T, tk tools, schemas string) {
 		name, file, old, new, want string
 	}{
 		{"unknown field", "deployment.yaml", "      terminationGracePeriodSeconds:", "      terminationGracePeriod: 1\n      terminationGracePeriodSeconds:", "terminationGracePeriod"},
-		{"wrong type", "service.yaml", "      protocol: TCP\n      appProtocol: kubernetes.io/h2c", "      protocol: TCP\n      appProtocol: [h2c]", "appProtocol"},
+		{"wrong type", "service.yaml", "      protocol: TCP\n      appProtocol: http", "      protocol: TCP\n      appProtocol: [http]", "appProtocol"},
 		{"missing required field", "deployment.yaml", "  selector:\n    matchLabels:", "  selectorr:\n    matchLabels:", "selector"},
 		{"misplaced field", "rbac.yaml", "rules:\n", "verbs: [get]\nrules:\n", "verbs"},
 		{"servicemonitor field", "servicemonitor.yaml", "      path: /metrics", "      metricsPath: /metrics", "metricsPath"},
+		{"certificate field", "certificate.yaml", "  usages: [digital signature, server auth]", "  usage: [digital signature, server auth]", "usage"},
+		{"certificate enum", "certificate.yaml", "  usages: [digital signature, client auth]", "  usages: [digital signature, client-auth]", "/spec/usages/1"},
+		{"networkpolicy field", "networkpolicy.yaml", "  policyTypes: [Ingress]", "  policyType: [Ingress]", "policyType"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -792,6 +1278,15 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"typo in values", nil, []string{"replicas=2"}, "additional properties 'replicas' not allowed"},
 		{"wrong value type", nil, []string{"envoy.enabled=yes"}, "at '/envoy/enabled': got string, want boolean"},
 		{"misplaced kubernetes key", nil, []string{"engines.kubernetes.decode.targetPort=1"}, "additional properties 'targetPort' not allowed"},
+		{"chart-owned auth", nil, []string{"config.auth.unauthenticated=true"}, "config.auth: the chart sets it"},
+		{"chart-owned envoy TLS", nil, []string{"config.envoy.duet_tls.ca_file=/ca.crt"}, "config.envoy.duet_tls: the chart sets it"},
+		{"unknown auth mode", nil, []string{"auth.mode=off"}, "at '/auth/mode': value must be one of"},
+		{"unknown TLS source", nil, []string{"auth.tls.source=vault"}, "at '/auth/tls/source': value must be one of"},
+		{"typo in auth", nil, []string{"auth.token.secretName=x"}, "additional properties 'secretName' not allowed"},
+		{"TLS secret unnamed", nil, []string{"auth.tls.source=secret"}, "auth.tls.secretName: name the Secret"},
+		{"client TLS secret unnamed", nil, []string{"auth.tls.source=secret", "auth.tls.secretName=mine"}, "auth.tls.clientSecretName: name the Secret"},
+		{"cert-manager without issuer", nil, []string{"auth.tls.source=certManager"}, "auth.tls.certManager.issuerRef.name: name the Issuer"},
+		{"gateway unnamed", nil, []string{"envoy.enabled=false"}, "networkPolicy.gateway: with envoy.enabled false, list the gateway pods"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

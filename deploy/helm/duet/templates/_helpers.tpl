@@ -47,18 +47,107 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{/* "true" when duet requires mutual TLS (auth.mode mtls or both), else "". */}}
+{{- define "duet.tls" -}}
+{{- if has .Values.auth.mode (list "mtls" "both") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when duet requires the bearer token (auth.mode token or both), else "". */}}
+{{- define "duet.token" -}}
+{{- if has .Values.auth.mode (list "token" "both") }}true{{ end }}
+{{- end }}
+
+{{/* The Secret of duet's server certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "duet.tlsSecretName" -}}
+{{- if and (eq .Values.auth.tls.source "secret") (not .Values.auth.tls.secretName) }}
+{{- fail "auth.tls.secretName: name the Secret of duet's certificate (tls.crt, tls.key, ca.crt) with auth.tls.source: secret" }}
+{{- end }}
+{{- .Values.auth.tls.secretName | default (printf "%s-tls" (include "duet.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret of Envoy's client certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "duet.envoyTLSSecretName" -}}
+{{- if and (eq .Values.auth.tls.source "secret") .Values.envoy.enabled (not .Values.auth.tls.clientSecretName) }}
+{{- fail "auth.tls.clientSecretName: name the Secret of Envoy's client certificate (tls.crt, tls.key, ca.crt) with auth.tls.source: secret" }}
+{{- end }}
+{{- .Values.auth.tls.clientSecretName | default (printf "%s-envoy-tls" (include "duet.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret of the gRPC bearer token (key "token"). */}}
+{{- define "duet.tokenSecretName" -}}
+{{- .Values.auth.token.existingSecret | default (printf "%s-token" (include "duet.fullname" .)) }}
+{{- end }}
+
+{{/* The Secret of the admin token (key "token"). */}}
+{{- define "duet.adminTokenSecretName" -}}
+{{- .Values.auth.adminToken.existingSecret | default (printf "%s-admin-token" (include "duet.fullname" .)) }}
+{{- end }}
+
+{{/* The name of Envoy's client certificate: the first admitted name. */}}
+{{- define "duet.clientName" -}}
+{{- with .Values.auth.tls.clientNames }}{{ first . }}{{ else }}envoy{{ end }}
+{{- end }}
+
+{{/* DNS names of duet's server certificate: auth.tls.serverName and its Service's names. */}}
+{{- define "duet.serverDNSNames" -}}
+{{- $svc := include "duet.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- list .Values.auth.tls.serverName $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | uniq | toJson }}
+{{- end }}
+
+{{/*
+Where the containers find the credentials (the Secret volumes' mount paths).
+*/}}
+{{- define "duet.tlsDir" -}}/run/secrets/duet/tls{{- end }}
+{{- define "duet.envoyTLSDir" -}}/run/secrets/duet/envoy-tls{{- end }}
+{{- define "duet.tokenDir" -}}/run/secrets/duet/token{{- end }}
+{{- define "duet.adminTokenDir" -}}/run/secrets/duet/admin-token{{- end }}
+
+{{/*
+duet's auth section (docs/configuration.md) from the auth values; empty
+when duet authenticates nobody on loopback.
+*/}}
+{{- define "duet.authConfig" -}}
+{{- $auth := .Values.auth }}
+{{- $a := dict }}
+{{- if include "duet.tls" . }}
+{{- $tls := dict "cert_file" (printf "%s/tls.crt" (include "duet.tlsDir" .)) "key_file" (printf "%s/tls.key" (include "duet.tlsDir" .)) "client_ca_file" (printf "%s/ca.crt" (include "duet.tlsDir" .)) }}
+{{- with $auth.tls.clientNames }}
+{{- $_ := set $tls "client_names" . }}
+{{- end }}
+{{- $_ := set $a "tls" $tls }}
+{{- end }}
+{{- if include "duet.token" . }}
+{{- $_ := set $a "token_file" (printf "%s/token" (include "duet.tokenDir" .)) }}
+{{- end }}
+{{- if and (eq $auth.mode "none") (not .Values.envoy.enabled) }}
+{{- $_ := set $a "unauthenticated" true }}
+{{- end }}
+{{- if $auth.adminToken.enabled }}
+{{- $_ := set $a "admin_token_file" (printf "%s/token" (include "duet.adminTokenDir" .)) }}
+{{- end }}
+{{- if $a }}
+{{- toYaml $a }}
+{{- end }}
+{{- end }}
+
 {{/*
 duet's configuration file (docs/configuration.md): the chart's addresses and
 engines, then the config values as they are.
 */}}
 {{- define "duet.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
-{{- range $key := list "listen" "prefill" "decode" "kubernetes" }}
+{{- range $key := list "listen" "prefill" "decode" "kubernetes" "auth" }}
 {{- if hasKey $cfg $key }}
-{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes) or ports (listen)" $key) }}
+{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen) or auth (auth)" $key) }}
 {{- end }}
 {{- end }}
-{{- $_ := set $cfg "listen" (dict "grpc" (printf ":%d" (int .Values.ports.grpc)) "admin" (printf ":%d" (int .Values.ports.admin))) }}
+{{- /* Beside its own Envoy, duet's gRPC port is for that Envoy alone. */}}
+{{- $grpcHost := ternary "127.0.0.1" "" .Values.envoy.enabled }}
+{{- $_ := set $cfg "listen" (dict "grpc" (printf "%s:%d" $grpcHost (int .Values.ports.grpc)) "admin" (printf ":%d" (int .Values.ports.admin))) }}
+{{- with include "duet.authConfig" . }}
+{{- $_ := set $cfg "auth" (fromYaml .) }}
+{{- end }}
 {{- $engines := .Values.engines }}
 {{- if eq $engines.source "kubernetes" }}
 {{- if or $engines.prefill $engines.decode }}
@@ -85,14 +174,39 @@ engines, then the config values as they are.
 {{- fail (printf "engines.source: %q is neither kubernetes nor static" $engines.source) }}
 {{- end }}
 {{- $envoy := deepCopy ($cfg.envoy | default dict) }}
-{{- range $key := list "listen" "admin" "duet" }}
+{{- range $key := list "listen" "admin" "duet" "duet_tls" }}
 {{- if hasKey $envoy $key }}
-{{- fail (printf "config.envoy.%s: the chart sets it (envoy.port, envoy.adminPort, ports.grpc)" $key) }}
+{{- fail (printf "config.envoy.%s: the chart sets it (envoy.port, envoy.adminPort, ports.grpc, auth.tls)" $key) }}
 {{- end }}
+{{- end }}
+{{- /* Envoy's side of mutual TLS: where the Envoy beside duet mounts its
+client certificate (duet envoy-config requires it with auth.tls). */}}
+{{- if include "duet.tls" . }}
+{{- $dir := include "duet.envoyTLSDir" . }}
+{{- $_ := set $envoy "duet_tls" (dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir) "ca_file" (printf "%s/ca.crt" $dir) "server_name" .Values.auth.tls.serverName) }}
 {{- end }}
 {{- $_ := set $envoy "listen" (printf "0.0.0.0:%d" (int .Values.envoy.port)) }}
 {{- $_ := set $envoy "admin" (printf "127.0.0.1:%d" (int .Values.envoy.adminPort)) }}
 {{- $_ := set $envoy "duet" (printf "127.0.0.1:%d" (int .Values.ports.grpc)) }}
 {{- $_ := set $cfg "envoy" $envoy }}
 {{- toYaml $cfg }}
+{{- end }}
+
+{{/* The issuer, key and lifetime of a cert-manager Certificate (auth.tls.certManager). */}}
+{{- define "duet.certificateSpec" -}}
+{{- $cm := .Values.auth.tls.certManager -}}
+{{- with $cm.duration }}
+duration: {{ . }}
+{{- end }}
+{{- with $cm.renewBefore }}
+renewBefore: {{ . }}
+{{- end }}
+privateKey:
+  algorithm: ECDSA
+  size: 256
+  rotationPolicy: Always
+issuerRef:
+  name: {{ $cm.issuerRef.name }}
+  kind: {{ $cm.issuerRef.kind }}
+  group: {{ $cm.issuerRef.group }}
 {{- end }}
