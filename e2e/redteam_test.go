@@ -290,9 +290,9 @@ func (a *attacker) refused(t *testing.T, what string, err error) {
 	}
 }
 
-// sendLogs sends entries as one access-log message of the upstream log,
-// once per way of dialling.
-func (a *attacker) sendLogs(t *testing.T, entries []*accesslogdatav3.HTTPAccessLogEntry) {
+// try runs call once per way of dialling (once without auth, where one
+// accepted copy is enough) and checks that duet refused each.
+func (a *attacker) try(t *testing.T, what string, call func(ctx context.Context, conn *grpc.ClientConn) error) {
 	t.Helper()
 	for _, dial := range a.dials {
 		conn, err := grpc.NewClient(a.s.DuetGRPC, dial)
@@ -300,23 +300,32 @@ func (a *attacker) sendLogs(t *testing.T, entries []*accesslogdatav3.HTTPAccessL
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(a.context(context.Background()), 5*time.Second)
-		stream, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
-		if err == nil {
-			err = stream.Send(&accesslogv3.StreamAccessLogsMessage{
-				Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{LogName: contract.LogUpstream, Node: &corev3.Node{Id: "envoy"}},
-				LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}},
-			})
-			if err == nil || errors.Is(err, io.EOF) { // EOF: the status comes with the close
-				_, err = stream.CloseAndRecv()
-			}
-		}
-		a.refused(t, "access-log stream", err)
+		a.refused(t, what, call(ctx, conn))
 		cancel()
 		conn.Close()
 		if a.mode == harness.AuthNone {
-			return // one accepted copy is enough to count
+			return
 		}
 	}
+}
+
+// sendLogs sends entries as one access-log message of the upstream log.
+func (a *attacker) sendLogs(t *testing.T, entries []*accesslogdatav3.HTTPAccessLogEntry) {
+	t.Helper()
+	a.try(t, "access-log stream", func(ctx context.Context, conn *grpc.ClientConn) error {
+		stream, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
+		if err != nil {
+			return err
+		}
+		err = stream.Send(&accesslogv3.StreamAccessLogsMessage{
+			Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{LogName: contract.LogUpstream, Node: &corev3.Node{Id: "envoy"}},
+			LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}},
+		})
+		if err == nil || errors.Is(err, io.EOF) { // EOF: the status comes with the close
+			_, err = stream.CloseAndRecv()
+		}
+		return err
+	})
 }
 
 // openExtProc opens an ext_proc stream and asks duet to route a request.
@@ -325,26 +334,20 @@ func (a *attacker) openExtProc(t *testing.T) {
 	if a.mode == harness.AuthNone {
 		return // duet would route it: without auth anyone on loopback is Envoy
 	}
-	for _, dial := range a.dials {
-		conn, err := grpc.NewClient(a.s.DuetGRPC, dial)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(a.context(context.Background()), 5*time.Second)
+	a.try(t, "ext_proc stream", func(ctx context.Context, conn *grpc.ClientConn) error {
 		stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-		if err == nil {
-			err = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-				Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}},
-				EndOfStream: true,
-			}}})
-			if err == nil || errors.Is(err, io.EOF) {
-				_, err = stream.Recv()
-			}
+		if err != nil {
+			return err
 		}
-		a.refused(t, "ext_proc stream", err)
-		cancel()
-		conn.Close()
-	}
+		err = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+			Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}},
+			EndOfStream: true,
+		}}})
+		if err == nil || errors.Is(err, io.EOF) {
+			_, err = stream.Recv()
+		}
+		return err
+	})
 }
 
 // adminPages: on an admin port bound beyond loopback the status page needs

@@ -25,14 +25,8 @@ func runCerts(args []string, stdout, stderr io.Writer) error {
 	client := fs.String("client-name", "envoy", "common name and DNS SAN of Envoy's client certificate")
 	validity := fs.Duration("validity", 825*24*time.Hour, "how long the certificates are valid")
 	force := fs.Bool("force", false, "replace existing files")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	if *out == "" {
 		return errors.New("certs: -out is required")

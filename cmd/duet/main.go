@@ -64,14 +64,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cmd == "envoy-config" {
 		out = fs.String("out", "", "write the bootstrap to this file instead of stdout (for images without a shell)")
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
@@ -84,4 +78,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return writeEnvoyConfig(stdout, cfg)
 	}
 	return serve(ctx, cfg, *path)
+}
+
+// parseFlags parses a subcommand's args, which take no positional
+// arguments; help is true when -h asked for the usage (already printed).
+func parseFlags(fs *flag.FlagSet, args []string) (help bool, err error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, nil
+		}
+		return false, err
+	}
+	if fs.NArg() > 0 {
+		return false, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return false, nil
 }

@@ -207,3 +207,37 @@ func TestAdminMuxHasNoPprofByDefault(t *testing.T) {
 type readyAlways struct{}
 
 func (readyAlways) Ready() bool { return true }
+
+// `duet certs` writes the credentials, prints a configuration section that
+// names them, and refuses to overwrite them without -force.
+func TestCertsCommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "creds")
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"certs", "-out", dir, "-hosts", "duet.inference.svc,10.0.0.5"}, &out, &errOut); err != nil {
+		t.Fatalf("%v: %s", err, errOut.String())
+	}
+	printed := out.String()
+	for _, want := range []string{"client_ca_file: " + filepath.Join(dir, "ca.crt"), "token_file: " + filepath.Join(dir, "token"),
+		"server_name: duet.inference.svc", "client_names: [envoy]"} {
+		if !strings.Contains(printed, want) {
+			t.Errorf("output lacks %q:\n%s", want, printed)
+		}
+	}
+	// The printed section is a configuration duet loads, and Envoy's side of
+	// it renders.
+	cfgPath := filepath.Join(t.TempDir(), "duet.yaml")
+	yaml := "listen: {grpc: \"0.0.0.0:9002\"}\ndecode: [{url: \"http://10.0.0.1:30000\"}]\n" + printed
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var bootstrap bytes.Buffer
+	if err := run(context.Background(), []string{"envoy-config", "-config", cfgPath}, &bootstrap, &errOut); err != nil {
+		t.Fatalf("envoy-config on the printed section: %v", err)
+	}
+	if !strings.Contains(bootstrap.String(), "envoy.transport_sockets.tls") || !strings.Contains(bootstrap.String(), "Bearer ") {
+		t.Error("the bootstrap lacks mutual TLS or the token")
+	}
+	if err := run(context.Background(), []string{"certs", "-out", dir}, &out, &errOut); err == nil {
+		t.Error("certs overwrote existing files without -force")
+	}
+}
