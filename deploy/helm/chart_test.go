@@ -257,7 +257,7 @@ func (c container) mountOf(volume string) (mount, bool) {
 type volume struct {
 	Name      string
 	ConfigMap *struct{ Name string }
-	EmptyDir  *struct{}
+	EmptyDir  *struct{ Medium string }
 	Secret    *struct {
 		SecretName string
 		Items      []struct{ Key, Path string }
@@ -743,6 +743,9 @@ func checkAuth(t *testing.T, vs valueSet, objs map[string]object) {
 	}
 	mounted := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {
+		if v.Name == "envoy-config" && wantToken && (v.EmptyDir == nil || v.EmptyDir.Medium != "Memory") {
+			t.Errorf("volume envoy-config holds the token in Envoy's bootstrap: want an emptyDir in memory, got %+v", v.EmptyDir)
+		}
 		if v.Secret == nil {
 			continue
 		}
