@@ -244,16 +244,6 @@ type mount struct {
 	ReadOnly        bool
 }
 
-// mountOf returns the container's mount of the named volume.
-func (c container) mountOf(volume string) (mount, bool) {
-	for _, m := range c.VolumeMounts {
-		if m.Name == volume {
-			return m, true
-		}
-	}
-	return mount{}, false
-}
-
 type volume struct {
 	Name      string
 	ConfigMap *struct{ Name string }
