@@ -22,10 +22,10 @@ import (
 
 // liveManifests writes copies of the manifests into dir with the stack's
 // loopback addresses in place of the Kubernetes ones: the gateway port is
-// Envoy's listen port, duet's cluster dials duet's gRPC port, and each
-// engine cluster lists the simulated engines (in Kubernetes, DNS on the
-// headless Service gives the pod addresses). It returns the file paths.
-func liveManifests(dir string, addrs harness.Addresses) ([]string, error) {
+// Envoy's listen port, duet's clusters dial duetAt (duet's sidecar), and
+// each engine cluster lists the simulated engines (in Kubernetes, DNS on
+// the headless Service gives the pod addresses). It returns the file paths.
+func liveManifests(dir string, addrs harness.Addresses, duetAt string) ([]string, error) {
 	_, port, err := net.SplitHostPort(addrs.EnvoyListen)
 	if err != nil {
 		return nil, err
@@ -61,7 +61,7 @@ func liveManifests(dir string, addrs harness.Addresses) ([]string, error) {
 	if err := yaml.Unmarshal(data, &ef); err != nil {
 		return nil, err
 	}
-	hosts := map[string][]string{"duet_extproc": {addrs.DuetGRPC}, "duet_feedback": {addrs.DuetGRPC}}
+	hosts := map[string][]string{"duet_extproc": {duetAt}, "duet_feedback": {duetAt}}
 	for _, role := range []struct {
 		cluster string
 		urls    []string
@@ -107,16 +107,16 @@ func liveManifests(dir string, addrs harness.Addresses) ([]string, error) {
 
 // liveBootstrap generates the gateway's configuration from the readdressed
 // manifests with Istio's generator, then binds its listeners to the
-// stack's loopback address, adds Envoy's admin interface and drops what
-// only istiod could serve.
-func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harness.Addresses) ([]byte, error) {
-	files, err := liveManifests(dir, addrs)
+// stack's loopback address, adds Envoy's admin interface, drops what only
+// istiod could serve and gives the gateway its mesh identity id (static
+// secrets in place of the SDS secrets of Istio's agent).
+func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harness.Addresses, duetAt string, ca *meshCA, id workload) ([]byte, error) {
+	files, err := liveManifests(dir, addrs, duetAt)
 	if err != nil {
 		return nil, err
 	}
 	path := filepath.Join(dir, "istio-gateway.json")
-	args := []string{"xds", "-o", path, "-proxy-namespace", "inference", "-proxy-ip", "10.0.0.10",
-		"-proxy-label", "app=duet-gateway", "-proxy-label", "istio=duet-gateway"}
+	args := append([]string{"xds", "-o", path}, gatewayProxy...)
 	if out, err := exec.CommandContext(ctx, tools.Check, append(args, files...)...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("duet-istio-check xds: %v\n%s", err, out)
 	}
@@ -128,19 +128,10 @@ func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harn
 	if err := json.Unmarshal(data, &boot); err != nil {
 		return nil, err
 	}
-	// No istiod here: drop the ADS source and the clusters it would fill
-	// (Istio's outbound EDS clusters, which no route of this gateway uses
-	// once the EnvoyFilter rewrote it). Envoy would otherwise wait for them
-	// forever before it starts serving.
-	res := boot["staticResources"].(obj)
-	var kept []any
-	for _, c := range res["clusters"].([]any) {
-		if c.(obj)["type"] != "EDS" {
-			kept = append(kept, c)
-		}
+	withoutIstiod(boot)
+	if err := withStaticSecrets(boot, ca, id); err != nil {
+		return nil, fmt.Errorf("the gateway: %w", err)
 	}
-	res["clusters"] = kept
-	delete(boot, "dynamicResources")
 	listenHost, _, err := net.SplitHostPort(addrs.EnvoyListen)
 	if err != nil {
 		return nil, err
@@ -148,33 +139,57 @@ func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harn
 	for _, l := range boot["staticResources"].(obj)["listeners"].([]any) {
 		l.(obj)["address"].(obj)["socketAddress"].(obj)["address"] = listenHost
 	}
-	adminHost, adminPort, err := net.SplitHostPort(addrs.EnvoyAdmin)
-	if err != nil {
+	if err := withAdmin(boot, addrs.EnvoyAdmin); err != nil {
 		return nil, err
 	}
-	n, _ := strconv.Atoi(adminPort)
-	boot["admin"] = obj{"address": obj{"socketAddress": obj{"address": adminHost, "portValue": n}}}
 	return json.Marshal(boot)
 }
 
-// Istio's generated gateway configuration, with the EnvoyFilter applied and
-// the stack's addresses in place of the cluster's, serves PD traffic on the
-// real Envoy through duet: every request is served, each leg reaches an
-// engine of its role (the mirror with its own DP rank), and the two access
-// logs report every leg to duet.
+// Istio's generated configurations serve PD traffic on the real Envoy
+// through duet, over the mesh's mutual TLS: the gateway's (with the
+// EnvoyFilter applied and the stack's addresses in place of the
+// cluster's) reaches duet through duet's sidecar (Istio's inbound listener
+// for duet's pod, with the PeerAuthentication's TLS and the
+// AuthorizationPolicy's RBAC filter), each presenting the mesh identity of
+// its pod. Every request is served, each leg reaches an engine of its role
+// (the mirror with its own DP rank), the two access logs report every leg
+// to duet, and the sidecar admitted all of it by the gateway's identity.
+// Then callers other than the gateway try duet's gRPC port through the
+// sidecar (see meshAttacks) and never reach duet.
+//
+// What stands in for the cluster: istiod's CA and agent (the two SDS
+// secrets of each proxy become static secrets: certificates with the
+// pods' SPIFFE identities from a test CA), iptables (the sidecar listens
+// on its own loopback port), and Istio's proxy build (upstream Envoy, see
+// docs/deploy/istio.md).
 func TestIstioGatewayServesPD(t *testing.T) {
 	tools := findIstioTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
+	ca := newMeshCA(t, filepath.Join(dir, "mesh"), "mesh")
+	gatewayID := ca.issue(t, "duet-gateway", meshIdentity(t, gatewayLabel, gatewayLabelValue))
+	duetID := ca.issue(t, "duet", meshIdentity(t, duetLabel, duetLabelValue))
+	var sc *sidecar
+	attempt := 0
 	s, err := harness.Start(ctx, harness.Options{
 		// Prefill DP sizes differ from decode so that the ranks of the two
 		// legs of a request differ on some requests.
 		Prefill: []harness.SimSpec{{DPSize: 2}, {DPSize: 4}},
 		Decode:  []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
 		Dir:     dir,
+		// duet as the recipe runs it: the mesh authenticates (its sidecar
+		// admits only the gateway), so duet itself checks nobody. Its gRPC
+		// port is on loopback here, reached through the sidecar only.
+		Auth:     harness.AuthNone,
+		DuetYAML: "auth:\n  unauthenticated: true\n",
 		Bootstrap: func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
-			return liveBootstrap(ctx, tools, dir, addrs)
+			attempt++
+			var err error
+			if sc, err = startSidecar(ctx, t, tools, filepath.Join(dir, fmt.Sprintf("sidecar-%d", attempt)), addrs.DuetGRPC, ca, duetID); err != nil {
+				return nil, fmt.Errorf("duet's sidecar: %w", err)
+			}
+			return liveBootstrap(ctx, tools, dir, addrs, sc.Listen, ca, gatewayID)
 		},
 	})
 	if err != nil {
@@ -236,6 +251,14 @@ func TestIstioGatewayServesPD(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("duet's feedback entries by leg: %v, want %v", got, want)
 	}
+
+	// All of it came through duet's sidecar, which admitted the gateway's
+	// identity and denied nothing.
+	rbac := sidecarRBAC(t, sc)
+	if rbac["allowed"] == 0 || rbac["denied"] != 0 {
+		t.Errorf("duet's sidecar RBAC: %v, want only allowed streams", rbac)
+	}
+	meshAttacks(t, s, sc, ca)
 }
 
 // rankOfDecodeLeg returns the X-Data-Parallel-Rank of the decode leg of the

@@ -15,7 +15,7 @@ import (
 
 // The manifests under test and the stand-in cluster objects they refer to.
 var (
-	manifests = []string{"gateway.yaml", "envoyfilter.yaml"}
+	manifests = []string{"gateway.yaml", "envoyfilter.yaml", "auth.yaml"}
 	fixture   = filepath.Join("testdata", "cluster.yaml")
 )
 
@@ -173,8 +173,9 @@ func TestIstioctlAnalyze(t *testing.T) {
 
 // The same analyzers, with the stand-in Services and pods as a cluster
 // would provide them, must report nothing either; and they must catch a
-// gateway that selects no pod, a gateway port its Service lacks, and a
-// route to an unknown host.
+// gateway that selects no pod, a gateway port its Service lacks, a route to
+// an unknown host, and an AuthorizationPolicy whose selector matches no pod
+// (which would leave duet's gRPC port open to the whole mesh).
 func TestClusterAnalyze(t *testing.T) {
 	tools := findIstioTools(t)
 	checkClean(t, clusterAnalyze(t, tools, append(manifests, fixture)...))
@@ -182,6 +183,7 @@ func TestClusterAnalyze(t *testing.T) {
 		{"gateway selects no pod", "gateway.yaml", "selector:\n    istio: duet-gateway", "selector:\n    istio: nobody", "IST0101", "istio=nobody"},
 		{"gateway port not on its Service", "gateway.yaml", "number: 80, name: http", "number: 81, name: http", "IST0162", "port 81"},
 		{"route to an unknown host", "gateway.yaml", "host: sglang-decode.inference", "host: sglang-decoder.inference", "IST0101", "sglang-decoder"},
+		{"authorization policy selects no pod", "auth.yaml", "instance: duet\n  # ALLOW", "instance: duet-0\n  # ALLOW", "IST0127", "app.kubernetes.io/instance=duet-0"},
 	}, func(t *testing.T, files ...string) []analyzerMessage { return clusterAnalyze(t, tools, files...) })
 }
 
@@ -216,26 +218,48 @@ func TestCRDSchemas(t *testing.T) {
 			t.Errorf("no object of %s was validated", m)
 		}
 	}
-	// A field the schema does not know must fail.
-	broken := mutated(t, "gateway.yaml", "gateways: [duet]", "gateway: [duet]")
-	if out, err := exec.Command(tools.Check, "crd", "-crds", tools.CRDs, broken).CombinedOutput(); err == nil {
-		t.Errorf("an unknown VirtualService field passed the schema check:\n%s", out)
+	// A field the schema does not know, or a value it does not allow, must fail.
+	for _, tt := range []struct{ name, file, old, new string }{
+		{"unknown VirtualService field", "gateway.yaml", "gateways: [duet]", "gateway: [duet]"},
+		{"unknown mTLS mode", "auth.yaml", "mode: STRICT", "mode: STRICTLY"},
+		{"unknown authorization action", "auth.yaml", "action: ALLOW", "action: PERMIT"},
+	} {
+		broken := mutated(t, tt.file, tt.old, tt.new)
+		if out, err := exec.Command(tools.Check, "crd", "-crds", tools.CRDs, broken).CombinedOutput(); err == nil {
+			t.Errorf("%s: passed the schema check:\n%s", tt.name, out)
+		}
 	}
 }
+
+// The two pods of the fixture whose configuration Istio's generator builds:
+// the gateway, and duet with its sidecar (duet-istio-check xds flags).
+var (
+	gatewayProxy = []string{"-proxy-type", "router", "-proxy-name", "duet-gateway", "-proxy-namespace", "inference",
+		"-proxy-ip", "10.0.0.10", "-proxy-label", "app=duet-gateway", "-proxy-label", "istio=duet-gateway"}
+	duetProxy = []string{"-proxy-type", "sidecar", "-proxy-name", "duet-0", "-proxy-namespace", "inference",
+		"-proxy-ip", "10.0.0.20", "-proxy-label", "app.kubernetes.io/name=duet", "-proxy-label", "app.kubernetes.io/instance=duet"}
+)
 
 // generateGatewayConfig runs Istio's configuration generator on files for
 // the duet-gateway pod of the fixture and returns the Envoy bootstrap and the
 // list of Istio-only extensions removed from it.
 func generateGatewayConfig(t *testing.T, tools istioTools, files ...string) (boot map[string]any, removed string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "gateway.json")
-	args := []string{"xds", "-o", path, "-proxy-namespace", "inference", "-proxy-ip", "10.0.0.10",
-		"-proxy-label", "app=duet-gateway", "-proxy-label", "istio=duet-gateway"}
+	return generateConfig(t, tools, gatewayProxy, files...)
+}
+
+// generateConfig runs Istio's configuration generator on files for the
+// proxy that the duet-istio-check xds flags describe and returns the Envoy
+// bootstrap and the list of Istio-only extensions removed from it.
+func generateConfig(t *testing.T, tools istioTools, proxy []string, files ...string) (boot map[string]any, removed string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "proxy.json")
+	args := append([]string{"xds", "-o", path}, proxy...)
 	cmd := exec.Command(tools.Check, append(args, files...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("generate the gateway's configuration: %v\n%s", err, stderr.String())
+		t.Fatalf("generate the proxy's configuration: %v\n%s", err, stderr.String())
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

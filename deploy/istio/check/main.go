@@ -7,7 +7,7 @@
 //
 //	duet-istio-check analyze -o OUT.json FILE...
 //	duet-istio-check crd -crds crd-all.gen.yaml FILE...
-//	duet-istio-check xds -o OUT.json -proxy-namespace NS -proxy-ip IP -proxy-label k=v FILE...
+//	duet-istio-check xds -o OUT.json [-proxy-type router|sidecar] [-proxy-name NAME] -proxy-namespace NS -proxy-ip IP -proxy-label k=v FILE...
 //
 // analyze runs istioctl analyze's analyzers with the Kubernetes objects of
 // the files included (istioctl analyze --use-kube=false leaves them out), and
@@ -19,7 +19,9 @@
 //
 // xds feeds the files (Istio objects and the Kubernetes objects they refer
 // to) to Istio's configuration generator, the code istiod runs, builds the
-// configuration of the gateway proxy the flags describe, with every
+// configuration of the proxy the flags describe (a gateway, or the sidecar
+// of a pod: its inbound listener carries the PeerAuthentication's TLS and
+// the AuthorizationPolicy's RBAC filter), with every
 // EnvoyFilter applied, and writes it as one Envoy bootstrap (JSON) that an
 // upstream Envoy can load with --mode validate: the route configurations
 // are inlined, a placeholder xds-grpc cluster stands for istiod, and the
@@ -83,16 +85,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "xds":
 		fs := flag.NewFlagSet("xds", flag.ContinueOnError)
 		var p proxySpec
-		fs.StringVar(&p.Namespace, "proxy-namespace", "", "the gateway proxy's namespace")
-		fs.StringVar(&p.IP, "proxy-ip", "", "the gateway pod's IP (as in the Kubernetes objects)")
+		fs.StringVar(&p.Type, "proxy-type", "router", "router (a gateway) or sidecar")
+		fs.StringVar(&p.Name, "proxy-name", "duet-gateway", "the proxy's pod name")
+		fs.StringVar(&p.Namespace, "proxy-namespace", "", "the proxy's namespace")
+		fs.StringVar(&p.IP, "proxy-ip", "", "the proxy's pod IP (as in the Kubernetes objects)")
 		outFile := fs.String("o", "", "write the bootstrap (JSON) to this file")
 		var labels stringList
-		fs.Var(&labels, "proxy-label", "a label of the gateway pod, key=value (repeatable)")
+		fs.Var(&labels, "proxy-label", "a label of the proxy's pod, key=value (repeatable)")
 		if err := fs.Parse(args[1:]); err != nil {
 			return err
 		}
 		if *outFile == "" || p.Namespace == "" || p.IP == "" || len(labels) == 0 || fs.NArg() == 0 {
 			return errors.New("xds: -o, -proxy-namespace, -proxy-ip, -proxy-label and at least one file are required")
+		}
+		if _, ok := proxyTypes[p.Type]; !ok {
+			return fmt.Errorf("xds: -proxy-type %q: want router or sidecar", p.Type)
 		}
 		p.Labels = map[string]string{}
 		for _, l := range labels {

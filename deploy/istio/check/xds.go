@@ -22,12 +22,17 @@ import (
 	"istio.io/istio/pkg/test"
 )
 
-// proxySpec describes the gateway proxy whose configuration is generated.
+// proxySpec describes the proxy whose configuration is generated.
 type proxySpec struct {
+	Type      string // a key of proxyTypes
+	Name      string // the pod's name
 	Namespace string
 	IP        string
 	Labels    map[string]string
 }
+
+// proxyTypes are the kinds of proxy xds generates for, by flag value.
+var proxyTypes = map[string]model.NodeType{"router": model.Router, "sidecar": model.SidecarProxy}
 
 // Placeholder clusters for the control plane that Istio's configuration
 // refers to (ADS for EDS and SDS); Envoy in validate mode never dials them.
@@ -72,15 +77,15 @@ func generate(_ context.Context, p proxySpec, files []string, stdout, stderr io.
 			KubernetesObjectString: strings.Join(kubeObjs, "\n---\n"),
 		})
 		proxy := s.SetupProxy(&model.Proxy{
-			Type:            model.Router,
-			ID:              "duet-gateway." + p.Namespace,
+			Type:            proxyTypes[p.Type],
+			ID:              p.Name + "." + p.Namespace,
 			ConfigNamespace: p.Namespace,
 			IPAddresses:     []string{p.IP},
 			Labels:          p.Labels,
 			Metadata:        &model.NodeMetadata{Namespace: p.Namespace, Labels: p.Labels},
 		})
 		boot = &bootstrapv3.Bootstrap{
-			Node:             &corev3.Node{Id: proxy.ID, Cluster: "duet-gateway"},
+			Node:             &corev3.Node{Id: proxy.ID, Cluster: p.Name},
 			StaticResources:  &bootstrapv3.Bootstrap_StaticResources{Listeners: s.Listeners(proxy), Clusters: s.Clusters(proxy)},
 			DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{AdsConfig: grpcSource("xds-grpc")},
 		}
