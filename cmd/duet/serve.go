@@ -148,14 +148,18 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	var reloading sync.WaitGroup
 	defer func() { cancel(); reloading.Wait() }()
 	reloading.Go(func() {
+		check := time.NewTicker(credentialCheck)
+		defer check.Stop()
 		for {
 			select {
 			case <-runCtx.Done():
 				return
 			case <-hup:
-				log.Info("SIGHUP: reloading the configuration", zap.String("config", path))
+				log.Info("SIGHUP: reloading the configuration and credentials", zap.String("config", path))
 				reloads.reload(runCtx)
-				reloadCredentials(log, guard, adminGuard)
+				reloadCredentials(log.Named("auth"), guard, adminGuard)
+			case <-check.C:
+				reloadCredentials(log.Named("auth"), guard, adminGuard)
 			}
 		}
 	})
@@ -204,19 +208,29 @@ func tlsFiles(t *config.AuthTLS) *auth.TLSFiles {
 	return &auth.TLSFiles{CertFile: t.CertFile, KeyFile: t.KeyFile, ClientCAFile: t.ClientCAFile, ClientNames: t.ClientNames}
 }
 
-// credentialReloader is a guard whose files SIGHUP reads again.
-type credentialReloader interface{ Reload() error }
+// credentialCheck is how often duet looks for changed credential files:
+// Kubernetes updates a mounted Secret in place (cert-manager renewals,
+// rotated tokens) without signalling the process.
+const credentialCheck = 30 * time.Second
 
-// reloadCredentials reads the certificates and tokens again, so that they
-// rotate without a restart; a file that fails leaves the old credentials.
+// credentialReloader is a guard whose files duet reads again on SIGHUP and
+// every credentialCheck.
+type credentialReloader interface{ Reload() (changed bool, err error) }
+
+// reloadCredentials reads the certificates and tokens again and applies
+// those that changed, so that they rotate without a restart; a file that
+// fails to load leaves the previous credentials in use.
 func reloadCredentials(log *zap.Logger, guards ...credentialReloader) {
 	for _, g := range guards {
-		if err := g.Reload(); err != nil {
-			log.Error("SIGHUP: credentials not reloaded; the previous ones stay in use", zap.Error(err))
-			return
+		changed, err := g.Reload()
+		if err != nil {
+			log.Error("credentials not reloaded; the previous ones stay in use", zap.Error(err))
+			continue
+		}
+		if changed {
+			log.Info("credentials reloaded: changed files are in use for new connections and streams")
 		}
 	}
-	log.Info("SIGHUP: credentials reloaded")
 }
 
 // readiness is what /readyz needs to know.

@@ -19,6 +19,7 @@ var OpenAdminPaths = []string{"/healthz", "/readyz", "/metrics"}
 type Admin struct {
 	loopback  bool
 	tokenFile string
+	files     watched
 	tokens    atomic.Pointer[[][]byte]
 	refusals  *Refusals
 }
@@ -27,17 +28,23 @@ type Admin struct {
 // (loopback) or beyond, with the token in tokenFile ("" for none).
 func NewAdmin(loopback bool, tokenFile string, refusals *Refusals) (*Admin, error) {
 	a := &Admin{loopback: loopback, tokenFile: tokenFile, refusals: refusals}
-	if err := a.Reload(); err != nil {
+	if _, err := a.Reload(); err != nil {
 		return nil, err
 	}
 	return a, nil
 }
 
-// Reload reads the admin token file again; on error the old tokens stay.
-func (a *Admin) Reload() error {
+// Reload reads the admin token file again and reports whether it changed;
+// on error the old tokens stay.
+func (a *Admin) Reload() (changed bool, err error) {
 	if a.tokenFile == "" {
-		return nil
+		return false, nil
 	}
+	return a.files.reload([]string{a.tokenFile}, a.load)
+}
+
+// load reads and applies the token file.
+func (a *Admin) load() error {
 	tokens, err := ReadTokens(a.tokenFile)
 	if err != nil {
 		return fmt.Errorf("auth.admin_token_file: %w", err)

@@ -47,6 +47,7 @@ type Options struct {
 // NewGuard and serve with its ServerOptions.
 type Guard struct {
 	opts   Options
+	files  watched
 	tls    atomic.Pointer[tls.Config]
 	tokens atomic.Pointer[[][]byte]
 }
@@ -61,7 +62,7 @@ func NewGuard(opts Options) (*Guard, error) {
 		return nil, errors.New("auth: Options.Refusals is required")
 	}
 	g := &Guard{opts: opts}
-	if err := g.Reload(); err != nil {
+	if _, err := g.Reload(); err != nil {
 		return nil, err
 	}
 	return g, nil
@@ -81,9 +82,22 @@ func (g *Guard) Mode() string {
 	return "none"
 }
 
-// Reload reads the certificate, key, CA and token files again. On any
-// error the Guard keeps what it had and the error says which file failed.
-func (g *Guard) Reload() error {
+// Reload reads the certificate, key, CA and token files again and reports
+// whether they changed since the last load. On any error the Guard keeps
+// what it had and the error says which file failed.
+func (g *Guard) Reload() (changed bool, err error) {
+	var paths []string
+	if f := g.opts.TLS; f != nil {
+		paths = append(paths, f.CertFile, f.KeyFile, f.ClientCAFile)
+	}
+	if g.opts.TokenFile != "" {
+		paths = append(paths, g.opts.TokenFile)
+	}
+	return g.files.reload(paths, g.load)
+}
+
+// load reads and applies the files.
+func (g *Guard) load() error {
 	var cfg *tls.Config
 	if f := g.opts.TLS; f != nil {
 		var err error

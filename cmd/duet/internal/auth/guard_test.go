@@ -208,8 +208,11 @@ func TestGuardReload(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(next+"\n"+old+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Reload(); err != nil {
-		t.Fatal(err)
+	if changed, err := g.Reload(); err != nil || !changed {
+		t.Fatalf("reload after rotation: changed %v, %v", changed, err)
+	}
+	if changed, err := g.Reload(); err != nil || changed {
+		t.Errorf("reload of unchanged files: changed %v, %v", changed, err)
 	}
 	for _, tok := range []string{next, old} {
 		if got := call(t, addr, plain, tok); got != codes.Unimplemented {
@@ -219,7 +222,7 @@ func TestGuardReload(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("short\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.Reload(); err == nil {
+	if _, err := g.Reload(); err == nil {
 		t.Fatal("a too-short token was accepted")
 	}
 	if got := call(t, addr, plain, next); got != codes.Unimplemented {
