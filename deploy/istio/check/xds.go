@@ -31,6 +31,11 @@ type proxySpec struct {
 	Labels    map[string]string
 }
 
+// istioVersion is the version of the proxy the configuration is generated
+// for: the one of the istio.io/istio module this program is built from (its
+// VERSION file reads 1.31).
+const istioVersion = "1.31.0"
+
 // proxyTypes are the kinds of proxy xds generates for, by flag value.
 var proxyTypes = map[string]model.NodeType{"router": model.Router, "sidecar": model.SidecarProxy}
 
@@ -82,7 +87,9 @@ func generate(_ context.Context, p proxySpec, files []string, stdout, stderr io.
 			ConfigNamespace: p.Namespace,
 			IPAddresses:     []string{p.IP},
 			Labels:          p.Labels,
-			Metadata:        &model.NodeMetadata{Namespace: p.Namespace, Labels: p.Labels},
+			// The proxy of the Istio version this module pins (the generator
+			// tailors some configuration to the proxy's version).
+			Metadata: &model.NodeMetadata{Namespace: p.Namespace, Labels: p.Labels, IstioVersion: istioVersion},
 		})
 		boot = &bootstrapv3.Bootstrap{
 			Node:             &corev3.Node{Id: proxy.ID, Cluster: p.Name},
