@@ -71,7 +71,7 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"mutual TLS and token to duet", func(p *Params) {
 			p.DuetTLS = &ClientTLS{CertFile: creds.EnvoyCertFile, KeyFile: creds.EnvoyKeyFile, CAFile: creds.CAFile, ServerName: "duet"}
 			p.DuetToken = creds.Token
-		}, []string{"transport_socket:", `sni: "duet"`, "alpn_protocols: [h2]", `certificate_chain: {filename: "` + creds.EnvoyCertFile + `"}`,
+		}, []string{"transport_socket:", `sni: "duet"`, "alpn_protocols: [h2]", "tls_maximum_protocol_version: TLSv1_3", `certificate_chain: {filename: "` + creds.EnvoyCertFile + `"}`,
 			`trusted_ca: {filename: "` + creds.CAFile + `"}`, "matcher: {exact: \"duet\"}",
 			`initial_metadata: [{key: authorization, value: "Bearer ` + creds.Token + `"}]`},
 			nil},
