@@ -215,7 +215,9 @@ const credentialCheck = 30 * time.Second
 
 // credentialReloader is a guard whose files duet reads again on SIGHUP and
 // every credentialCheck.
-type credentialReloader interface{ Reload() (changed bool, err error) }
+type credentialReloader interface {
+	Reload() (changed bool, err error)
+}
 
 // reloadCredentials reads the certificates and tokens again and applies
 // those that changed, so that they rotate without a restart; a file that
