@@ -4,10 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -16,17 +12,13 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/envoy/contract"
@@ -90,11 +82,11 @@ func redTeam(t *testing.T, mode harness.Auth) {
 
 	a := newAttacker(t, s, mode)
 	// 1. The forged message of the issue: every decode engine "unreachable".
-	var forged []*accesslogdatav3.HTTPAccessLogEntry
-	for i := range 16 {
-		d := s.Decode[i%len(s.Decode)]
-		forged = append(forged, forgedEntry(fmt.Sprintf("forged-%d", i), contract.ClusterDecode, d.Address, i%2, 0, true))
+	var decodes []string
+	for _, d := range s.Decode {
+		decodes = append(decodes, d.Address)
 	}
+	forged := harness.UnreachableDecodes(decodes, 16)
 	a.sendLogs(t, forged)
 	// 2. Failure entries for real in-flight ids. Without auth the attacker
 	// does not see duet's choices, so it names the other engine of each
@@ -107,8 +99,8 @@ func redTeam(t *testing.T, mode harness.Auth) {
 			prefill, decode = otherSim(s.Prefill, prefill), otherSim(s.Decode, decode)
 		}
 		forged = append(forged,
-			forgedEntry(v.id, contract.ClusterPrefill, prefill, prefillRank, 503, false),
-			forgedEntry(v.id, contract.ClusterDecode, decode, v.decodeRank, 500, false))
+			harness.ForgedEntry(v.id, contract.ClusterPrefill, prefill, prefillRank, 503, false),
+			harness.ForgedEntry(v.id, contract.ClusterDecode, decode, v.decodeRank, 500, false))
 	}
 	a.sendLogs(t, forged)
 	// 3. An ext_proc stream of the attacker's own.
@@ -216,32 +208,6 @@ func otherSim(sims []*harness.Sim, addr string) string {
 	return addr
 }
 
-// forgedEntry is an upstream access-log entry as Envoy would send it for a
-// leg of request id on upstream with rank (-1: none), failed with status
-// (0: no response) or, with unreachable, a refused connection.
-func forgedEntry(id, cluster, upstream string, rank int, statusCode uint32, unreachable bool) *accesslogdatav3.HTTPAccessLogEntry {
-	host, port, _ := net.SplitHostPort(upstream)
-	p, _ := strconv.Atoi(port)
-	headers := map[string]string{contract.HeaderDuetRequestID: id}
-	if rank >= 0 {
-		headers[contract.HeaderDPRank] = strconv.Itoa(rank)
-	}
-	e := &accesslogdatav3.HTTPAccessLogEntry{
-		CommonProperties: &accesslogdatav3.AccessLogCommon{
-			UpstreamCluster: cluster,
-			UpstreamRemoteAddress: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-				Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}},
-			ResponseFlags: &accesslogdatav3.ResponseFlags{UpstreamConnectionFailure: unreachable},
-		},
-		Request:  &accesslogdatav3.HTTPRequestProperties{RequestHeaders: headers},
-		Response: &accesslogdatav3.HTTPResponseProperties{},
-	}
-	if statusCode != 0 {
-		e.Response.ResponseCode = wrapperspb.UInt32(statusCode)
-	}
-	return e
-}
-
 // attacker is a client of duet's gRPC port that is not Envoy: it has no
 // client certificate and no token, only what anyone on the network has.
 type attacker struct {
@@ -313,18 +279,7 @@ func (a *attacker) try(t *testing.T, what string, call func(ctx context.Context,
 func (a *attacker) sendLogs(t *testing.T, entries []*accesslogdatav3.HTTPAccessLogEntry) {
 	t.Helper()
 	a.try(t, "access-log stream", func(ctx context.Context, conn *grpc.ClientConn) error {
-		stream, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
-		if err != nil {
-			return err
-		}
-		err = stream.Send(&accesslogv3.StreamAccessLogsMessage{
-			Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{LogName: contract.LogUpstream, Node: &corev3.Node{Id: "envoy"}},
-			LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}},
-		})
-		if err == nil || errors.Is(err, io.EOF) { // EOF: the status comes with the close
-			_, err = stream.CloseAndRecv()
-		}
-		return err
+		return harness.SendAccessLogs(ctx, conn, entries)
 	})
 }
 
@@ -334,20 +289,7 @@ func (a *attacker) openExtProc(t *testing.T) {
 	if a.mode == harness.AuthNone {
 		return // duet would route it: without auth anyone on loopback is Envoy
 	}
-	a.try(t, "ext_proc stream", func(ctx context.Context, conn *grpc.ClientConn) error {
-		stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-		if err != nil {
-			return err
-		}
-		err = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-			Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}},
-			EndOfStream: true,
-		}}})
-		if err == nil || errors.Is(err, io.EOF) {
-			_, err = stream.Recv()
-		}
-		return err
-	})
+	a.try(t, "ext_proc stream", harness.AskRoute)
 }
 
 // adminPages: on an admin port bound beyond loopback the status page needs

@@ -105,6 +105,25 @@ func liveManifests(dir string, addrs harness.Addresses, duetAt string) ([]string
 	return []string{gw, efPath, cl}, os.WriteFile(efPath, out, 0o644)
 }
 
+// generateXDS runs Istio's config generator (duet-istio-check xds) for the
+// proxy that proxyArgs name over the manifests, writes the result to path
+// and returns it decoded.
+func generateXDS(ctx context.Context, tools istioTools, path string, proxyArgs, manifests []string) (obj, error) {
+	args := append(append([]string{"xds", "-o", path}, proxyArgs...), manifests...)
+	if out, err := exec.CommandContext(ctx, tools.Check, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("duet-istio-check xds: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var boot obj
+	if err := json.Unmarshal(data, &boot); err != nil {
+		return nil, err
+	}
+	return boot, nil
+}
+
 // liveBootstrap generates the gateway's configuration from the readdressed
 // manifests with Istio's generator, then binds its listeners to the
 // stack's loopback address, adds Envoy's admin interface, drops what only
@@ -115,17 +134,8 @@ func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harn
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, "istio-gateway.json")
-	args := append([]string{"xds", "-o", path}, gatewayProxy...)
-	if out, err := exec.CommandContext(ctx, tools.Check, append(args, files...)...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("duet-istio-check xds: %v\n%s", err, out)
-	}
-	data, err := os.ReadFile(path)
+	boot, err := generateXDS(ctx, tools, filepath.Join(dir, "istio-gateway.json"), gatewayProxy, files)
 	if err != nil {
-		return nil, err
-	}
-	var boot obj
-	if err := json.Unmarshal(data, &boot); err != nil {
 		return nil, err
 	}
 	withoutIstiod(boot)

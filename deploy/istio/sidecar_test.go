@@ -10,14 +10,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
-	"io"
 	"math/big"
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -25,10 +22,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -36,7 +29,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/duet-router/duet/e2e/harness"
-	"github.com/duet-router/duet/envoy/contract"
 )
 
 // meshCA stands in for istiod's certificate authority: it issues workload
@@ -205,17 +197,8 @@ func startSidecar(ctx context.Context, t *testing.T, tools istioTools, dir, duet
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, "sidecar.json")
-	args := append(append([]string{"xds", "-o", path}, duetProxy...), append(manifests, fixture)...)
-	if out, err := exec.CommandContext(ctx, tools.Check, args...).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("duet-istio-check xds: %v\n%s", err, out)
-	}
-	data, err := os.ReadFile(path)
+	boot, err := generateXDS(ctx, tools, filepath.Join(dir, "sidecar.json"), duetProxy, append(append([]string(nil), manifests...), fixture))
 	if err != nil {
-		return nil, err
-	}
-	var boot obj
-	if err := json.Unmarshal(data, &boot); err != nil {
 		return nil, err
 	}
 	ports, err := harness.FreePorts(2)
@@ -368,35 +351,13 @@ func clientTLS(t *testing.T, id *workload) credentials.TransportCredentials {
 // decode engine unreachable, for made-up request ids. It returns the
 // stream's status.
 func forgedLogs(conn *grpc.ClientConn, s *harness.Stack) error {
-	var entries []*accesslogdatav3.HTTPAccessLogEntry
-	for i, sim := range s.Decode {
-		host, port, _ := net.SplitHostPort(sim.Address)
-		p, _ := strconv.Atoi(port)
-		entries = append(entries, &accesslogdatav3.HTTPAccessLogEntry{
-			CommonProperties: &accesslogdatav3.AccessLogCommon{
-				UpstreamCluster: contract.ClusterDecode,
-				UpstreamRemoteAddress: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(p)}}}},
-				ResponseFlags: &accesslogdatav3.ResponseFlags{UpstreamConnectionFailure: true},
-			},
-			Request:  &accesslogdatav3.HTTPRequestProperties{RequestHeaders: map[string]string{contract.HeaderDuetRequestID: fmt.Sprintf("forged-%d", i)}},
-			Response: &accesslogdatav3.HTTPResponseProperties{},
-		})
+	var decodes []string
+	for _, sim := range s.Decode {
+		decodes = append(decodes, sim.Address)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
-	if err != nil {
-		return err
-	}
-	err = stream.Send(&accesslogv3.StreamAccessLogsMessage{
-		Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{LogName: contract.LogUpstream, Node: &corev3.Node{Id: "attacker"}},
-		LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}},
-	})
-	if err == nil || errors.Is(err, io.EOF) { // EOF: the status comes with the close
-		_, err = stream.CloseAndRecv()
-	}
-	return err
+	return harness.SendAccessLogs(ctx, conn, harness.UnreachableDecodes(decodes, len(decodes)))
 }
 
 // openExtProc opens an ext_proc stream on conn and asks for a routing
@@ -404,18 +365,7 @@ func forgedLogs(conn *grpc.ClientConn, s *harness.Stack) error {
 func openExtProc(conn *grpc.ClientConn) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		return err
-	}
-	err = stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
-		Headers:     &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":method", Value: "GET"}, {Key: ":path", Value: "/v1/models"}}},
-		EndOfStream: true,
-	}}})
-	if err == nil || errors.Is(err, io.EOF) {
-		_, err = stream.Recv()
-	}
-	return err
+	return harness.AskRoute(ctx, conn)
 }
 
 // meshAttacks tries duet's gRPC port, through duet's sidecar, as callers

@@ -87,19 +87,25 @@ func pem(files ...string) ([]byte, error) {
 	return out, nil
 }
 
+// envoySide reads Envoy's client certificate and key and the CA of creds.
+func envoySide(creds harness.Credentials) (cert, key, ca []byte, err error) {
+	if cert, err = pem(creds.EnvoyCertFile); err != nil {
+		return nil, nil, nil, err
+	}
+	if key, err = pem(creds.EnvoyKeyFile); err != nil {
+		return nil, nil, nil, err
+	}
+	if ca, err = pem(creds.CAFile); err != nil {
+		return nil, nil, nil, err
+	}
+	return cert, key, ca, nil
+}
+
 // credentialObjects are the Secret and the CA objects that the manifests
 // name, filled with creds as docs/deploy/envoy-gateway.md fills them from
 // `duet certs`: Envoy's client certificate and key, and the CA.
 func credentialObjects(g gatewayTLS, creds harness.Credentials) ([]object, error) {
-	cert, err := pem(creds.EnvoyCertFile)
-	if err != nil {
-		return nil, err
-	}
-	key, err := pem(creds.EnvoyKeyFile)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := pem(creds.CAFile)
+	cert, key, ca, err := envoySide(creds)
 	if err != nil {
 		return nil, err
 	}
@@ -131,15 +137,7 @@ func credentialObjects(g gatewayTLS, creds harness.Credentials) ([]object, error
 // internal/gatewayapi/backendtlspolicy.go). A name the clusters use and
 // this map lacks fails the bootstrap.
 func sdsSecrets(g gatewayTLS, creds harness.Credentials) (map[string]any, error) {
-	cert, err := pem(creds.EnvoyCertFile)
-	if err != nil {
-		return nil, err
-	}
-	key, err := pem(creds.EnvoyKeyFile)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := pem(creds.CAFile)
+	cert, key, ca, err := envoySide(creds)
 	if err != nil {
 		return nil, err
 	}
