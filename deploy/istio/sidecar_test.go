@@ -381,6 +381,10 @@ func meshAttacks(t *testing.T, s *harness.Stack, sc *sidecar, ca *meshCA) {
 	stranger := ca.issue(t, "stranger", "spiffe://cluster.local/ns/inference/sa/default")
 	impostor := newMeshCA(t, filepath.Join(dir, "foreign"), "foreign").issue(t, "impostor", meshIdentity(t, gatewayLabel, gatewayLabelValue))
 	before, rbacBefore := duetCounters(t, s), sidecarRBAC(t, sc)
+	// The gateway's own traffic so far: every entry believed.
+	if n := before["duet_feedback_untrusted_total"]; n != 0 {
+		t.Errorf("duet_feedback_untrusted_total = %v before any attack: duet did not believe some of the gateway's entries", n)
+	}
 	for _, tt := range []struct {
 		name  string
 		creds credentials.TransportCredentials

@@ -124,9 +124,9 @@ func startSecondEnvoy(t *testing.T, addrs harness.Addresses, dir string,
 	return e
 }
 
-// duetRefused is duet's duet_auth_refused_total by reason, summed over
-// the services.
-func duetRefused(t *testing.T, s *harness.Stack) map[string]float64 {
+// duetByReason is one of duet's counters with a reason label (such as
+// duet_auth_refused_total) by reason, summed over its other labels.
+func duetByReason(t *testing.T, s *harness.Stack, name string) map[string]float64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
@@ -135,7 +135,7 @@ func duetRefused(t *testing.T, s *harness.Stack) map[string]float64 {
 		t.Fatal(err)
 	}
 	out := map[string]float64{}
-	for _, m := range mfs["duet_auth_refused_total"].GetMetric() {
+	for _, m := range mfs[name].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == "reason" {
 				out[l.GetValue()] += m.GetCounter().GetValue()
@@ -488,11 +488,16 @@ func TestEnvoyGateway(t *testing.T) {
 	// access logs (the subtests above), over mutual TLS, and duet refused
 	// none of its streams.
 	t.Run("the gateway authenticates to duet with mutual TLS", func(t *testing.T) {
-		if n := duetRefused(t, s); len(n) != 0 {
+		if n := duetByReason(t, s, "duet_auth_refused_total"); len(n) != 0 {
 			t.Errorf("duet_auth_refused_total by reason %v, want none: duet refused some of the gateway's streams", n)
 		}
 		if n := envoySSL(t, s.EnvoyAdminURL, "handshake"); n == 0 {
 			t.Error("Envoy counted no TLS handshake: it does not reach duet over TLS")
+		}
+		// Every entry the gateway sent was about a request duet routed, on
+		// the host and rank it chose: the gateway's legs carry the contract.
+		if n := duetByReason(t, s, "duet_feedback_untrusted_total"); len(n) != 0 {
+			t.Errorf("duet_feedback_untrusted_total by reason %v: duet did not believe some of the gateway's entries", n)
 		}
 	})
 
@@ -563,7 +568,7 @@ func TestEnvoyGateway(t *testing.T) {
 				envoy := startSecondEnvoy(t, addrs, dir, func(ctx context.Context, addrs harness.Addresses) ([]byte, error) {
 					return gatewayBootstrap(ctx, egctl, dir, objs, addrs, creds)
 				})
-				refusedBefore := duetRefused(t, s)
+				refusedBefore := duetByReason(t, s, "duet_auth_refused_total")
 				id := requestID(t, 0)
 				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 				defer cancel()
@@ -572,7 +577,7 @@ func TestEnvoyGateway(t *testing.T) {
 					t.Fatal(err)
 				}
 				refused := func() map[string]float64 {
-					after := duetRefused(t, s)
+					after := duetByReason(t, s, "duet_auth_refused_total")
 					t.Logf("duet_auth_refused_total by reason: before %v, after %v", refusedBefore, after)
 					return after
 				}
