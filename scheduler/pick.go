@@ -119,9 +119,16 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: decodeTokens}
-	s.ledger.mu.Unlock()
-
 	indexed := [2]bool{prefillIndexed, decodeIndexed}
+	var picked Picked
+	if s.onPicked != nil {
+		picked = s.picked(id, req, chosen, indexed)
+	}
+	s.ledger.mu.Unlock()
+	if s.onPicked != nil {
+		s.onPicked(picked)
+	}
+
 	for i, ts := range chosen {
 		if ts == nil {
 			continue

@@ -81,6 +81,11 @@ type Config struct {
 	// scrape loop), so calls may be concurrent; it may call the scheduler,
 	// and should return quickly.
 	OnEject func(Ejection)
+	// OnPicked, if set, is told what every successful Pick changed in the
+	// scheduler's state (package docs: "Replicas"), for other duet
+	// replicas to apply with ApplyPicked. It is called after the pick lock
+	// is released, in Pick's goroutine, and must not block.
+	OnPicked func(Picked)
 	// Registerer receives the scheduler's metrics; nil means none.
 	Registerer prometheus.Registerer
 	// EngineRanks makes duet choose engines only, never ranks: prefill
@@ -195,6 +200,7 @@ type Scheduler struct {
 	fallbackTurn         atomic.Uint64 // rotates DecodeFallback over the eligible engines
 	health               *health
 	onEject              func(Ejection)
+	onPicked             func(Picked)
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -231,6 +237,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		pd:         len(cfg.Prefill) > 0 || cfg.PD,
 		emptyPools: cfg.EmptyPools,
 		onEject:    cfg.OnEject,
+		onPicked:   cfg.OnPicked,
 		now:        time.Now,
 	}
 	if cfg.Clock != nil {

@@ -89,6 +89,13 @@ type Config struct {
 	// over replicas does; by default it reaches the replica that routed
 	// the request (duet and Envoy in one pod).
 	FeedbackAny bool
+	// Share makes the replicas share their state, as duet replicas do over
+	// NATS: every pick's holds and prefix blocks reach every replica
+	// (scheduler.Config.OnPicked, Scheduler.ApplyPicked), and every leg's
+	// feedback is applied by every replica (the one that received it, and
+	// the others through the event). Delivery is instant in virtual time;
+	// a LAN's NATS adds well under a millisecond.
+	Share bool
 }
 
 // epoch is virtual time zero on the scheduler's clock.
@@ -249,6 +256,16 @@ func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 	sc.HTTPClient = &http.Client{Transport: &transport{byHost: byHost, now: func() time.Duration { return r.now }}}
 	sc.Health.Interval = -1
 	sc.Load.Interval = r.cfg.LoadInterval
+	if r.cfg.Share {
+		self := len(r.scheds) // this replica's position, once appended
+		sc.OnPicked = func(p scheduler.Picked) {
+			for i, peer := range r.scheds {
+				if i != self {
+					peer.ApplyPicked(p)
+				}
+			}
+		}
+	}
 	s, err := scheduler.New(sc, nil)
 	if err != nil {
 		return nil, fmt.Errorf("clustersim: %w", err)
@@ -563,6 +580,12 @@ func (r *run) feedback(q *request, role scheduler.Role, e *engine, rank int, fai
 	if e != nil {
 		f.Address = e.addr
 		f.PromptTokens = int64(q.turnInfo.prompt.Tokens)
+	}
+	if r.cfg.Share {
+		for _, s := range r.scheds {
+			s.Complete(f)
+		}
+		return
 	}
 	r.scheds[to].Complete(f)
 }

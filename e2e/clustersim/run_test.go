@@ -168,23 +168,23 @@ func TestDefaultFollowsLongPromptPrefixes(t *testing.T) {
 	}
 }
 
-// TestReplicasShareNothing runs duet's default as several replicas that
-// share no state (issue 17's baseline): every request is still served,
-// with the feedback going to the routing replica or to any, and each
-// replica sees only the prefixes it routed and the work it sent, so the
-// hit rate falls with the replica count.
-func TestReplicasShareNothing(t *testing.T) {
+// TestReplicas runs duet's default as several replicas (issue 17). Sharing
+// nothing, each replica sees only the prefixes it routed and the work it
+// sent, so the hit rate falls with the replica count, whether the feedback
+// goes to the routing replica or to any. Sharing their picks and feedback,
+// four replicas find the prefixes one scheduler finds.
+func TestReplicas(t *testing.T) {
 	w := testWorkload(t, bench.WorkloadMultiTurn, 4, 60*time.Second, 1)
 	cluster := Uniform("dsv3-dp8-h100-node", 2, 2, 4)
-	hit := map[string]float64{}
+	hit, ttft := map[string]float64{}, map[string]float64{}
 	for _, tt := range []struct {
-		name     string
-		replicas int
-		any      bool
-	}{{"1", 1, false}, {"4", 4, false}, {"4any", 4, true}} {
+		name       string
+		replicas   int
+		any, share bool
+	}{{"1", 1, false, false}, {"4", 4, false, false}, {"4any", 4, true, false}, {"4share", 4, true, true}} {
 		res, err := Run(context.Background(), Config{Cluster: cluster, Workload: w, Warmup: 10 * time.Second, Seed: 1,
 			Policy:   bench.Policy{Name: "default", Prefill: scheduler.DefaultPrefillPolicy, Decode: scheduler.DefaultDecodePolicy},
-			Replicas: tt.replicas, FeedbackAny: tt.any})
+			Replicas: tt.replicas, FeedbackAny: tt.any, Share: tt.share})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,10 +192,14 @@ func TestReplicasShareNothing(t *testing.T) {
 		if s.Requests == 0 || s.Served != s.Requests {
 			t.Fatalf("%s replicas: summary %+v: want every measured request served", tt.name, s)
 		}
-		hit[tt.name] = s.HitRate
+		hit[tt.name], ttft[tt.name] = s.HitRate, s.TTFTMean
 	}
-	t.Logf("hit rate: 1 replica %.1f%%, 4 %.1f%%, 4 with feedback to any %.1f%%", 100*hit["1"], 100*hit["4"], 100*hit["4any"])
+	t.Logf("hit rate / mean TTFT: 1 replica %.1f%% %.0f ms, 4 %.1f%% %.0f ms, 4 with feedback to any %.1f%% %.0f ms, 4 sharing %.1f%% %.0f ms",
+		100*hit["1"], ttft["1"], 100*hit["4"], ttft["4"], 100*hit["4any"], ttft["4any"], 100*hit["4share"], ttft["4share"])
 	if !(hit["4"] < hit["1"]-0.05) || !(hit["4any"] < hit["1"]-0.05) {
-		t.Errorf("hit rate with 4 replicas not below one replica's: %v", hit)
+		t.Errorf("hit rate with 4 replicas that share nothing not below one replica's: %v", hit)
+	}
+	if hit["4share"] < hit["1"]-0.02 {
+		t.Errorf("hit rate with 4 sharing replicas %.3f, more than 2 points below one replica's %.3f", hit["4share"], hit["1"])
 	}
 }

@@ -33,14 +33,18 @@ type routing struct {
 	// scheduler adjusts the scheduler's configuration (nil: defaults).
 	scheduler func(*scheduler.Config)
 	// replicas and feedbackAny run several duet replicas that share
-	// nothing (clustersim.Config.Replicas and FeedbackAny).
+	// nothing (clustersim.Config.Replicas and FeedbackAny); share makes
+	// them share their picks and feedback (clustersim.Config.Share).
 	replicas    int
 	feedbackAny bool
+	share       bool
 }
 
 // replicaSuffix is the routing name suffix that runs N replicas, feedback
-// to the replica that routed the request (+r4) or to any replica (+r4any).
-var replicaSuffix = regexp.MustCompile(`\+r([1-9][0-9]?)(any)?$`)
+// to the replica that routed the request (+r4) or to any replica (+r4any),
+// or N replicas that share their state (+s4: where feedback lands makes no
+// difference then).
+var replicaSuffix = regexp.MustCompile(`\+([rs])([1-9][0-9]?)(any)?$`)
 
 // Routing name suffixes that change one scheduler setting, for
 // experiments (e.g. -routings engine_default,least_tokens+covered).
@@ -76,10 +80,10 @@ func routings(names []string) ([]routing, error) {
 	var out []routing
 	for _, full := range names {
 		n := full
-		replicas, anyReplica := 0, false
+		replicas, anyReplica, share := 0, false, false
 		if m := replicaSuffix.FindStringSubmatch(n); m != nil {
-			replicas, _ = strconv.Atoi(m[1])
-			anyReplica = m[2] != ""
+			replicas, _ = strconv.Atoi(m[2])
+			anyReplica, share = m[3] != "", m[1] == "s"
 			n = strings.TrimSuffix(n, m[0])
 		}
 		var adjust func(*scheduler.Config)
@@ -92,7 +96,7 @@ func routings(names []string) ([]routing, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt.name, rt.replicas, rt.feedbackAny = full, replicas, anyReplica
+		rt.name, rt.replicas, rt.feedbackAny, rt.share = full, replicas, anyReplica, share
 		if own := rt.scheduler; adjust != nil {
 			rt.scheduler = func(c *scheduler.Config) {
 				if own != nil {
@@ -349,7 +353,7 @@ func (r *runner) summary(ctx context.Context, sc scenario, rate float64, rt rout
 	res, err := clustersim.Run(ctx, clustersim.Config{
 		Cluster: sc.cluster, Policy: rt.policy, Oracle: rt.oracle, Workload: p,
 		Warmup: r.opts.warmup, Seed: seed, Preload: sc.preload, Scheduler: rt.scheduler,
-		Replicas: rt.replicas, FeedbackAny: rt.feedbackAny,
+		Replicas: rt.replicas, FeedbackAny: rt.feedbackAny, Share: rt.share,
 	})
 	<-r.sem
 	if err != nil {

@@ -1,0 +1,90 @@
+package scheduler
+
+// Several duet replicas route for one gateway. Each keeps its own view of
+// the cluster: reservations, prefill holds, the prefix index and health.
+// So that every replica sees the work the others sent, a replica tells the
+// others what each pick changed (Config.OnPicked) and what each leg's
+// feedback was (a Feedback, as Complete takes it), and applies theirs:
+// ApplyPicked for a pick, Complete for a leg. Scrapes and probes need no
+// sharing: every replica scrapes and probes every engine itself. The
+// transport (NATS) is outside this package.
+
+// Picked is what one pick changed in a scheduler's state: the holds it
+// reserved and the prefix blocks it indexed.
+type Picked struct {
+	// RequestID is duet's id of the request (Request.ID).
+	RequestID string `json:"id"`
+	// Model and PromptBytes are kept with the reservation for the token
+	// estimate's correction when the request's usage is reported.
+	Model       string `json:"model,omitempty"`
+	PromptBytes int    `json:"prompt_bytes,omitempty"`
+	// Holds are the tokens reserved on each chosen target.
+	Holds []PickedHold `json:"holds"`
+	// Blocks are the prompt's prefix block hashes, and Indexed the targets
+	// whose prefix index got them.
+	Blocks  []uint64    `json:"blocks,omitempty"`
+	Indexed []TargetKey `json:"indexed,omitempty"`
+}
+
+// PickedHold is one reservation of a pick.
+type PickedHold struct {
+	Role   Role      `json:"role"`
+	Target TargetKey `json:"target"`
+	// Tokens are reserved on the target, of which Work are expected to be
+	// computed there (the rest was believed cached).
+	Tokens int64 `json:"tokens"`
+	Work   int64 `json:"work"`
+}
+
+// ApplyPicked applies another replica's pick: its holds are reserved here
+// as if this scheduler had made them (they end as local holds do: with the
+// legs' feedback, a covering scrape, or the reservation TTL), and its
+// prefix blocks are indexed on the same targets. Targets this scheduler
+// does not know (not schedulable here, or gone) are skipped.
+func (s *Scheduler) ApplyPicked(p Picked) {
+	l := s.ledger
+	l.mu.Lock()
+	now := s.now()
+	for _, h := range p.Holds {
+		if ts, ok := l.targets[h.Target]; ok {
+			l.reserveWork(ts, p.RequestID, h.Role, h.Tokens, h.Work, now, p.Model, p.PromptBytes)
+		}
+	}
+	indexed := make([]*targetState, 0, len(p.Indexed))
+	for _, key := range p.Indexed {
+		if ts, ok := l.targets[key]; ok {
+			indexed = append(indexed, ts)
+		}
+	}
+	l.mu.Unlock()
+	if len(p.Blocks) == 0 {
+		return
+	}
+	for _, ts := range indexed {
+		ts.indexedBlocks.Store(int64(s.index.Insert(ts.key, p.Blocks)))
+	}
+}
+
+// picked builds the Picked of a pick of request id that chose the targets
+// in chosen (prefill, decode; nil where none) with their reservations.
+// Caller holds s.ledger.mu.
+func (s *Scheduler) picked(id string, req *Request, chosen [2]*targetState, indexed [2]bool) Picked {
+	p := Picked{RequestID: id, Model: req.Model, PromptBytes: len(req.Prompt)}
+	if res, ok := s.ledger.requests[id]; ok {
+		for _, h := range res.holds {
+			p.Holds = append(p.Holds, PickedHold{Role: h.role, Target: h.target.key, Tokens: h.tokens, Work: h.work})
+		}
+	}
+	if len(req.Blocks) > 0 {
+		for i, ts := range chosen {
+			if ts != nil && indexed[i] {
+				p.Indexed = append(p.Indexed, ts.key)
+			}
+		}
+		if len(p.Indexed) > 0 {
+			// req.Blocks is the caller's memory, reused after Pick.
+			p.Blocks = append([]uint64(nil), req.Blocks...)
+		}
+	}
+	return p
+}
