@@ -66,6 +66,25 @@ type Options struct {
 	Logger *zap.Logger
 	// Registerer receives the metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Orphans, when positive, keeps up to this many entries about requests
+	// the Book does not know yet, for OrphanTTL, so that Adopt can admit
+	// them once their route arrives: among replicas, another replica's
+	// route can come after an entry about its request (package
+	// cmd/duet/internal/replicas). 0 refuses unknown entries for good.
+	Orphans int
+	// OrphanTTL is how long an orphan waits for its route; default
+	// DefaultOrphanTTL.
+	OrphanTTL time.Duration
+}
+
+// DefaultOrphanTTL is how long an entry about an unknown request waits for
+// its route (Options.Orphans).
+const DefaultOrphanTTL = 2 * time.Minute
+
+// orphan is an entry about a request the Book did not know when it came.
+type orphan struct {
+	c  accesslog.Completion
+	at time.Time
 }
 
 // Book is the record of routed requests. Its methods are safe for
@@ -78,7 +97,13 @@ type Book struct {
 	mu   sync.Mutex
 	reqs map[string]*entry
 
+	maxOrphans int
+	orphanTTL  time.Duration
+	orphans    map[string][]orphan
+	nOrphans   int
+
 	untrusted *prometheus.CounterVec
+	adopted   prometheus.Counter
 }
 
 // entry is one routed request and the feedback that arrived for it.
@@ -99,6 +124,9 @@ func New(opts Options) *Book {
 	if opts.TTL <= 0 {
 		opts.TTL = DefaultTTL
 	}
+	if opts.OrphanTTL <= 0 {
+		opts.OrphanTTL = DefaultOrphanTTL
+	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -109,8 +137,15 @@ func New(opts Options) *Book {
 		log: log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, logEvery, 1, 0)
 		})),
-		now:  time.Now,
-		reqs: map[string]*entry{},
+		now:        time.Now,
+		reqs:       map[string]*entry{},
+		maxOrphans: opts.Orphans,
+		orphanTTL:  opts.OrphanTTL,
+		orphans:    map[string][]orphan{},
+		adopted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "duet_feedback_adopted_total",
+			Help: "Access-log entries about a request duet did not know when they came (counted then as unknown_request), believed once the request's route arrived from the replica that routed it.",
+		}),
 		untrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_feedback_untrusted_total",
 			Help: "Access-log entries duet did not believe, by leg and reason: not about a request duet routed and still tracks, or naming a host or rank duet did not choose for that leg.",
@@ -121,7 +156,7 @@ func New(opts Options) *Book {
 			Name: "duet_routes_tracked",
 			Help: "Routed requests whose access-log feedback duet still expects.",
 		}, func() float64 { return float64(b.Len()) })
-		opts.Registerer.MustRegister(b.untrusted, tracked)
+		opts.Registerer.MustRegister(b.untrusted, b.adopted, tracked)
 	}
 	return b
 }
@@ -152,16 +187,55 @@ func (b *Book) Admit(c accesslog.Completion) (ok bool, reason string) {
 	defer b.mu.Unlock()
 	e, found := b.reqs[c.RequestID]
 	if !found {
+		if b.nOrphans < b.maxOrphans {
+			b.orphans[c.RequestID] = append(b.orphans[c.RequestID], orphan{c: c, at: b.now()})
+			b.nOrphans++
+		}
 		return false, ReasonUnknown
 	}
 	reason = e.admit(c)
 	if reason != "" {
 		return false, reason
 	}
-	if e.request && e.decodeDone && (e.prefill || e.route.Prefill == "") {
-		delete(b.reqs, c.RequestID)
-	}
+	b.forgetIfDone(c.RequestID, e)
 	return true, ""
+}
+
+// forgetIfDone forgets request id once every entry it expects arrived.
+// Caller holds the Book's lock.
+func (b *Book) forgetIfDone(id string, e *entry) {
+	if e.request && e.decodeDone && (e.prefill || e.route.Prefill == "") {
+		delete(b.reqs, id)
+	}
+}
+
+// Adopt records request id's route, as Record does, and returns the
+// entries about it that came before the route (Options.Orphans) and that
+// the route makes believable, marked as arrived: the caller applies them.
+func (b *Book) Adopt(id string, r Route) []accesslog.Completion {
+	e := &entry{route: r, at: b.now()}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old, ok := b.reqs[id]; ok {
+		e = old // routed here, or announced twice
+	} else {
+		b.reqs[id] = e
+	}
+	waiting := b.orphans[id]
+	if len(waiting) == 0 {
+		return nil
+	}
+	delete(b.orphans, id)
+	b.nOrphans -= len(waiting)
+	var out []accesslog.Completion
+	for _, o := range waiting {
+		if e.admit(o.c) == "" {
+			out = append(out, o.c)
+		}
+	}
+	b.forgetIfDone(id, e)
+	b.adopted.Add(float64(len(out)))
+	return out
 }
 
 // admit checks c against e and marks it arrived; it returns the reason
@@ -249,6 +323,13 @@ func (b *Book) Sweep() int {
 		if e.at.Before(cutoff) {
 			delete(b.reqs, id)
 			n++
+		}
+	}
+	orphanCutoff := b.now().Add(-b.orphanTTL)
+	for id, os := range b.orphans {
+		if os[0].at.Before(orphanCutoff) {
+			delete(b.orphans, id)
+			b.nOrphans -= len(os)
 		}
 	}
 	return n

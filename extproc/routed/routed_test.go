@@ -197,3 +197,40 @@ func BenchmarkRecordAdmit(b *testing.B) {
 		}
 	}
 }
+
+// Among replicas an entry can come before its request's route: with
+// Orphans, Adopt admits the entries that waited for the route, once each,
+// and entries that wait too long are forgotten.
+func TestAdopt(t *testing.T) {
+	b := New(Options{Orphans: 2, OrphanTTL: time.Minute})
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	for _, c := range []accesslog.Completion{decodeLeg(decodeHost, 1), prefillLeg(otherHost, 3), requestEntry} {
+		if ok, reason := b.Admit(c); ok || reason != ReasonUnknown {
+			t.Fatalf("%s before its route: admitted %v (%s)", c.Leg, ok, reason)
+		}
+	}
+	got := b.Adopt("r1", pdRoute)
+	if len(got) != 1 || got[0].Leg != accesslog.LegDecode {
+		t.Errorf("adopted %+v; want the decode leg only (the prefill leg names another host; the third entry was past the bound)", got)
+	}
+	if again := b.Adopt("r1", pdRoute); len(again) != 0 {
+		t.Errorf("adopted %d entries twice", len(again))
+	}
+	if ok, _ := b.Admit(decodeLeg(decodeHost, 1)); ok {
+		t.Error("the adopted leg was admitted again")
+	}
+	// An orphan whose route never comes is forgotten after OrphanTTL.
+	b.Admit(accesslog.Completion{RequestID: "r2", Leg: accesslog.LegDecode, Upstream: decodeHost, DPRank: 1})
+	now = now.Add(2 * time.Minute)
+	b.Sweep()
+	if got := b.Adopt("r2", pdRoute); len(got) != 0 {
+		t.Errorf("an expired orphan was adopted: %+v", got)
+	}
+	// Without Orphans nothing waits.
+	plain := New(Options{})
+	plain.Admit(decodeLeg(decodeHost, 1))
+	if got := plain.Adopt("r1", pdRoute); len(got) != 0 {
+		t.Errorf("a Book without Orphans kept %d entries", len(got))
+	}
+}

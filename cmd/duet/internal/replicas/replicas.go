@@ -194,7 +194,7 @@ func Start(opts Options) (*Replicas, error) {
 	}
 	r.nc = nc
 	if nc.IsConnected() {
-		r.connected("connected")
+		r.m.connected.Set(1) // the connect handler logs it
 	}
 	if r.sub, err = nc.Subscribe(opts.Subject, r.receive); err != nil {
 		nc.Close()
@@ -376,6 +376,9 @@ func (r *Replicas) Peers() []Peer {
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
+
+// Name is this replica's name among its peers.
+func (r *Replicas) Name() string { return r.opts.Name }
 
 // Connected reports whether the replica is connected to NATS.
 func (r *Replicas) Connected() bool { return r.nc.IsConnected() }

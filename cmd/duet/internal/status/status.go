@@ -32,6 +32,29 @@ type Options struct {
 	// RateWindow is the span over which picks per second are averaged
 	// (default DefaultRateWindow).
 	RateWindow time.Duration
+	// Sync, when set, reports the replicas this one shares state with.
+	Sync func() *Sync
+}
+
+// Sync is what the page shows of the replicas sharing state over NATS.
+type Sync struct {
+	// Replica is this replica's name.
+	Replica string `json:"replica"`
+	// Connected reports whether it is connected to NATS (else it routes
+	// alone).
+	Connected bool `json:"connected"`
+	// Peers are the other replicas heard from.
+	Peers []SyncPeer `json:"peers"`
+}
+
+// SyncPeer is another replica.
+type SyncPeer struct {
+	Name string `json:"name"`
+	// Alive reports whether it was heard from within three heartbeats.
+	Alive    bool      `json:"alive"`
+	LastSeen time.Time `json:"last_seen"`
+	// LagMs is the delay of its last event, in milliseconds.
+	LagMs float64 `json:"lag_ms"`
 }
 
 // Handler serves the status page and its JSON. It keeps the pick counts of
@@ -41,6 +64,7 @@ type Handler struct {
 	src     Source
 	version string
 	window  time.Duration
+	sync    func() *Sync
 
 	mu      sync.Mutex
 	samples []sample // oldest first, spanning at most window
@@ -64,7 +88,7 @@ func New(src Source, opts Options) *Handler {
 	if opts.RateWindow <= 0 {
 		opts.RateWindow = DefaultRateWindow
 	}
-	return &Handler{src: src, version: opts.Version, window: opts.RateWindow}
+	return &Handler{src: src, version: opts.Version, window: opts.RateWindow, sync: opts.Sync}
 }
 
 // Register adds GET /status and GET /status.json to mux.
@@ -112,6 +136,9 @@ type Page struct {
 	Endpoints []Endpoint `json:"endpoints"`
 	// Decisions are the latest picks, newest first.
 	Decisions []Decision `json:"decisions"`
+	// Sync is the replicas this one shares state with; absent when it
+	// runs alone.
+	Sync *Sync `json:"sync,omitempty"`
 }
 
 // Role is one pool's summary and balance.
@@ -259,6 +286,9 @@ func (h *Handler) Page() Page {
 	}
 	if st.PD {
 		p.Mode = "pd"
+	}
+	if h.sync != nil {
+		p.Sync = h.sync()
 	}
 	rates := h.rates(st)
 	for _, es := range st.Endpoints {

@@ -344,3 +344,17 @@ func TestHandler(t *testing.T) {
 		})
 	}
 }
+
+// The page carries the replicas this one shares state with, and nothing
+// about replicas when it runs alone.
+func TestPageSync(t *testing.T) {
+	src := &fakeSource{st: scheduler.Status{At: time.Unix(100, 0)}}
+	if p := New(src, Options{}).Page(); p.Sync != nil {
+		t.Errorf("a replica running alone shows sync %+v", p.Sync)
+	}
+	want := &Sync{Replica: "duet-0", Connected: true, Peers: []SyncPeer{{Name: "duet-1", Alive: true, LagMs: 0.4}}}
+	p := New(src, Options{Sync: func() *Sync { return want }}).Page()
+	if p.Sync == nil || p.Sync.Replica != "duet-0" || len(p.Sync.Peers) != 1 || !p.Sync.Peers[0].Alive {
+		t.Errorf("sync %+v, want %+v", p.Sync, want)
+	}
+}
