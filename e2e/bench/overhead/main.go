@@ -272,6 +272,8 @@ var variantDescriptions = map[string]string{
 	variantAgg:   "the bootstrap `duet envoy-config` renders, one engine in the decode pool",
 	variantMTLS:  "duet aggregated with mutual TLS between Envoy and duet (auth.tls, `duet certs` credentials: ECDSA P-256, TLS 1.3) on the ext_proc and access-log streams",
 	variantToken: "duet aggregated with the bearer token (auth.token_file) on every ext_proc and access-log stream, plaintext",
+	variantShared: "duet aggregated sharing its state over NATS (sync) with a second duet replica that only applies the first's events; " +
+		"its processor CPU includes the peer replica and nats-server (pinned with the other servers)",
 	variantPD:    "the rendered bootstrap of one prefill and one decode engine (the mirror)",
 	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
 	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",

@@ -25,6 +25,7 @@ const (
 	variantAgg         = "duet aggregated"
 	variantMTLS        = "duet mTLS"
 	variantToken       = "duet token"
+	variantShared      = "duet shared"
 	variantPD          = "duet PD"
 	variantSMG         = "SMG aggregated"
 	variantSMGPD       = "SMG PD"
@@ -33,7 +34,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantMTLS, variantToken, variantPD, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantShared, variantPD, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -107,7 +108,7 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	}()
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	ports, err := harness.FreePorts(8)
+	ports, err := harness.FreePorts(11)
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +139,17 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 		if addrs.Credentials, err = harness.MakeCredentials(ctx, tools.Duet, filepath.Join(dir, "credentials")); err != nil {
 			return nil, err
 		}
+	}
+	var peerAddrs *harness.Addresses
+	if variant == variantShared {
+		natsURL, err := s.startNATS(ctx, dir, next(), pin)
+		if err != nil {
+			return nil, err
+		}
+		peer := addrs
+		peer.DuetGRPC, peer.DuetAdmin = addr(next()), addr(next())
+		peerAddrs = &peer
+		opts.DuetYAML = "sync:\n  nats:\n    url: " + natsURL + "\n"
 	}
 	decodeMode := "null"
 	prefillBoot := 0
@@ -193,6 +205,11 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 				return nil, err
 			}
 			s.duetAdmin = "http://" + addrs.DuetAdmin
+			if peerAddrs != nil {
+				if err := s.startPeer(ctx, tools, dir, opts, *peerAddrs, pin, duetEnv); err != nil {
+					return nil, err
+				}
+			}
 		}
 		switch variant {
 		case variantExtProc, variantFloor, variantFloorBody:
@@ -287,6 +304,36 @@ func waitTCP(ctx context.Context, p *harness.Process, addr string) error {
 	}
 }
 
+// startNATS runs nats-server on port, pinned with the servers, and returns
+// its URL.
+func (s *stack) startNATS(ctx context.Context, dir string, port int, pin pinning) (string, error) {
+	bin, err := harness.FindNATSServer()
+	if err != nil {
+		return "", err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	p, err := s.start(dir, "nats", pin.argv(nil, bin, "-a", "127.0.0.1", "-p", strconv.Itoa(port)))
+	if err != nil {
+		return "", err
+	}
+	return "nats://" + addr, waitTCP(ctx, p, addr)
+}
+
+// startPeer runs a second duet replica sharing state with the first
+// through NATS (duet shared): no ext_proc stream reaches it, it applies
+// every pick, route and leg the first publishes.
+func (s *stack) startPeer(ctx context.Context, tools harness.Tools, dir string, opts harness.Options, addrs harness.Addresses, pin pinning, duetEnv []string) error {
+	cfg := filepath.Join(dir, "duet-peer.yaml")
+	if err := os.WriteFile(cfg, []byte(harness.DuetConfig(opts, addrs)), 0o644); err != nil {
+		return err
+	}
+	peer, err := s.start(dir, "duet-peer", pin.argv(append([]string{"GOMAXPROCS=1"}, duetEnv...), tools.Duet, "serve", "-config", cfg))
+	if err != nil {
+		return err
+	}
+	return harness.WaitHTTP(ctx, peer, "http://"+addrs.DuetAdmin+"/readyz")
+}
+
 // start runs argv as the process name, logging into dir.
 func (s *stack) start(dir, name string, argv []string) (*harness.Process, error) {
 	p, err := harness.StartProcess(dir, name, argv...)
@@ -302,6 +349,8 @@ func (s *stack) start(dir, name string, argv []string) (*harness.Process, error)
 var processRoles = map[string]string{
 	"envoy": roleProxy, "smg": roleProxy,
 	"duet": roleProcessor, "floor": roleProcessor,
+	// duet shared: the peer replica that applies duet's events, and NATS.
+	"duet-peer": roleProcessor, "nats": roleProcessor,
 	"prefill": roleEngines, "decode": roleEngines,
 }
 
