@@ -140,15 +140,14 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 			return nil, err
 		}
 	}
-	var peerAddrs *harness.Addresses
+	// duet shared: the peer replica's own gRPC and admin addresses.
+	var peerGRPC, peerAdmin string
 	if variant == variantShared {
 		natsURL, err := s.startNATS(ctx, dir, next(), pin)
 		if err != nil {
 			return nil, err
 		}
-		peer := addrs
-		peer.DuetGRPC, peer.DuetAdmin = addr(next()), addr(next())
-		peerAddrs = &peer
+		peerGRPC, peerAdmin = addr(next()), addr(next())
 		opts.DuetYAML = "sync:\n  nats:\n    url: " + natsURL + "\n"
 	}
 	decodeMode := "null"
@@ -205,8 +204,10 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 				return nil, err
 			}
 			s.duetAdmin = "http://" + addrs.DuetAdmin
-			if peerAddrs != nil {
-				if err := s.startPeer(ctx, tools, dir, opts, *peerAddrs, pin, duetEnv); err != nil {
+			if peerGRPC != "" {
+				peer := addrs
+				peer.DuetGRPC, peer.DuetAdmin = peerGRPC, peerAdmin
+				if err := s.startPeer(ctx, tools, dir, opts, peer, pin, duetEnv); err != nil {
 					return nil, err
 				}
 			}
