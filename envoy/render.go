@@ -67,6 +67,9 @@ type Params struct {
 	Admin Address
 	// Duet is duet's gRPC (ext_proc) address as Envoy dials it.
 	Duet Address
+	// DuetReplicas, when set, replaces Duet: each address is one duet
+	// replica, a host of both clusters that reach duet.
+	DuetReplicas []Address
 	// MaxBodyBytes is the request buffer limit: larger bodies get 413.
 	MaxBodyBytes int
 	// MessageTimeout bounds each ext_proc exchange.
@@ -103,9 +106,33 @@ type ClientTLS struct {
 	ServerName string
 }
 
-// DNSRefreshRate is how often the engine clusters of a Headless bootstrap
-// resolve their names again.
+// DNSRefreshRate is how often the engine clusters of a Headless bootstrap,
+// and clusters to duet named by DNS, resolve their names again.
 const DNSRefreshRate = time.Second
+
+// How Envoy finds out that a duet replica is gone (both clusters to duet).
+// Active gRPC health checks (grpc.health.v1, which duet serves without
+// credentials) mark a replica unhealthy after DuetUnhealthyThreshold failed
+// checks DuetHealthInterval apart, and healthy again after one success;
+// outlier detection ejects a replica at the first connection it refuses, for
+// DuetEjectionTime (or until a health check passes).
+const (
+	// DuetHealthInterval is the time between two health checks of a
+	// replica, with traffic or without.
+	DuetHealthInterval = 250 * time.Millisecond
+	// DuetHealthTimeout bounds one health check.
+	DuetHealthTimeout = time.Second
+	// DuetUnhealthyThreshold is how many failed checks in a row make a
+	// replica unhealthy.
+	DuetUnhealthyThreshold = 2
+	// DuetEjectionTime is how long a replica that refused a connection is
+	// ejected, at first (each ejection in a row adds as much).
+	DuetEjectionTime = time.Second
+	// DuetStreamRetries is how often a stream to duet (ext_proc, or a new
+	// access-log stream) that could not reach its replica is tried on
+	// another one.
+	DuetStreamRetries = 2
+)
 
 //go:embed bootstrap.yaml.tmpl
 var bootstrapTemplate string
@@ -136,11 +163,19 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: LoggedRequestHeaders, Token: d.DuetToken}
 	},
 	"duetCluster": func(name string, shed bool, d templateData) duetCluster {
-		c := duetCluster{Name: name, Duet: d.Duet, TLS: d.DuetTLS}
+		c := duetCluster{Name: name, Hosts: d.duetHosts(), TLS: d.DuetTLS,
+			HealthInterval: DuetHealthInterval, HealthTimeout: DuetHealthTimeout,
+			UnhealthyThreshold: DuetUnhealthyThreshold, EjectionTime: DuetEjectionTime}
+		if clusterType(c.Hosts) == "STRICT_DNS" {
+			c.DNSRefreshRate = DNSRefreshRate
+		}
 		if shed {
 			c.MaxRequests = d.MaxRoutingRequests
 		}
 		return c
+	},
+	"duetRetry": func(indent, on string) duetRetry {
+		return duetRetry{Indent: indent, On: on, Retries: DuetStreamRetries}
 	},
 	"usageRules": func(indent string, sse bool, d templateData) usageRules {
 		if sse {
@@ -162,15 +197,26 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		pad := strings.Repeat(" ", n)
 		return pad + strings.ReplaceAll(strings.TrimRight(text, "\n"), "\n", "\n"+pad)
 	},
-	"clusterType": func(addrs []Address) string {
-		for _, a := range addrs {
-			if !a.IsIP() {
-				return "STRICT_DNS"
-			}
-		}
-		return "STATIC"
-	},
+	"clusterType": clusterType,
 }).Parse(bootstrapTemplate))
+
+// clusterType is STRICT_DNS when any address is a DNS name, else STATIC.
+func clusterType(addrs []Address) string {
+	for _, a := range addrs {
+		if !a.IsIP() {
+			return "STRICT_DNS"
+		}
+	}
+	return "STATIC"
+}
+
+// duetHosts are the addresses of duet's replicas: DuetReplicas, or Duet.
+func (p Params) duetHosts() []Address {
+	if len(p.DuetReplicas) > 0 {
+		return p.DuetReplicas
+	}
+	return []Address{p.Duet}
+}
 
 // engineCluster is what the template needs to render one role's cluster.
 type engineCluster struct {
@@ -197,10 +243,28 @@ type grpcLog struct {
 // duetCluster is what the template needs to render one cluster to duet.
 type duetCluster struct {
 	Name string
-	Duet Address
-	TLS  *ClientTLS
+	// Hosts are duet's replicas (one address, possibly a DNS name that
+	// resolves to several).
+	Hosts []Address
+	TLS   *ClientTLS
 	// MaxRequests, when positive, is the cluster's circuit breaker.
 	MaxRequests int
+	// DNSRefreshRate, when set, makes Hosts DNS names resolved to every
+	// address.
+	DNSRefreshRate time.Duration
+	// HealthInterval, HealthTimeout, UnhealthyThreshold and EjectionTime
+	// tune the health checks and outlier detection (see DuetHealthInterval).
+	HealthInterval, HealthTimeout time.Duration
+	UnhealthyThreshold            int
+	EjectionTime                  time.Duration
+}
+
+// duetRetry is what the template needs to render the retry policy of a
+// gRPC service on a cluster to duet: retry_on is On, each retry on another
+// replica.
+type duetRetry struct {
+	Indent, On string
+	Retries    int
 }
 
 // usageRule copies the number at Object.Field of a response into Key.
@@ -254,7 +318,7 @@ func Render(w io.Writer, p Params) error {
 	if p.MaxBodyBytes <= 0 || p.MessageTimeout <= 0 || p.StreamIdleTimeout <= 0 || p.MaxRoutingRequests <= 0 {
 		return errors.New("render envoy bootstrap: body limit, routing request limit and timeouts must be positive")
 	}
-	for _, a := range append(append([]Address{p.Listen, p.Admin, p.Duet}, p.Prefill...), p.Decode...) {
+	for _, a := range append(append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), p.Prefill...), p.Decode...) {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
 			return fmt.Errorf("render envoy bootstrap: bad host %q", a.Host)
 		}

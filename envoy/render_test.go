@@ -75,7 +75,20 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 			`trusted_ca: {filename: "` + creds.CAFile + `"}`, "matcher: {exact: \"duet\"}",
 			`initial_metadata: [{key: authorization, value: "Bearer ` + creds.Token + `"}]`},
 			nil},
-		{"routing request limit", func(p *Params) { p.MaxRoutingRequests = 64 }, []string{"{max_requests: 64, max_pending_requests: 64}"}, nil},
+		{"routing request limit", func(p *Params) { p.MaxRoutingRequests = 64 }, []string{"{max_requests: 64, max_pending_requests: 64, max_retries: 64}"}, nil},
+		{"duet replicas", func(p *Params) {
+			p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"10.0.1.2", 9002}, {"fd00::3", 9102}}
+		}, []string{`address: "10.0.1.1", port_value: 9002`, `address: "10.0.1.2", port_value: 9002`, `address: "fd00::3", port_value: 9102`,
+			"grpc_health_check: {}", "interval: 0.25s", "consecutive_local_origin_failure: 1", "healthy_panic_threshold: {value: 1}",
+			"envoy.retry_host_predicates.previous_hosts"},
+			[]string{`address: "127.0.0.1", port_value: 9002`, "name: duet_extproc\n    type: STRICT_DNS"}},
+		{"duet replicas with TLS", func(p *Params) {
+			p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"10.0.1.2", 9002}}
+			p.DuetTLS = &ClientTLS{CertFile: creds.EnvoyCertFile, KeyFile: creds.EnvoyKeyFile, CAFile: creds.CAFile, ServerName: "duet"}
+		}, []string{"transport_socket:", "grpc_health_check: {}"}, nil},
+		{"duet headless service", func(p *Params) { p.Duet = Address{"duet.inference.svc.cluster.local", 9002} },
+			[]string{"name: duet_extproc\n    type: STRICT_DNS\n    # A name may resolve to several duet replicas",
+				"name: duet_feedback\n    type: STRICT_DNS\n    # A name may resolve to several duet replicas", "dns_lookup_family: ALL"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,6 +132,7 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"no routing request limit", func(p *Params) { p.MaxRoutingRequests = 0 }},
 		{"yaml injection", func(p *Params) { p.Decode = []Address{{"a\"}\n- x", 1}} }},
 		{"empty host", func(p *Params) { p.Duet = Address{"", 1} }},
+		{"empty replica host", func(p *Params) { p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"", 9002}} }},
 		{"headless IP", func(p *Params) { p.Headless = true }},
 	}
 	for _, tt := range tests {
@@ -256,6 +270,91 @@ func TestRenderFeedback(t *testing.T) {
 		}
 		if strings.Join(got, " ") != tt.want {
 			t.Errorf("usage rules %v, want %s", got, tt.want)
+		}
+	}
+}
+
+// Both clusters to duet list every replica and skip a dead one: gRPC
+// health checks, ejection at the first refused connection, panic only
+// with no replica healthy. Every stream to duet is retried on another
+// replica when its own refuses it; only the ext_proc stream also when
+// the replica resets it before answering (an access-log stream would
+// replay entries the replica already took).
+func TestRenderDuetClusters(t *testing.T) {
+	p := params()
+	p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"10.0.1.2", 9002}, {"10.0.1.3", 9102}}
+	var buf bytes.Buffer
+	if err := Render(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	clusters := map[string]any{}
+	for _, c := range node(t, doc, "static_resources", "clusters").([]any) {
+		clusters[node(t, c, "name").(string)] = c
+	}
+	for _, name := range []string{ClusterDuet, ClusterFeedback} {
+		cluster, ok := clusters[name]
+		if !ok {
+			t.Fatalf("no cluster %s", name)
+		}
+		var hosts []string
+		for _, e := range node(t, cluster, "load_assignment", "endpoints", 0, "lb_endpoints").([]any) {
+			sa := node(t, e, "endpoint", "address", "socket_address")
+			hosts = append(hosts, fmt.Sprintf("%v:%v", node(t, sa, "address"), node(t, sa, "port_value")))
+		}
+		if got := strings.Join(hosts, " "); got != "10.0.1.1:9002 10.0.1.2:9002 10.0.1.3:9102" {
+			t.Errorf("%s: hosts %s, want every replica", name, got)
+		}
+		for _, c := range []struct {
+			path []any
+			want any
+		}{
+			{[]any{"health_checks", 0, "interval"}, "0.25s"},
+			{[]any{"health_checks", 0, "no_traffic_interval"}, "0.25s"},
+			{[]any{"health_checks", 0, "unhealthy_threshold"}, DuetUnhealthyThreshold},
+			{[]any{"health_checks", 0, "healthy_threshold"}, 1},
+			{[]any{"outlier_detection", "split_external_local_origin_errors"}, true},
+			{[]any{"outlier_detection", "consecutive_local_origin_failure"}, 1},
+			{[]any{"outlier_detection", "max_ejection_percent"}, 100},
+			{[]any{"outlier_detection", "base_ejection_time"}, "1s"},
+			{[]any{"common_lb_config", "healthy_panic_threshold", "value"}, 1},
+		} {
+			if got := node(t, cluster, c.path...); got != c.want {
+				t.Errorf("%s: %v = %v, want %v", name, c.path, got, c.want)
+			}
+		}
+		if hc := node(t, cluster, "health_checks", 0, "grpc_health_check"); hc == nil {
+			t.Errorf("%s: no gRPC health check", name)
+		}
+	}
+
+	hcm := node(t, doc, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	filters := node(t, hcm, "http_filters").([]any)
+	router := node(t, filters[len(filters)-1], "typed_config")
+	for _, tt := range []struct {
+		what    string
+		service any
+		retryOn string
+	}{
+		{"ext_proc", node(t, filters[0], "typed_config", "grpc_service"), "connect-failure,refused-stream,reset"},
+		{"downstream access log", node(t, hcm, "access_log", 1, "typed_config", "common_config", "grpc_service"), "connect-failure,refused-stream"},
+		{"upstream access log", node(t, router, "upstream_log", 1, "typed_config", "common_config", "grpc_service"), "connect-failure,refused-stream"},
+	} {
+		for _, c := range []struct {
+			path []any
+			want any
+		}{
+			{[]any{"retry_policy", "retry_on"}, tt.retryOn},
+			{[]any{"retry_policy", "num_retries"}, DuetStreamRetries},
+			{[]any{"retry_policy", "retry_host_predicate", 0, "name"}, "envoy.retry_host_predicates.previous_hosts"},
+			{[]any{"retry_policy", "retry_back_off", "base_interval"}, "0.01s"},
+		} {
+			if got := node(t, tt.service, c.path...); got != c.want {
+				t.Errorf("%s: %v = %v, want %v", tt.what, c.path, got, c.want)
+			}
 		}
 	}
 }

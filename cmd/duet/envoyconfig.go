@@ -69,11 +69,13 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 	}{
 		{"envoy.listen", cfg.Envoy.Listen, &p.Listen},
 		{"envoy.admin", cfg.Envoy.Admin, &p.Admin},
-		{"envoy.duet", cfg.Envoy.Duet, &p.Duet},
 	} {
 		if *a.dst, err = envoy.ParseAddress(a.value); err != nil {
 			return p, fmt.Errorf("%s: %w", a.field, err)
 		}
+	}
+	if err := duetAddresses(&p, cfg.Envoy); err != nil {
+		return p, err
 	}
 	if err := duetAuthParams(&p, cfg); err != nil {
 		return p, err
@@ -88,6 +90,26 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// duetAddresses says where Envoy reaches duet: every replica of
+// envoy.duet_replicas, or envoy.duet.
+func duetAddresses(p *envoy.Params, e config.Envoy) error {
+	if len(e.DuetReplicas) == 0 {
+		var err error
+		if p.Duet, err = envoy.ParseAddress(e.Duet); err != nil {
+			return fmt.Errorf("envoy.duet: %w", err)
+		}
+		return nil
+	}
+	for i, r := range e.DuetReplicas {
+		a, err := envoy.ParseAddress(r)
+		if err != nil {
+			return fmt.Errorf("envoy.duet_replicas[%d]: %w", i, err)
+		}
+		p.DuetReplicas = append(p.DuetReplicas, a)
+	}
+	return nil
 }
 
 // duetAuthParams gives Envoy the credentials duet requires of it: the

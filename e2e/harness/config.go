@@ -43,6 +43,9 @@ func (o Options) withDefaults() Options {
 	if o.LoadInterval == 0 {
 		o.LoadInterval = 200 * time.Millisecond
 	}
+	if o.DuetReplicas == 0 {
+		o.DuetReplicas = 1
+	}
 	return o
 }
 
@@ -57,6 +60,9 @@ type Addresses struct {
 	// EnvoyDuet is duet's envoy.duet (how Envoy dials duet); empty leaves
 	// duet's default, listen.grpc.
 	EnvoyDuet string
+	// EnvoyDuetReplicas, when set, is duet's envoy.duet_replicas: the gRPC
+	// address of every duet replica, for Envoy's bootstrap.
+	EnvoyDuetReplicas []string
 	// Prefill and Decode are the engines' base URLs, in the order of
 	// Options.Prefill and Options.Decode.
 	Prefill, Decode []string
@@ -93,6 +99,9 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	}
 	if addrs.EnvoyDuet != "" {
 		fmt.Fprintf(&b, "  duet: %s\n", addrs.EnvoyDuet)
+	}
+	if len(addrs.EnvoyDuetReplicas) > 0 {
+		fmt.Fprintf(&b, "  duet_replicas: [%s]\n", strings.Join(addrs.EnvoyDuetReplicas, ", "))
 	}
 	if opts.DecodeCluster != "" || opts.PrefillCluster != "" {
 		b.WriteString("  clusters:\n")

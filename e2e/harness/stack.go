@@ -71,6 +71,11 @@ type Options struct {
 	// (0.0.0.0) rather than loopback, so that its protected pages need the
 	// admin token; DuetAdminURL still dials loopback.
 	AdminAllInterfaces bool
+	// DuetReplicas is how many duet processes run (default 1), each on its
+	// own ports with the same configuration and credentials otherwise.
+	// With more than one, Envoy's bootstrap lists them all
+	// (envoy.duet_replicas). They share no state.
+	DuetReplicas int
 }
 
 // Stack is a running Envoy + duet + engines on loopback.
@@ -81,18 +86,25 @@ type Stack struct {
 	EnvoyURL string
 	// EnvoyAdminURL is Envoy's admin base URL.
 	EnvoyAdminURL string
-	// DuetAdminURL is duet's admin base URL.
+	// DuetAdminURL is duet's admin base URL (the first replica's).
 	DuetAdminURL string
+	// DuetAdminURLs are every replica's admin base URL, in replica order.
+	DuetAdminURLs []string
 	// EnvoyConfig is the path of the rendered Envoy bootstrap.
 	EnvoyConfig string
-	// DuetGRPC is duet's gRPC (ext_proc and access-log) address.
+	// DuetGRPC is duet's gRPC (ext_proc and access-log) address (the first
+	// replica's).
 	DuetGRPC string
+	// DuetGRPCs are every replica's gRPC address, in replica order.
+	DuetGRPCs []string
 	// Credentials are the stack's credentials (see Options.Auth).
 	Credentials Credentials
 	Prefill     []*Sim
 	Decode      []*Sim
-	Duet        *Process
-	Envoy       *Process
+	// Duet is the first duet replica, Duets every one.
+	Duet  *Process
+	Duets []*Process
+	Envoy *Process
 }
 
 // Start builds a stack and waits until every part is ready. On error,
@@ -117,6 +129,9 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if len(opts.Decode) == 0 {
 		return nil, errors.New("harness: at least one decode engine is required")
 	}
+	if opts.DuetReplicas < 0 {
+		return nil, fmt.Errorf("harness: %d duet replicas", opts.DuetReplicas)
+	}
 	tools, err := FindTools()
 	if err != nil {
 		return nil, err
@@ -136,8 +151,9 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 
-	// Two ports per engine (API and bootstrap), four for duet and Envoy.
-	ports, err := freePorts(2*(len(opts.Prefill)+len(opts.Decode)) + 4)
+	// Two ports per engine (API and bootstrap), per duet (gRPC and admin)
+	// and for Envoy (listener and admin).
+	ports, err := freePorts(2*(len(opts.Prefill)+len(opts.Decode)+opts.DuetReplicas) + 2)
 	if err != nil {
 		return nil, err
 	}
@@ -163,26 +179,23 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.Decode = append(s.Decode, sim)
 	}
 
-	grpcPort, adminPort, envoyPort, envoyAdminPort := next(), next(), next(), next()
-	cfgPath := filepath.Join(s.Dir, "duet.yaml")
-	addrs := s.addresses(grpcPort, adminPort, envoyPort, envoyAdminPort)
+	replicas := make([]replicaPorts, opts.DuetReplicas)
+	for i := range replicas {
+		replicas[i] = replicaPorts{grpc: next(), admin: next()}
+	}
+	envoyPort, envoyAdminPort := next(), next()
+	addrs := s.addresses(replicas[0].grpc, replicas[0].admin, envoyPort, envoyAdminPort)
 	if opts.AdminAllInterfaces {
-		addrs.DuetAdmin = net.JoinHostPort("0.0.0.0", strconv.Itoa(adminPort))
+		addrs.DuetAdmin = net.JoinHostPort("0.0.0.0", strconv.Itoa(replicas[0].admin))
 	}
 	if opts.Auth != AuthNone {
 		if addrs.Credentials, err = MakeCredentials(ctx, tools.Duet, filepath.Join(s.Dir, "credentials")); err != nil {
 			return nil, err
 		}
 	}
-	s.Credentials, s.DuetGRPC = addrs.Credentials, addrs.DuetGRPC
-	if err := os.WriteFile(cfgPath, []byte(DuetConfig(opts, addrs)), 0o644); err != nil {
-		return nil, err
-	}
-	s.DuetAdminURL = "http://" + hostPort(adminPort)
-	if s.Duet, err = startProcess(s.Dir, "duet", tools.Duet, "serve", "-config", cfgPath); err != nil {
-		return nil, err
-	}
-	if err := waitHTTP(ctx, s.Duet, s.DuetAdminURL+"/readyz"); err != nil {
+	s.Credentials = addrs.Credentials
+	cfgPath, err := s.startDuets(ctx, replicas, &addrs, opts)
+	if err != nil {
 		return nil, err
 	}
 
@@ -204,6 +217,58 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// replicaPorts are one duet replica's ports.
+type replicaPorts struct{ grpc, admin int }
+
+// startDuets starts every duet replica, one after the other, each ready
+// before the next starts. With several, addrs gets them all as
+// EnvoyDuetReplicas. It returns the first replica's configuration path.
+func (s *Stack) startDuets(ctx context.Context, replicas []replicaPorts, addrs *Addresses, opts Options) (string, error) {
+	if len(replicas) > 1 {
+		for _, r := range replicas {
+			addrs.EnvoyDuetReplicas = append(addrs.EnvoyDuetReplicas, hostPort(r.grpc))
+		}
+	}
+	var first string
+	for i, r := range replicas {
+		path, err := s.startDuet(ctx, i, r, *addrs, opts)
+		if err != nil {
+			return "", err
+		}
+		if i == 0 {
+			first = path
+		}
+	}
+	s.Duet, s.DuetAdminURL, s.DuetGRPC = s.Duets[0], s.DuetAdminURLs[0], s.DuetGRPCs[0]
+	return first, nil
+}
+
+// startDuet writes replica i's configuration (addrs with the replica's own
+// ports) and starts it, waiting until it is ready. It returns the
+// configuration's path. Replica 0 is "duet" (duet.yaml, duet.log), replica i
+// "duet-i".
+func (s *Stack) startDuet(ctx context.Context, i int, r replicaPorts, addrs Addresses, opts Options) (string, error) {
+	name := "duet"
+	if i > 0 {
+		name = fmt.Sprintf("duet-%d", i)
+	}
+	addrs.DuetGRPC, addrs.DuetAdmin = hostPort(r.grpc), hostPort(r.admin)
+	if opts.AdminAllInterfaces {
+		addrs.DuetAdmin = net.JoinHostPort("0.0.0.0", strconv.Itoa(r.admin))
+	}
+	path := filepath.Join(s.Dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(DuetConfig(opts, addrs)), 0o644); err != nil {
+		return "", err
+	}
+	p, err := startProcess(s.Dir, name, s.Tools.Duet, "serve", "-config", path)
+	if err != nil {
+		return "", err
+	}
+	adminURL := "http://" + hostPort(r.admin)
+	s.Duets, s.DuetAdminURLs, s.DuetGRPCs = append(s.Duets, p), append(s.DuetAdminURLs, adminURL), append(s.DuetGRPCs, hostPort(r.grpc))
+	return path, waitHTTP(ctx, p, adminURL+"/readyz")
 }
 
 func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
@@ -279,13 +344,21 @@ func (s *Stack) addresses(grpcPort, adminPort, envoyPort, envoyAdminPort int) Ad
 	return addrs
 }
 
-// RestartDuet starts duet again after it stopped or was killed, with the
-// same configuration, and waits until it is ready. Envoy is not touched.
-func (s *Stack) RestartDuet(ctx context.Context) error {
-	if err := s.Duet.Restart(); err != nil {
+// RestartDuet starts duet (the first replica) again after it stopped or
+// was killed, with the same configuration, and waits until it is ready.
+// Envoy is not touched.
+func (s *Stack) RestartDuet(ctx context.Context) error { return s.RestartReplica(ctx, 0) }
+
+// RestartReplica starts duet replica i again after it stopped or was
+// killed, as RestartDuet does the first.
+func (s *Stack) RestartReplica(ctx context.Context, i int) error {
+	if i < 0 || i >= len(s.Duets) {
+		return fmt.Errorf("restart duet replica %d: the stack runs %d", i, len(s.Duets))
+	}
+	if err := s.Duets[i].Restart(); err != nil {
 		return err
 	}
-	return waitHTTP(ctx, s.Duet, s.DuetAdminURL+"/readyz")
+	return waitHTTP(ctx, s.Duets[i], s.DuetAdminURLs[i]+"/readyz")
 }
 
 // Processes returns every process of the stack.
@@ -294,10 +367,9 @@ func (s *Stack) Processes() []*Process {
 	for _, sim := range append(append([]*Sim{}, s.Prefill...), s.Decode...) {
 		ps = append(ps, sim.Process)
 	}
-	for _, p := range []*Process{s.Duet, s.Envoy} {
-		if p != nil {
-			ps = append(ps, p)
-		}
+	ps = append(ps, s.Duets...)
+	if s.Envoy != nil {
+		ps = append(ps, s.Envoy)
 	}
 	return ps
 }
@@ -331,7 +403,7 @@ func (s *Stack) CloseLoggingIfFailed(t FailureLog) error {
 // Close stops every process.
 func (s *Stack) Close() error {
 	var errs []error
-	for _, p := range []*Process{s.Envoy, s.Duet} {
+	for _, p := range append([]*Process{s.Envoy}, s.Duets...) {
 		if p != nil {
 			errs = append(errs, p.Stop(5*time.Second))
 		}

@@ -277,8 +277,13 @@ type Envoy struct {
 	// Admin is Envoy's admin address.
 	Admin string `yaml:"admin"`
 	// Duet is the address at which Envoy reaches duet's gRPC port; defaults to
-	// listen.grpc (with an unspecified host replaced by 127.0.0.1).
+	// listen.grpc (with an unspecified host replaced by 127.0.0.1), unless
+	// DuetReplicas is set.
 	Duet string `yaml:"duet"`
+	// DuetReplicas lists the gRPC addresses (host:port) of several duet
+	// replicas: each becomes a host of both clusters that reach duet, which
+	// Envoy health-checks and balances over. Not together with Duet.
+	DuetReplicas []string `yaml:"duet_replicas"`
 	// MessageTimeout bounds each ext_proc exchange.
 	MessageTimeout time.Duration `yaml:"message_timeout"`
 	// MaxRoutingRequests caps the requests Envoy may have in duet's hands
@@ -377,7 +382,7 @@ func (c *Config) applyDefaults() {
 	setDefault(&c.Envoy.Admin, DefaultEnvoyAdmin)
 	setDefault(&c.Envoy.Clusters.Decode, DefaultDecodeCluster)
 	setDefault(&c.Envoy.Clusters.Prefill, DefaultPrefillCluster)
-	if c.Envoy.Duet == "" {
+	if c.Envoy.Duet == "" && len(c.Envoy.DuetReplicas) == 0 {
 		c.Envoy.Duet = dialable(c.Listen.GRPC)
 	}
 	if c.Request.MaxBodyBytes == 0 {
@@ -464,7 +469,7 @@ func (c *Config) Validate() error {
 	check("listen.admin", validateHostPort(c.Listen.Admin))
 	check("envoy.listen", validateHostPort(c.Envoy.Listen))
 	check("envoy.admin", validateHostPort(c.Envoy.Admin))
-	check("envoy.duet", validateHostPort(c.Envoy.Duet))
+	errs = append(errs, c.Envoy.validateDuet()...)
 	if c.Envoy.Clusters.Decode == c.Envoy.Clusters.Prefill {
 		errs = append(errs, fmt.Errorf("envoy.clusters: decode and prefill are both %q", c.Envoy.Clusters.Decode))
 	}
@@ -546,6 +551,51 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// validateDuet checks how Envoy reaches duet: envoy.duet, or every address
+// of envoy.duet_replicas (each a distinct host:port naming a host), never
+// both.
+func (e *Envoy) validateDuet() []error {
+	if len(e.DuetReplicas) == 0 {
+		if err := validateHostPort(e.Duet); err != nil {
+			return []error{fmt.Errorf("envoy.duet: %w", err)}
+		}
+		return nil
+	}
+	var errs []error
+	if e.Duet != "" {
+		errs = append(errs, fmt.Errorf("envoy.duet_replicas: set together with envoy.duet %q: list every replica in envoy.duet_replicas and drop envoy.duet", e.Duet))
+	}
+	seen := map[string]int{}
+	for i, addr := range e.DuetReplicas {
+		field := fmt.Sprintf("envoy.duet_replicas[%d]", i)
+		if err := validateDialable(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+		}
+		if j, dup := seen[addr]; dup {
+			errs = append(errs, fmt.Errorf("%s: %q is already listed as envoy.duet_replicas[%d]", field, addr, j))
+		}
+		seen[addr] = i
+	}
+	return errs
+}
+
+// validateDialable checks an address another process dials: host:port with
+// a host that is neither empty nor unspecified (0.0.0.0, ::) and a port
+// other than 0.
+func validateDialable(addr string) error {
+	if err := validateHostPort(addr); err != nil {
+		return err
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	if ip, err := netip.ParseAddr(host); host == "" || (err == nil && ip.IsUnspecified()) {
+		return fmt.Errorf("%q names no host to dial", addr)
+	}
+	if n, _ := strconv.Atoi(port); n == 0 {
+		return fmt.Errorf("%q: port 0 cannot be dialled", addr)
+	}
+	return nil
 }
 
 // validateAuth checks the auth section and envoy.duet_tls, naming each

@@ -172,3 +172,27 @@ func TestParseAuth(t *testing.T) {
 		}
 	}
 }
+
+// envoy.duet_replicas replaces envoy.duet: listed replicas leave envoy.duet
+// unset, and each address must be one Envoy can dial.
+func TestParseDuetReplicas(t *testing.T) {
+	const pool = `decode: [{url: "http://a:1"}], `
+	cfg, err := Parse([]byte(`{` + pool + `envoy: {duet_replicas: ["10.0.0.5:9002", "duet-1.duet.svc:9002", "[fd00::7]:9002"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Envoy.Duet != "" || len(cfg.Envoy.DuetReplicas) != 3 {
+		t.Errorf("envoy.duet = %q, envoy.duet_replicas = %q: want no envoy.duet and three replicas", cfg.Envoy.Duet, cfg.Envoy.DuetReplicas)
+	}
+	checkParseErrors(t, []parseErrorCase{
+		{"with envoy.duet", `{` + pool + `envoy: {duet: "10.0.0.5:9002", duet_replicas: ["10.0.0.6:9002"]}}`,
+			[]string{"envoy.duet_replicas: set together with envoy.duet"}},
+		{"not host:port", `{` + pool + `envoy: {duet_replicas: ["10.0.0.5"]}}`, []string{"envoy.duet_replicas[0]", "not host:port"}},
+		{"bad port", `{` + pool + `envoy: {duet_replicas: ["10.0.0.5:9002", "10.0.0.6:99999"]}}`, []string{"envoy.duet_replicas[1]", "no valid port"}},
+		{"port 0", `{` + pool + `envoy: {duet_replicas: ["10.0.0.5:0"]}}`, []string{"envoy.duet_replicas[0]", "port 0"}},
+		{"no host", `{` + pool + `envoy: {duet_replicas: [":9002"]}}`, []string{"envoy.duet_replicas[0]", "names no host"}},
+		{"unspecified host", `{` + pool + `envoy: {duet_replicas: ["0.0.0.0:9002"]}}`, []string{"envoy.duet_replicas[0]", "names no host"}},
+		{"duplicate", `{` + pool + `envoy: {duet_replicas: ["10.0.0.5:9002", "10.0.0.5:9002"]}}`,
+			[]string{"envoy.duet_replicas[1]", "already listed as envoy.duet_replicas[0]"}},
+	})
+}
