@@ -43,14 +43,14 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	for i := range s.Duets {
-		if n := replicaMetric(t, s, i, "duet_extproc_requests_total"); n == 0 {
+		if n := replicaMetric(t, s, i, "duet_extproc_requests_total", nil); n == 0 {
 			t.Errorf("replica %d routed no request before the kill: Envoy does not spread over the replicas", i)
 		}
 	}
 	// The victim holds an access-log stream, so that the kill moves it.
 	victim := -1
 	for i := range s.Duets {
-		if replicaMetric(t, s, i, "duet_feedback_streams") > 0 {
+		if replicaMetric(t, s, i, "duet_feedback_streams", nil) > 0 {
 			victim = i
 			break
 		}
@@ -58,7 +58,7 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	if victim < 0 {
 		t.Fatal("no replica holds an access-log stream")
 	}
-	victimFeedback := replicaMetric(t, s, victim, "duet_feedback_entries_total")
+	victimFeedback := replicaMetric(t, s, victim, "duet_feedback_entries_total", nil)
 	killed := time.Now()
 	s.Duets[victim].Kill()
 	gone := s.DuetGRPCs[victim]
@@ -96,7 +96,7 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	results := traffic.stop()
 
 	checkReplicaOutcomes(t, results, killed)
-	if n := replicaMetric(t, s, victim, "duet_extproc_requests_total"); n == 0 {
+	if n := replicaMetric(t, s, victim, "duet_extproc_requests_total", nil); n == 0 {
 		t.Errorf("the restarted replica routed no request in 2s")
 	}
 	var servedAfter int
@@ -255,19 +255,6 @@ func hostRequests(t *testing.T, s *harness.Stack, addr string) int64 {
 	return hosts[addr].Requests
 }
 
-// replicaMetric sums one metric family on duet replica i's /metrics.
-func replicaMetric(t *testing.T, s *harness.Stack, i int, name string) float64 {
-	t.Helper()
-	mfs, err := harness.ScrapeMetrics(context.Background(), nil, s.DuetAdminURLs[i]+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, m := range mfs[name].GetMetric() {
-		sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-	}
-	return sum
-}
 
 // liveFeedback sums the access-log entries received by every replica but
 // the one numbered dead.
@@ -276,7 +263,7 @@ func liveFeedback(t *testing.T, s *harness.Stack, dead int) float64 {
 	sum := 0.0
 	for i := range s.Duets {
 		if i != dead {
-			sum += replicaMetric(t, s, i, "duet_feedback_entries_total")
+			sum += replicaMetric(t, s, i, "duet_feedback_entries_total", nil)
 		}
 	}
 	return sum

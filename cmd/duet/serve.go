@@ -26,8 +26,10 @@ import (
 
 	"github.com/duet-router/duet/cmd/duet/internal/auth"
 	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/cmd/duet/internal/replicas"
 	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/legs"
 	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
@@ -35,6 +37,10 @@ import (
 
 // shutdownGrace bounds how long in-flight streams may finish after SIGTERM.
 const shutdownGrace = 10 * time.Second
+
+// maxOrphans bounds the access-log entries a replica keeps while their
+// request's route has not arrived from its peers (routed.Options.Orphans).
+const maxOrphans = 1 << 16
 
 // abortTimeout bounds one POST /abort_request to an engine.
 const abortTimeout = 2 * time.Second
@@ -63,6 +69,16 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	})
 	scfg := schedulerConfig(cfg)
 	scfg.Registerer = reg
+	// The replicas' link (sync) starts after the scheduler it applies to;
+	// picks made before it is up are not shared.
+	var peers atomic.Pointer[replicas.Replicas]
+	if cfg.Sync != nil {
+		scfg.OnPicked = func(p scheduler.Picked) {
+			if r := peers.Load(); r != nil {
+				r.Picked(p)
+			}
+		}
+	}
 	scfg.OnEject = func(e scheduler.Ejection) {
 		if abortsPartners(e.Role, e.Reason) {
 			tracker.Ejected(ctx, e.Role, e.URL, e.Rank)
@@ -76,9 +92,30 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	if err != nil {
 		return err
 	}
-	book := routed.New(routed.Options{Logger: log.Named("feedback"), Registerer: reg})
+	bookOpts := routed.Options{Logger: log.Named("feedback"), Registerer: reg}
+	if cfg.Sync != nil {
+		// Among replicas an entry can come before its request's route.
+		bookOpts.Orphans = maxOrphans
+	}
+	book := routed.New(bookOpts)
+	// What the scheduler and the legs tracker learn from believed feedback.
+	apply := fanout{tracker, schedulerFeedback(sched.Complete)}
+	var routes extproc.RouteRecorder = book
+	var feedbackSink accesslog.Sink = book.Gate(apply)
+	if cfg.Sync != nil {
+		r, err := startReplicas(cfg.Sync, replicaApplier{sched: sched, book: book, apply: apply}, log.Named("replicas"), reg)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		peers.Store(r)
+		// Every route and every entry Envoy sends is shared; each replica
+		// checks the entries against its own record of routes.
+		routes = recorders{book, r}
+		feedbackSink = fanout{feedbackSink, r}
+	}
 	proc, err := extproc.NewServer(extproc.Options{
-		Routes:         book,
+		Routes:         routes,
 		Picker:         sched,
 		PrefillCluster: cfg.Envoy.Clusters.Prefill,
 		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
@@ -126,14 +163,18 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	// accounting may eject an engine and call tracker.Ejected for it.
 	// Only entries about requests duet routed, naming the hosts and ranks it
 	// chose, reach either (package routed).
-	feedback := registerFeedback(ctx, gs, book.Gate(fanout{tracker, schedulerFeedback(sched.Complete)}), feedbackClusters(cfg), log.Named("feedback"), reg)
+	feedback := registerFeedback(ctx, gs, feedbackSink, feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
 	mux := adminMux(reg, sched, &stopping)
 	if cfg.Listen.Pprof {
 		servePprof(mux)
 	}
-	status.New(sched, status.Options{Version: version}).Register(mux) // GET /status, /status.json
+	statusOpts := status.Options{Version: version}
+	if r := peers.Load(); r != nil {
+		statusOpts.Sync = func() *status.Sync { return syncStatus(r) }
+	}
+	status.New(sched, statusOpts).Register(mux) // GET /status, /status.json
 	admin := &http.Server{Handler: adminGuard.Handler(withFeedbackDebug(mux, feedback)), ReadHeaderTimeout: 5 * time.Second}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -167,7 +208,10 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(grpcLis) }()
 	go func() { errc <- admin.Serve(adminLis) }()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	// gRPC health (what Envoy's health checks of duet read) follows
+	// /readyz: a replica that starts or restarts gets no stream before it
+	// knows its engines.
+	go followReadiness(runCtx, hs, sched, readinessPoll)
 	log.Info("duet started",
 		zap.String("grpc", grpcLis.Addr().String()), zap.String("admin", adminLis.Addr().String()),
 		zap.Int("prefill_endpoints", len(cfg.Prefill)), zap.Int("decode_endpoints", len(cfg.Decode)),
@@ -231,6 +275,33 @@ func reloadCredentials(log *zap.Logger, guards ...credentialReloader) {
 		}
 		if changed {
 			log.Info("credentials reloaded: changed files are in use for new connections and streams")
+		}
+	}
+}
+
+// readinessPoll is how often gRPC health is brought in line with the
+// scheduler's readiness.
+const readinessPoll = 100 * time.Millisecond
+
+// followReadiness sets hs to SERVING while sched is ready and NOT_SERVING
+// while it is not, checking every poll until ctx ends.
+func followReadiness(ctx context.Context, hs *health.Server, sched readiness, poll time.Duration) {
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	last := healthpb.HealthCheckResponse_UNKNOWN
+	for {
+		want := healthpb.HealthCheckResponse_NOT_SERVING
+		if sched.Ready() {
+			want = healthpb.HealthCheckResponse_SERVING
+		}
+		if want != last {
+			hs.SetServingStatus("", want)
+			last = want
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

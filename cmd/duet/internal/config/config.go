@@ -58,6 +58,9 @@ type Config struct {
 	// Auth says who may call duet's gRPC port and read its status pages
 	// (docs/security.md).
 	Auth Auth `yaml:"auth"`
+	// Sync, when set, makes duet one of several replicas that share their
+	// view of the cluster over NATS (docs/replicas.md).
+	Sync *Sync `yaml:"sync"`
 }
 
 // Auth authenticates duet's callers. On the gRPC port, TLS and a token may
@@ -407,6 +410,9 @@ func (c *Config) applyDefaults() {
 	if t := c.Envoy.DuetTLS; t != nil {
 		setDefault(&t.ServerName, DefaultDuetServerName)
 	}
+	if c.Sync != nil {
+		c.Sync.applyDefaults()
+	}
 	if c.Kubernetes != nil {
 		c.Kubernetes.applyDefaults()
 	}
@@ -542,6 +548,9 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.Health.validate()...)
 	errs = append(errs, c.validateAuth()...)
+	if c.Sync != nil {
+		errs = append(errs, c.Sync.validate()...)
+	}
 	if c.Tokens.CharsPerToken < 0 {
 		errs = append(errs, fmt.Errorf("tokens.chars_per_token: %v must not be negative", c.Tokens.CharsPerToken))
 	}

@@ -154,6 +154,7 @@ func TestReferenceListsEveryKey(t *testing.T) {
 		"kubernetes.": "kubernetes: {decode: {service: sglang}}\n",
 		"envoy.duet_tls.": "decode: [{url: \"http://10.0.0.1:30000\"}]\nauth: {tls: {cert_file: c, key_file: k, client_ca_file: ca}}\n" +
 			"envoy: {duet_tls: {cert_file: c, key_file: k, ca_file: ca}}\n",
+		"sync.": "decode: [{url: \"http://10.0.0.1:30000\"}]\nsync: {nats: {url: \"nats://nats:4222\"}}\n",
 	} {
 		if sections[prefix], err = Parse([]byte(yaml)); err != nil {
 			t.Fatal(err)
