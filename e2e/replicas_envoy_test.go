@@ -255,7 +255,6 @@ func hostRequests(t *testing.T, s *harness.Stack, addr string) int64 {
 	return hosts[addr].Requests
 }
 
-
 // liveFeedback sums the access-log entries received by every replica but
 // the one numbered dead.
 func liveFeedback(t *testing.T, s *harness.Stack, dead int) float64 {
