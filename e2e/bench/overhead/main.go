@@ -274,9 +274,11 @@ var variantDescriptions = map[string]string{
 	variantToken: "duet aggregated with the bearer token (auth.token_file) on every ext_proc and access-log stream, plaintext",
 	variantShared: "duet aggregated sharing its state over NATS (sync) with a second duet replica that only applies the first's events; " +
 		"its processor CPU includes the peer replica and nats-server (pinned with the other servers)",
-	variantPD:    "the rendered bootstrap of one prefill and one decode engine (the mirror)",
-	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
-	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
+	variantReplicas2: "two duet replicas sharing state over NATS, both listed in Envoy's clusters to duet (envoy.duet_replicas: streams spread over them); processor CPU is both replicas and nats-server",
+	variantReplicas3: "three duet replicas, as duet 2 replicas",
+	variantPD:        "the rendered bootstrap of one prefill and one decode engine (the mirror)",
+	variantSMG:       "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
+	variantSMGPD:     "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
 }
 
 // variantsText describes the variants that ran.

@@ -26,6 +26,8 @@ const (
 	variantMTLS        = "duet mTLS"
 	variantToken       = "duet token"
 	variantShared      = "duet shared"
+	variantReplicas2   = "duet 2 replicas"
+	variantReplicas3   = "duet 3 replicas"
 	variantPD          = "duet PD"
 	variantSMG         = "SMG aggregated"
 	variantSMGPD       = "SMG PD"
@@ -34,7 +36,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantMTLS, variantToken, variantShared, variantPD, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -47,6 +49,14 @@ var floorModes = map[string]string{
 // authModes maps the variants that authenticate Envoy to duet to their
 // mode; every other variant runs without auth (duet on loopback).
 var authModes = map[string]harness.Auth{variantMTLS: harness.AuthMTLS, variantToken: harness.AuthToken}
+
+// sharedReplicas maps the variants that run several duet replicas sharing
+// state over NATS to how many extra replicas they run and whether Envoy
+// lists them (else they only apply the first replica's events).
+var sharedReplicas = map[string]struct {
+	extra  int
+	listed bool
+}{variantShared: {1, false}, variantReplicas2: {1, true}, variantReplicas3: {2, true}}
 
 // isPD reports whether a variant runs a prefill and a decode engine.
 func isPD(variant string) bool { return variant == variantPD || variant == variantSMGPD }
@@ -108,7 +118,7 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	}()
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	ports, err := harness.FreePorts(11)
+	ports, err := harness.FreePorts(13)
 	if err != nil {
 		return nil, err
 	}
@@ -140,15 +150,23 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 			return nil, err
 		}
 	}
-	// duet shared: the peer replica's own gRPC and admin addresses.
-	var peerGRPC, peerAdmin string
-	if variant == variantShared {
+	// The extra replicas' own gRPC and admin addresses (sharedReplicas).
+	var peers []harness.Addresses
+	if shared, ok := sharedReplicas[variant]; ok {
 		natsURL, err := s.startNATS(ctx, dir, next(), pin)
 		if err != nil {
 			return nil, err
 		}
-		peerGRPC, peerAdmin = addr(next()), addr(next())
 		opts.DuetYAML = "sync:\n  nats:\n    url: " + natsURL + "\n"
+		for range shared.extra {
+			peers = append(peers, harness.Addresses{DuetGRPC: addr(next()), DuetAdmin: addr(next())})
+		}
+		if shared.listed {
+			addrs.EnvoyDuetReplicas = []string{addrs.DuetGRPC}
+			for _, p := range peers {
+				addrs.EnvoyDuetReplicas = append(addrs.EnvoyDuetReplicas, p.DuetGRPC)
+			}
+		}
 	}
 	decodeMode := "null"
 	prefillBoot := 0
@@ -204,10 +222,10 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 				return nil, err
 			}
 			s.duetAdmin = "http://" + addrs.DuetAdmin
-			if peerGRPC != "" {
+			for i, p := range peers {
 				peer := addrs
-				peer.DuetGRPC, peer.DuetAdmin = peerGRPC, peerAdmin
-				if err := s.startPeer(ctx, tools, dir, opts, peer, pin, duetEnv); err != nil {
+				peer.DuetGRPC, peer.DuetAdmin = p.DuetGRPC, p.DuetAdmin
+				if err := s.startPeer(ctx, tools, dir, i+1, opts, peer, pin, duetEnv); err != nil {
 					return nil, err
 				}
 			}
@@ -320,15 +338,15 @@ func (s *stack) startNATS(ctx context.Context, dir string, port int, pin pinning
 	return "nats://" + addr, waitTCP(ctx, p, addr)
 }
 
-// startPeer runs a second duet replica sharing state with the first
-// through NATS (duet shared): no ext_proc stream reaches it, it applies
-// every pick, route and leg the first publishes.
-func (s *stack) startPeer(ctx context.Context, tools harness.Tools, dir string, opts harness.Options, addrs harness.Addresses, pin pinning, duetEnv []string) error {
-	cfg := filepath.Join(dir, "duet-peer.yaml")
+// startPeer runs duet replica number i (from 1) sharing state with the
+// first through NATS: in duet shared no ext_proc stream reaches it and it
+// only applies the first's events; in duet N replicas Envoy lists it too.
+func (s *stack) startPeer(ctx context.Context, tools harness.Tools, dir string, i int, opts harness.Options, addrs harness.Addresses, pin pinning, duetEnv []string) error {
+	cfg := filepath.Join(dir, fmt.Sprintf("duet-peer-%d.yaml", i))
 	if err := os.WriteFile(cfg, []byte(harness.DuetConfig(opts, addrs)), 0o644); err != nil {
 		return err
 	}
-	peer, err := s.start(dir, "duet-peer", pin.argv(append([]string{"GOMAXPROCS=1"}, duetEnv...), tools.Duet, "serve", "-config", cfg))
+	peer, err := s.start(dir, fmt.Sprintf("duet-peer-%d", i), pin.argv(append([]string{"GOMAXPROCS=1"}, duetEnv...), tools.Duet, "serve", "-config", cfg))
 	if err != nil {
 		return err
 	}
@@ -350,8 +368,9 @@ func (s *stack) start(dir, name string, argv []string) (*harness.Process, error)
 var processRoles = map[string]string{
 	"envoy": roleProxy, "smg": roleProxy,
 	"duet": roleProcessor, "floor": roleProcessor,
-	// duet shared: the peer replica that applies duet's events, and NATS.
-	"duet-peer": roleProcessor, "nats": roleProcessor,
+	// The replicas sharing state with duet (duet-peer-N count as duet),
+	// and NATS.
+	"nats":    roleProcessor,
 	"prefill": roleEngines, "decode": roleEngines,
 }
 
@@ -359,7 +378,11 @@ var processRoles = map[string]string{
 func (s *stack) pids() map[string][]int {
 	out := map[string][]int{}
 	for _, p := range s.procs {
-		if role, ok := processRoles[p.Name]; ok {
+		name := p.Name
+		if strings.HasPrefix(name, "duet-peer-") { // a replica sharing duet's state
+			name = "duet"
+		}
+		if role, ok := processRoles[name]; ok {
 			out[role] = append(out[role], p.Pid())
 		}
 	}
