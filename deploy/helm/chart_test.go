@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -218,7 +219,13 @@ type labelSelector struct{ MatchLabels map[string]string }
 type container struct {
 	Name, Image, ImagePullPolicy string
 	Args                         []string
-	Ports                        []struct {
+	Env                          []struct {
+		Name      string
+		ValueFrom *struct {
+			FieldRef *struct{ FieldPath string }
+		}
+	}
+	Ports []struct {
 		Name          string
 		ContainerPort int
 	}
@@ -276,8 +283,9 @@ type deployment struct {
 
 type service struct {
 	Spec struct {
-		Selector map[string]string
-		Ports    []struct {
+		ClusterIP string
+		Selector  map[string]string
+		Ports     []struct {
 			Name       string
 			Port       int
 			TargetPort any
@@ -303,24 +311,40 @@ type valueSet struct {
 	// external are the Secrets the pods mount that the user creates (the
 	// chart renders the others, or cert-manager writes them).
 	external []string
+	// sync is the NATS URL duet's sync section must name ("": no sync
+	// section), natsToken whether duet sends a token from a Secret, subject
+	// the subject ("": the chart's default for the release).
+	sync, subject string
+	natsToken     bool
 }
+
+// defaultSubject is the chart's NATS subject for the release in namespace.
+const defaultSubject = "duet." + namespace + "." + release
+
+// The NATS of examples/nats.yaml, as the duet examples name it.
+const (
+	natsURL    = "nats://nats.duet.svc.cluster.local:4222"
+	natsSecret = "duet-nats"
+)
 
 // The objects of the chart's default values, apart from its Secrets.
 var defaultObjects = []string{
 	"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 	"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
 	"Role/duet-system/duet-endpointslices", "RoleBinding/duet-system/duet-endpointslices",
-	"NetworkPolicy/duet-system/duet",
+	"NetworkPolicy/duet-system/duet", "PodDisruptionBudget/duet-system/duet",
 }
 
 var valueSets = []valueSet{
 	{
-		name: "default", replicas: 1, envoy: true, pd: true, auth: "mtls", admin: true,
+		// Two Envoy + duet pairs that share nothing.
+		name: "default", replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
 		objects: append(slices.Clone(defaultObjects),
 			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
 	},
 	{
 		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
+		sync: natsURL, natsToken: true, external: []string{natsSecret},
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
@@ -330,60 +354,67 @@ var valueSets = []valueSet{
 		},
 	},
 	{
-		name: "pd-static", files: []string{"pd-static.yaml"}, replicas: 1, envoy: true, pd: true, auth: "token", admin: true,
+		name: "pd-static", files: []string{"pd-static.yaml"}, replicas: 2, envoy: true, pd: true, auth: "token", admin: true,
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet", "NetworkPolicy/duet-system/duet",
-			"Secret/duet-system/duet-token",
+			"PodDisruptionBudget/duet-system/duet", "Secret/duet-system/duet-token",
 		},
 		external: []string{"duet-admin"},
 	},
 	{
-		name: "aggregated-static", files: []string{"aggregated-static.yaml"}, replicas: 1, auth: "mtls", admin: true,
+		name: "aggregated-static", files: []string{"aggregated-static.yaml"}, replicas: 2, auth: "mtls", admin: true,
+		sync: natsURL, natsToken: true,
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
-			"NetworkPolicy/duet-system/duet", "Secret/duet-system/duet-admin-token",
+			"NetworkPolicy/duet-system/duet", "PodDisruptionBudget/duet-system/duet", "Secret/duet-system/duet-admin-token",
 		},
-		external: []string{"duet-server-tls"},
+		external: []string{"duet-server-tls", natsSecret},
 	},
 	{
-		name: "aggregated-discovery", files: []string{"aggregated-discovery.yaml"}, replicas: 1, envoy: true, auth: "both", admin: true,
+		name: "aggregated-discovery", files: []string{"aggregated-discovery.yaml"}, replicas: 2, envoy: true, auth: "both", admin: true,
 		objects: append(slices.Clone(defaultObjects),
 			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
 		external: []string{"duet-grpc-token"},
 	},
 	{
-		name: "istio", files: []string{"istio.yaml"}, replicas: 1, pd: true, auth: "none", admin: true,
+		name: "istio", files: []string{"istio.yaml"}, replicas: 2, pd: true, auth: "none", admin: true,
+		sync: "nats://nats.inference.svc.cluster.local:4222", natsToken: true, external: []string{natsSecret},
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
 			"RoleBinding/duet-system/duet-endpointslices", "NetworkPolicy/duet-system/duet",
-			"Secret/duet-system/duet-admin-token",
+			"PodDisruptionBudget/duet-system/duet", "Secret/duet-system/duet-admin-token",
 		},
 	},
 	{
-		// A gateway outside the chart that sends a generated token; no
-		// status page token, no NetworkPolicy.
+		// One duet for a gateway outside the chart, which needs no NATS,
+		// behind a headless Service too; the gateway sends a generated
+		// token; no status page token, no NetworkPolicy, no budget.
 		name: "token for a gateway", replicas: 1, pd: true, auth: "token",
-		set: []string{"envoy.enabled=false", "auth.mode=token", "auth.adminToken.enabled=false", "networkPolicy.enabled=false"},
+		set: []string{"envoy.enabled=false", "replicaCount=1", "service.headless=true", "auth.mode=token",
+			"auth.adminToken.enabled=false", "networkPolicy.enabled=false", "podDisruptionBudget.enabled=false"},
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
-			"ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
+			"Service/duet-system/duet-headless", "ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
 			"RoleBinding/duet-system/duet-endpointslices", "Secret/duet-system/duet-token",
 		},
 	},
 	{
 		// Names of one's own: the server name Envoy verifies, the one
 		// client name duet admits.
-		name: "mtls with other names", replicas: 1, envoy: true, pd: true, auth: "mtls",
+		name: "mtls with other names", replicas: 2, envoy: true, pd: true, auth: "mtls",
 		set:     []string{"auth.tls.serverName=duet-grpc.internal", "auth.tls.clientNames={gateway}", "auth.adminToken.enabled=false"},
 		objects: append(slices.Clone(defaultObjects), "Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls"),
 	},
 	{
 		// duet beside its Envoy without credentials: its gRPC port is on
-		// loopback.
-		name: "no auth beside envoy", replicas: 1, envoy: true, pd: true, auth: "none",
-		set:     []string{"auth.mode=none", "auth.adminToken.enabled=false"},
+		// loopback. Three pairs share through a NATS that asks for no
+		// token, on a subject of their own.
+		name: "no auth beside envoy", replicas: 3, envoy: true, pd: true, auth: "none",
+		sync: "nats://nats.shared:4222", subject: "duet.pairs",
+		set: []string{"auth.mode=none", "auth.adminToken.enabled=false", "replicaCount=3",
+			"sync.nats.url=nats://nats.shared:4222", "sync.nats.unauthenticated=true", "sync.subject=duet.pairs"},
 		objects: slices.Clone(defaultObjects),
 	},
 }
@@ -419,10 +450,13 @@ func TestChart(t *testing.T) {
 			}
 			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
 			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
+			t.Run("sync", func(t *testing.T) { checkSync(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
 		})
 	}
 	t.Run("engine example", func(t *testing.T) { testEngineExample(t, tk, schemas) })
+	t.Run("nats example", func(t *testing.T) { testNATSExample(t, tk, schemas) })
+	t.Run("notes", func(t *testing.T) { testNotes(t, tk) })
 	t.Run("broken templates fail", func(t *testing.T) { testBrokenTemplates(t, tk, schemas) })
 	t.Run("invalid values fail", func(t *testing.T) { testInvalidValues(t, tk) })
 	t.Run("config change rolls pods", func(t *testing.T) { testChecksum(t, tk) })
@@ -513,13 +547,18 @@ func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
 		t.Errorf("the config volume does not name the chart's ConfigMap")
 	}
 	// Services select the pods and name container ports.
-	for _, id := range []string{"Service/duet-system/duet", "Service/duet-system/duet-envoy"} {
+	for _, id := range []string{"Service/duet-system/duet", "Service/duet-system/duet-envoy", "Service/duet-system/duet-headless"} {
 		o, ok := objs[id]
 		if !ok {
 			continue
 		}
 		var svc service
 		o.into(t, &svc)
+		// The headless Service gives a gateway of one's own every replica:
+		// no virtual IP, duet's gRPC port alone.
+		if id == "Service/duet-system/duet-headless" && (svc.Spec.ClusterIP != "None" || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "grpc") {
+			t.Errorf("%s: clusterIP %q, ports %+v; want a headless Service of the grpc port", id, svc.Spec.ClusterIP, svc.Spec.Ports)
+		}
 		if id == "Service/duet-system/duet" && slices.ContainsFunc(svc.Spec.Ports, func(p struct {
 			Name       string
 			Port       int
@@ -558,13 +597,48 @@ func checkObjects(t *testing.T, vs valueSet, objs map[string]object) {
 	}
 	if o, ok := objs["PodDisruptionBudget/duet-system/duet"]; ok {
 		var pdb struct {
-			Spec struct{ Selector labelSelector }
+			Spec struct {
+				Selector                     labelSelector
+				MinAvailable, MaxUnavailable any
+			}
 		}
 		o.into(t, &pdb)
 		if !subset(pdb.Spec.Selector.MatchLabels, pod.Metadata.Labels) {
 			t.Errorf("PodDisruptionBudget selects %v, not the pods", pdb.Spec.Selector.MatchLabels)
 		}
+		// A drain may take one replica, never every one.
+		if down := disruptionsAllowed(t, pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable, vs.replicas); down < 1 || (vs.replicas > 1 && down >= vs.replicas) {
+			t.Errorf("PodDisruptionBudget (minAvailable %v, maxUnavailable %v) lets %d of %d pods go at once; want at least one and not all",
+				pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable, down, vs.replicas)
+		}
+	} else if vs.replicas > 1 {
+		t.Errorf("%d replicas without a PodDisruptionBudget: a drain may take them all at once", vs.replicas)
 	}
+}
+
+// disruptionsAllowed is how many of n healthy pods a PodDisruptionBudget
+// lets a voluntary disruption take at once, as Kubernetes counts
+// (percentages of minAvailable and maxUnavailable round up).
+func disruptionsAllowed(t *testing.T, minAvailable, maxUnavailable any, n int) int {
+	t.Helper()
+	count := func(v any) int {
+		switch v := v.(type) {
+		case float64:
+			return int(v)
+		case string:
+			pct, err := strconv.Atoi(strings.TrimSuffix(v, "%"))
+			if err != nil || !strings.HasSuffix(v, "%") {
+				t.Fatalf("PodDisruptionBudget value %q", v)
+			}
+			return (pct*n + 99) / 100
+		}
+		t.Fatalf("PodDisruptionBudget value %v (%T)", v, v)
+		return 0
+	}
+	if minAvailable != nil {
+		return max(n-count(minAvailable), 0)
+	}
+	return min(count(maxUnavailable), n)
 }
 
 // engineNamespace is where the value set's Role must be: the engines'
@@ -911,6 +985,9 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 	// Every file duet's auth section names is where duet mounts it.
 	auth := parseAuthConfig(t, cm.Data["duet.yaml"])
 	duetFiles := []string{auth.Auth.TokenFile, auth.Auth.AdminTokenFile}
+	if s := parseSyncConfig(t, cm.Data["duet.yaml"]).Sync; s != nil {
+		duetFiles = append(duetFiles, s.NATS.TokenFile)
+	}
 	if tls := auth.Auth.TLS; tls != nil {
 		duetFiles = append(duetFiles, tls.CertFile, tls.KeyFile, tls.ClientCAFile)
 	}
@@ -1021,6 +1098,7 @@ func writeSecret(t *testing.T, v volume, objs map[string]object, made, dir strin
 		"envoy-tls":   {"tls.crt": "envoy.crt", "tls.key": "envoy.key", "ca.crt": "ca.crt"},
 		"token":       {"token": "token"},
 		"admin-token": {"token": "admin-token"},
+		"nats-token":  {"token": "token"},
 	}[v.Name]
 	if len(v.Secret.Items) == 0 {
 		t.Errorf("volume %s mounts every key of Secret %s: list the keys (items), so that a missing one stops the pod", v.Name, name)
@@ -1267,7 +1345,7 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"static lists with discovery", nil, []string{"engines.decode[0].url=http://a:1"}, "engines.prefill and engines.decode are for source: static"},
 		{"static without decode", nil, []string{"engines.source=static"}, "engines.decode must list at least one engine"},
 		{"discovery without decode service", nil, []string{"engines.kubernetes.decode.service="}, "engines.kubernetes.decode.service is required"},
-		{"both budgets", nil, []string{"podDisruptionBudget.enabled=true", "podDisruptionBudget.maxUnavailable=1"}, "set minAvailable or maxUnavailable, not both"},
+		{"both budgets", nil, []string{"podDisruptionBudget.minAvailable=1"}, "set minAvailable or maxUnavailable, not both"},
 		{"typo in values", nil, []string{"replicas=2"}, "additional properties 'replicas' not allowed"},
 		{"wrong value type", nil, []string{"envoy.enabled=yes"}, "at '/envoy/enabled': got string, want boolean"},
 		{"misplaced kubernetes key", nil, []string{"engines.kubernetes.decode.targetPort=1"}, "additional properties 'targetPort' not allowed"},
@@ -1279,7 +1357,17 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"TLS secret unnamed", nil, []string{"auth.tls.source=secret"}, "auth.tls.secretName: name the Secret"},
 		{"client TLS secret unnamed", nil, []string{"auth.tls.source=secret", "auth.tls.secretName=mine"}, "auth.tls.clientSecretName: name the Secret"},
 		{"cert-manager without issuer", nil, []string{"auth.tls.source=certManager"}, "auth.tls.certManager.issuerRef.name: name the Issuer"},
-		{"gateway unnamed", nil, []string{"envoy.enabled=false"}, "networkPolicy.gateway: with envoy.enabled false, list the gateway pods"},
+		{"gateway unnamed", nil, []string{"envoy.enabled=false", "replicaCount=1"}, "networkPolicy.gateway: with envoy.enabled false, list the gateway pods"},
+		{"replicas behind a gateway sharing nothing", []string{"aggregated-static.yaml"}, []string{"sync.nats.url=", "sync.nats.tokenSecret="},
+			"replicaCount: 2 duets behind a gateway must share their state: set sync.nats.url"},
+		{"NATS without a word on auth", nil, []string{"sync.nats.url=nats://nats:4222"}, "sync.nats.tokenSecret: name the Secret"},
+		{"NATS token and unauthenticated", nil, []string{"sync.nats.url=nats://nats:4222", "sync.nats.tokenSecret=t", "sync.nats.unauthenticated=true"},
+			"sync.nats: set tokenSecret or unauthenticated, not both"},
+		{"NATS token without NATS", nil, []string{"sync.nats.tokenSecret=t"}, "need sync.nats.url"},
+		{"NATS URL not NATS", nil, []string{"sync.nats.url=http://nats:4222", "sync.nats.unauthenticated=true"}, "at '/sync/nats/url'"},
+		{"wildcard subject", nil, []string{"sync.nats.url=nats://nats:4222", "sync.nats.unauthenticated=true", "sync.subject=duet.>"}, "at '/sync/subject'"},
+		{"chart-owned sync", nil, []string{"config.sync.nats.url=nats://nats:4222"}, "config.sync: the chart sets it"},
+		{"headless beside envoy", nil, []string{"service.headless=true"}, "service.headless: only with envoy.enabled false"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -102,6 +102,38 @@ Where the containers find the credentials (the Secret volumes' mount paths).
 {{- define "duet.envoyTLSDir" -}}/run/secrets/duet/envoy-tls{{- end }}
 {{- define "duet.tokenDir" -}}/run/secrets/duet/token{{- end }}
 {{- define "duet.adminTokenDir" -}}/run/secrets/duet/admin-token{{- end }}
+{{- define "duet.natsTokenDir" -}}/run/secrets/duet/nats-token{{- end }}
+
+{{/*
+duet's sync section (docs/replicas.md) from the sync values; empty when the
+replicas share nothing. Fails where the values cannot work: several duets
+behind a gateway that share nothing, or NATS without a word on its
+authentication. The replica's name is left to POD_NAME (the pod's name).
+*/}}
+{{- define "duet.syncConfig" -}}
+{{- $nats := .Values.sync.nats }}
+{{- if not $nats.url }}
+{{- if and (not .Values.envoy.enabled) (gt (int .Values.replicaCount) 1) }}
+{{- fail (printf "replicaCount: %d duets behind a gateway must share their state: set sync.nats.url (and sync.nats.tokenSecret) to a NATS server, docs/deploy/kubernetes.md \"Replicas\", or set replicaCount 1" (int .Values.replicaCount)) }}
+{{- end }}
+{{- if or $nats.tokenSecret $nats.unauthenticated }}
+{{- fail "sync.nats.tokenSecret and sync.nats.unauthenticated need sync.nats.url: the NATS server the replicas share through" }}
+{{- end }}
+{{- else }}
+{{- if and $nats.tokenSecret $nats.unauthenticated }}
+{{- fail "sync.nats: set tokenSecret or unauthenticated, not both" }}
+{{- end }}
+{{- if not (or $nats.tokenSecret $nats.unauthenticated) }}
+{{- fail "sync.nats.tokenSecret: name the Secret (key token) of the token your NATS server requires, or set sync.nats.unauthenticated: true where only duet's pods reach NATS" }}
+{{- end }}
+{{- $n := dict "url" $nats.url }}
+{{- if $nats.tokenSecret }}
+{{- $_ := set $n "token_file" (printf "%s/token" (include "duet.natsTokenDir" .)) }}
+{{- end }}
+{{- $subject := .Values.sync.subject | default (printf "duet.%s.%s" .Release.Namespace (include "duet.fullname" .)) }}
+{{- toYaml (dict "nats" $n "subject" $subject) }}
+{{- end }}
+{{- end }}
 
 {{/*
 duet's auth section (docs/configuration.md) from the auth values; empty
@@ -137,9 +169,9 @@ engines, then the config values as they are.
 */}}
 {{- define "duet.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
-{{- range $key := list "listen" "prefill" "decode" "kubernetes" "auth" }}
+{{- range $key := list "listen" "prefill" "decode" "kubernetes" "auth" "sync" }}
 {{- if hasKey $cfg $key }}
-{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen) or auth (auth)" $key) }}
+{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen), auth (auth) or sync (sync)" $key) }}
 {{- end }}
 {{- end }}
 {{- /* Beside its own Envoy, duet's gRPC port is for that Envoy alone. */}}
@@ -147,6 +179,9 @@ engines, then the config values as they are.
 {{- $_ := set $cfg "listen" (dict "grpc" (printf "%s:%d" $grpcHost (int .Values.ports.grpc)) "admin" (printf ":%d" (int .Values.ports.admin))) }}
 {{- with include "duet.authConfig" . }}
 {{- $_ := set $cfg "auth" (fromYaml .) }}
+{{- end }}
+{{- with include "duet.syncConfig" . }}
+{{- $_ := set $cfg "sync" (fromYaml .) }}
 {{- end }}
 {{- $engines := .Values.engines }}
 {{- if eq $engines.source "kubernetes" }}
