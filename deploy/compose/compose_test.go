@@ -3,12 +3,15 @@
 // Docker engine: the compose file loads with the Compose Specification's
 // own loader, every mounted file and Dockerfile exists, every service runs
 // as a non-root user with a health check, no host port is published twice,
-// and the configurations are exactly those `make demo` runs, apart from the
-// addresses (duet.yaml is rendered by harness.DuetConfig from
-// harness.DemoOptions, envoy.yaml by `duet envoy-config` from duet.yaml).
-// Envoy and duet authenticate each other with mutual TLS, with credentials
-// that the one-shot service certs makes with `duet certs` (TestCredentials
-// runs its command).
+// and the configurations are those `make demo` runs, apart from the
+// addresses and the replicas: two duets, both in Envoy's bootstrap, that
+// share their state through a NATS (duet.yaml is rendered by
+// harness.DuetConfig from harness.DemoOptions with the sync section added,
+// envoy.yaml by `duet envoy-config` from duet.yaml). Envoy and duet
+// authenticate each other with mutual TLS, and the duets to NATS with a
+// token, with credentials that the one-shot service certs makes
+// (TestCredentials runs its command; TestNATS runs NATS's configuration on
+// a real nats-server).
 //
 // After changing the demo's options or an address in compose.yaml,
 // regenerate the two files with
@@ -75,6 +78,34 @@ const (
 // networkName is the compose network every service is attached to.
 const networkName = "duet"
 
+// duetServices are the compose services of the duet replicas, each named
+// by its POD_NAME among its peers.
+var duetServices = []string{"duet-0", "duet-1"}
+
+// NATS: its service, ports and paths inside its container.
+const (
+	natsService     = "nats"
+	natsClientPort  = 4222
+	natsMonitorPort = 8222
+	natsConfigPath  = "/etc/nats/nats.conf"
+	// natsVolumeDir is the directory of the credentials volume that NATS
+	// mounts (a subpath): NATS's token, as an authorization block.
+	natsVolumeDir = "nats"
+)
+
+// syncYAML is what the compose stack adds to the demo's configuration: the
+// duets share their state through the nats service, with the token that
+// the certs service writes.
+const syncYAML = "sync:\n  nats:\n    url: nats://nats:4222\n    token_file: " + certsDir + "/nats-token\n"
+
+// composeOptions are the demo's options (harness.DemoOptions) with the sync
+// section.
+func composeOptions() harness.Options {
+	opts := harness.DemoOptions()
+	opts.DuetYAML += syncYAML
+	return opts
+}
+
 // loadProject loads compose.yaml as `docker compose` does.
 func loadProject(t *testing.T) *types.Project {
 	t.Helper()
@@ -128,16 +159,18 @@ func engines(role string, n int) []string {
 }
 
 // demoAddresses places the demo's parts at their compose addresses: every
-// server listens on all interfaces, and Envoy reaches duet, and duet and
-// Envoy reach the engines, at their fixed IPs.
+// server listens on all interfaces, Envoy reaches every duet replica, and
+// the duets and Envoy reach the engines, at their fixed IPs.
 func demoAddresses(t *testing.T, p *types.Project, opts harness.Options) harness.Addresses {
 	a := harness.Addresses{
 		DuetGRPC:    hostPort("0.0.0.0", duetGRPCPort),
 		DuetAdmin:   hostPort("0.0.0.0", duetAdminPort),
 		EnvoyListen: hostPort("0.0.0.0", envoyPort),
 		EnvoyAdmin:  hostPort("0.0.0.0", envoyAdminPort),
-		EnvoyDuet:   hostPort(ipOf(t, p, "duet"), duetGRPCPort),
 		Credentials: harness.CredentialsIn(certsDir),
+	}
+	for _, name := range duetServices {
+		a.EnvoyDuetReplicas = append(a.EnvoyDuetReplicas, hostPort(ipOf(t, p, name), duetGRPCPort))
 	}
 	for _, name := range engines("prefill", len(opts.Prefill)) {
 		a.Prefill = append(a.Prefill, "http://"+hostPort(ipOf(t, p, name), simPort))
@@ -149,12 +182,15 @@ func demoAddresses(t *testing.T, p *types.Project, opts harness.Options) harness
 }
 
 // TestConfigs proves that the compose stack runs what `make demo` runs: the
-// same duet configuration, engine flags and Envoy flags, with only the
-// addresses changed, and an Envoy bootstrap that is exactly duet's rendering
-// of duet.yaml.
+// same duet configuration, engine flags and Envoy flags, with the addresses
+// changed, Envoy's bootstrap listing both duet replicas
+// (envoy.duet_replicas, where the demo's single duet is envoy.duet), and
+// the sync section added; and an Envoy bootstrap that is exactly duet's
+// rendering of duet.yaml. Both duets run duet.yaml, each under its own
+// name, and duet.yaml's NATS is the nats service.
 func TestConfigs(t *testing.T) {
 	p := loadProject(t)
-	opts := harness.DemoOptions()
+	opts := composeOptions()
 
 	wantDuet := harness.DuetConfig(opts, demoAddresses(t, p, opts))
 	if *update {
@@ -214,24 +250,65 @@ func TestConfigs(t *testing.T) {
 	if want := harness.EnvoyArgs(envoyConfigPath); !slices.Equal(envoy.Command, want) {
 		t.Errorf("envoy: command %q, want the demo's %q", envoy.Command, want)
 	}
-	if want := []string{"serve", "-config", duetConfigPath}; !slices.Equal(service(t, p, "duet").Command, want) {
-		t.Errorf("duet: command %q, want %q", service(t, p, "duet").Command, want)
+	var duets []string
+	for _, name := range p.ServiceNames() {
+		if strings.HasPrefix(name, "duet") {
+			duets = append(duets, name)
+		}
 	}
-	for svc, mounts := range map[string]map[string]string{
-		"duet":  {duetConfigPath: "duet.yaml"},
-		"envoy": {envoyConfigPath: "envoy.yaml"},
-	} {
-		for target, source := range mounts {
+	if !slices.Equal(duets, duetServices) {
+		t.Errorf("compose.yaml runs the duets %v, want %v", duets, duetServices)
+	}
+	mounts := map[string]map[string]string{
+		"envoy":     {envoyConfigPath: "envoy.yaml"},
+		natsService: {natsConfigPath: "nats.conf"},
+	}
+	names := map[string]bool{}
+	for _, name := range duetServices {
+		duet := service(t, p, name)
+		if want := []string{"serve", "-config", duetConfigPath}; !slices.Equal(duet.Command, want) {
+			t.Errorf("%s: command %q, want %q", name, duet.Command, want)
+		}
+		mounts[name] = map[string]string{duetConfigPath: "duet.yaml"}
+		// The replica's name among its peers (sync.name is left empty).
+		pod := ""
+		if v := duet.Environment["POD_NAME"]; v != nil {
+			pod = *v
+		}
+		if pod != name || names[pod] {
+			t.Errorf("%s: POD_NAME %q, want %s (each replica its own name)", name, pod, name)
+		}
+		names[pod] = true
+	}
+	for svc, m := range mounts {
+		for target, source := range m {
 			if got := mountSource(service(t, p, svc), target); filepath.Base(got) != source {
 				t.Errorf("%s: %s is mounted from %q, want %s", svc, target, got, source)
 			}
 		}
 	}
+	nats := service(t, p, natsService)
+	if want := []string{"--config", natsConfigPath}; !slices.Equal(nats.Command, want) || !slices.Equal(nats.Entrypoint, []string{"/usr/local/bin/nats-server"}) {
+		t.Errorf("nats: entrypoint %q command %q, want nats-server %q", nats.Entrypoint, nats.Command, want)
+	}
+	var cfg struct {
+		Sync struct {
+			NATS struct{ URL string } `yaml:"nats"`
+			Name string
+		}
+	}
+	readYAML(t, "duet.yaml", &cfg)
+	if want := "nats://" + hostPort(natsService, natsClientPort); cfg.Sync.NATS.URL != want || cfg.Sync.Name != "" {
+		t.Errorf("duet.yaml: sync.nats.url %q, sync.name %q; want %s and no name", cfg.Sync.NATS.URL, cfg.Sync.Name, want)
+	}
 }
 
 // duetYAMLHeader opens the generated duet.yaml.
-const duetYAMLHeader = `# duet's configuration in the compose stack: the one ` + "`make demo`" + ` runs
-# (harness.DemoOptions), at the compose network's addresses. Generated by
+const duetYAMLHeader = `# duet's configuration in the compose stack, for both replicas (duet-0 and
+# duet-1): the one ` + "`make demo`" + ` runs (harness.DemoOptions), at the compose
+# network's addresses, with both replicas in Envoy's bootstrap
+# (envoy.duet_replicas) and a sync section: they share their state through
+# the nats service. Generated by
 # ` + "`go test ./deploy/compose -run TestConfigs -update`" + `; envoy.yaml is
 # ` + "`duet envoy-config -config duet.yaml`" + `.
 `
@@ -361,10 +438,13 @@ func projectSubnet(t *testing.T, p *types.Project) netip.Prefix {
 func TestPorts(t *testing.T) {
 	p := loadProject(t)
 	listens := map[string][]int{
-		"duet":       {duetAdminPort},
 		"envoy":      {envoyPort, envoyAdminPort},
 		"prometheus": {prometheusPort},
 		"grafana":    {grafanaPort},
+		natsService:  {natsClientPort, natsMonitorPort},
+	}
+	for _, name := range duetServices {
+		listens[name] = []int{duetAdminPort}
 	}
 	for _, name := range p.ServiceNames() {
 		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
@@ -457,8 +537,10 @@ func TestPrometheusTargets(t *testing.T) {
 		t.Fatalf("prometheus.yml: %v", err)
 	}
 	want := map[string]string{ // target -> metrics path
-		hostPort("duet", duetAdminPort):   "",
 		hostPort("envoy", envoyAdminPort): "/stats/prometheus",
+	}
+	for _, name := range duetServices {
+		want[hostPort(name, duetAdminPort)] = ""
 	}
 	for _, name := range p.ServiceNames() {
 		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
@@ -636,15 +718,17 @@ func readYAML(t *testing.T, path string, v any) {
 	}
 }
 
-// TestCredentials proves the stack's mutual TLS without Docker: the certs
-// service runs duet's image as duet's user and without a network; duet and
-// Envoy mount its volume read-only where duet.yaml names the files; and its
-// command, run here on bin/duet, makes credentials that duet and Envoy can
-// each read (and Envoy no more than its own), that chain to one CA under the
-// names duet.yaml verifies, and that a second run keeps.
+// TestCredentials proves the stack's mutual TLS and NATS token without
+// Docker: the certs service runs duet's image as duet's user and without a
+// network; the duets and Envoy mount its volume read-only where duet.yaml
+// names the files, and NATS only its own directory of it; and its command,
+// run here on bin/duet, makes credentials that each service can read (and
+// Envoy and NATS no more than their own), certificates that chain to one CA
+// under the names duet.yaml verifies, one NATS token for the duets and the
+// server, and keeps them all on a second run.
 func TestCredentials(t *testing.T) {
 	p := loadProject(t)
-	certs, duet, envoy := service(t, p, certsService), service(t, p, "duet"), service(t, p, "envoy")
+	certs, duet, envoy, nats := service(t, p, certsService), service(t, p, duetServices[0]), service(t, p, "envoy"), service(t, p, natsService)
 	if !oneShot(certs) || certs.Image != duet.Image || certs.User != duet.User {
 		t.Errorf("certs: restart %q, image %q, user %q; want a one-shot run of duet's image %q as duet's user %q",
 			certs.Restart, certs.Image, certs.User, duet.Image, duet.User)
@@ -653,10 +737,20 @@ func TestCredentials(t *testing.T) {
 	if out.ReadOnly {
 		t.Errorf("certs mounts %s read-only: it writes the credentials", certsVolume)
 	}
-	for _, s := range []types.ServiceConfig{duet, envoy} {
-		if m := volumeMount(t, s, certsVolume); m.Target != certsDir || !m.ReadOnly {
-			t.Errorf("%s mounts %s at %s (read-only %v), want read-only at %s", s.Name, certsVolume, m.Target, m.ReadOnly, certsDir)
+	readers := []types.ServiceConfig{envoy}
+	for _, name := range duetServices {
+		readers = append(readers, service(t, p, name))
+	}
+	for _, s := range readers {
+		if m := volumeMount(t, s, certsVolume); m.Target != certsDir || !m.ReadOnly || (m.Volume != nil && m.Volume.Subpath != "") {
+			t.Errorf("%s mounts %s at %s (read-only %v), want all of it read-only at %s", s.Name, certsVolume, m.Target, m.ReadOnly, certsDir)
 		}
+	}
+	natsMount := volumeMount(t, nats, certsVolume)
+	if !natsMount.ReadOnly || natsMount.Volume == nil || natsMount.Volume.Subpath != natsVolumeDir {
+		t.Errorf("nats mounts %s (read-only %v, %+v), want only its subpath %s, read-only", certsVolume, natsMount.ReadOnly, natsMount.Volume, natsVolumeDir)
+	}
+	for _, s := range append(readers, nats) {
 		if d, ok := s.DependsOn[certsService]; !ok || d.Condition != types.ServiceConditionCompletedSuccessfully {
 			t.Errorf("%s does not wait for %s to complete", s.Name, certsService)
 		}
@@ -682,31 +776,23 @@ func TestCredentials(t *testing.T) {
 				ServerName string `yaml:"server_name"`
 			} `yaml:"duet_tls"`
 		}
+		Sync struct {
+			NATS struct {
+				TokenFile string `yaml:"token_file"`
+			} `yaml:"nats"`
+		}
 	}
 	readYAML(t, "duet.yaml", &cfg)
 	a, e := cfg.Auth, cfg.Envoy.DuetTLS
-	duetFiles := []string{a.TLS.CertFile, a.TLS.KeyFile, a.TLS.ClientCAFile, a.AdminTokenFile}
+	natsToken := cfg.Sync.NATS.TokenFile
+	duetFiles := []string{a.TLS.CertFile, a.TLS.KeyFile, a.TLS.ClientCAFile, a.AdminTokenFile, natsToken}
 	envoyFiles := []string{e.CertFile, e.KeyFile, e.CAFile}
 	if slices.Contains(duetFiles, "") || slices.Contains(envoyFiles, "") || e.CAFile != a.TLS.ClientCAFile {
-		t.Fatalf("duet.yaml: auth %+v, envoy.duet_tls %+v: want mutual TLS, an admin token and one CA", a, e)
+		t.Fatalf("duet.yaml: auth %+v, envoy.duet_tls %+v, sync.nats.token_file %q: want mutual TLS, an admin token, one CA and a NATS token", a, e, natsToken)
 	}
 
 	// Run the command as the container would, twice.
-	if !slices.Equal(certs.Entrypoint, []string{"/bin/sh", "-c"}) || len(certs.Command) != 1 {
-		t.Fatalf("certs: entrypoint %q command %q, want [/bin/sh -c] and one script", certs.Entrypoint, certs.Command)
-	}
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	script := strings.NewReplacer("/usr/local/bin/duet", tools.Duet, out.Target, dir).Replace(certs.Command[0])
-	run := func() {
-		t.Helper()
-		if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
-			t.Fatalf("certs command: %v: %s", err, out)
-		}
-	}
+	dir, run := certsCommand(t, certs)
 	run()
 	local := func(path string) string {
 		rest, ok := strings.CutPrefix(path, certsDir+"/")
@@ -715,27 +801,41 @@ func TestCredentials(t *testing.T) {
 		}
 		return filepath.Join(dir, rest)
 	}
+	// NATS's files, as its mount shows them: nats.conf includes every file
+	// of its directory of the volume.
+	natsFiles, err := filepath.Glob(filepath.Join(dir, natsVolumeDir, "*"))
+	if err != nil || len(natsFiles) == 0 {
+		t.Fatalf("the certs command writes nothing into %s/ (%v)", natsVolumeDir, err)
+	}
 	firstCA, err := os.ReadFile(local(e.CAFile))
 	if err != nil {
 		t.Fatal(err)
 	}
+	firstToken := natsTokens(t, local(natsToken), natsFiles)
 
 	// Who reads what: the files belong to the certs service's user and group.
 	owner, group := splitUser(t, certs.User)
-	secret := map[string]bool{a.TLS.KeyFile: true, a.AdminTokenFile: true}
+	secret := map[string]bool{local(a.TLS.KeyFile): true, local(a.AdminTokenFile): true, local(natsToken): true}
 	if a.TokenFile != "" {
-		secret[a.TokenFile] = true
+		secret[local(a.TokenFile)] = true
 		duetFiles = append(duetFiles, a.TokenFile)
+	}
+	for _, f := range natsFiles {
+		secret[f] = true
 	}
 	for _, c := range []struct {
 		svc   types.ServiceConfig
 		files []string
-	}{{duet, duetFiles}, {envoy, envoyFiles}} {
+	}{
+		{duet, mapPaths(duetFiles, local)},
+		{envoy, mapPaths(envoyFiles, local)},
+		{nats, natsFiles},
+	} {
 		uid, gid := splitUser(t, c.svc.User)
 		for _, f := range c.files {
-			info, err := os.Stat(local(f))
+			info, err := os.Stat(f)
 			if err != nil {
-				t.Fatalf("%s names %s, which the certs command does not make: %v", c.svc.Name, f, err)
+				t.Fatalf("%s needs %s, which the certs command does not make: %v", c.svc.Name, f, err)
 			}
 			if !canRead(info.Mode(), uid, gid, owner, group) {
 				t.Errorf("%s (user %s) cannot read %s (mode %v, owner %s)", c.svc.Name, c.svc.User, f, info.Mode(), certs.User)
@@ -744,10 +844,10 @@ func TestCredentials(t *testing.T) {
 	}
 	uid, gid := splitUser(t, envoy.User)
 	for f := range secret {
-		if info, err := os.Stat(local(f)); err != nil {
+		if info, err := os.Stat(f); err != nil {
 			t.Fatal(err)
 		} else if canRead(info.Mode(), uid, gid, owner, group) && uid != owner {
-			t.Errorf("envoy (user %s) can read duet's secret %s (mode %v)", envoy.User, f, info.Mode())
+			t.Errorf("envoy (user %s) can read the secret %s (mode %v)", envoy.User, f, info.Mode())
 		}
 	}
 
@@ -782,6 +882,66 @@ func TestCredentials(t *testing.T) {
 	if again, err := os.ReadFile(local(e.CAFile)); err != nil || !bytes.Equal(again, firstCA) {
 		t.Errorf("a second run of the certs command replaced the CA (%v)", err)
 	}
+	if again := natsTokens(t, local(natsToken), natsFiles); again != firstToken {
+		t.Error("a second run of the certs command replaced NATS's token")
+	}
+}
+
+// certsCommand returns a directory standing for the credentials volume and
+// a function that runs the certs service's command into it, as the
+// container would: with bin/duet for the image's duet.
+func certsCommand(t *testing.T, certs types.ServiceConfig) (string, func()) {
+	t.Helper()
+	if !slices.Equal(certs.Entrypoint, []string{"/bin/sh", "-c"}) || len(certs.Command) != 1 {
+		t.Fatalf("certs: entrypoint %q command %q, want [/bin/sh -c] and one script", certs.Entrypoint, certs.Command)
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	script := strings.NewReplacer("/usr/local/bin/duet", tools.Duet, volumeMount(t, certs, certsVolume).Target, dir).Replace(certs.Command[0])
+	return dir, func() {
+		t.Helper()
+		if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+			t.Fatalf("certs command: %v: %s", err, out)
+		}
+	}
+}
+
+// natsTokens returns the token of the duets' token file, and checks that
+// NATS's files require exactly that token (an authorization block).
+func natsTokens(t *testing.T, duetFile string, natsFiles []string) string {
+	t.Helper()
+	data, err := os.ReadFile(duetFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := strings.TrimSpace(string(data))
+	if len(token) < 32 {
+		t.Fatalf("NATS token %q: want at least 32 characters", token)
+	}
+	var conf []byte
+	for _, f := range natsFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf = append(conf, b...)
+	}
+	if want := fmt.Sprintf("authorization { token: %q }", token); strings.TrimSpace(string(conf)) != want {
+		t.Errorf("NATS's files hold %q, want %q", conf, want)
+	}
+	return token
+}
+
+// mapPaths applies f to every path.
+func mapPaths(paths []string, f func(string) string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = f(p)
+	}
+	return out
 }
 
 // volumeMount returns s's mount of the named volume or fails the test.
