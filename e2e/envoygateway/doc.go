@@ -7,7 +7,10 @@
 // simulated SGLang engines (package e2e/harness). duet requires mutual TLS
 // on its gRPC port, as the manifests configure it; the translation gets
 // the stack's credentials as the Secret and ConfigMap the manifests name,
-// and gateways with credentials that do not fit are shown refused.
+// and gateways with credentials that do not fit are shown refused. With two
+// duet replicas that share through a nats-server running the manifests'
+// nats.conf, the gateway's Envoy reaches both and skips one killed with
+// SIGKILL within a second.
 //
 // The package holds tests only; docs/deploy/envoy-gateway.md is the guide.
 package envoygateway

@@ -35,6 +35,29 @@ var fastPrefill = []string{"--prefill-ms-per-1k-tokens", "1"}
 // (gatewayBootstrap). It returns the stack and its addresses.
 func startGateway(t *testing.T) (*harness.Stack, harness.Addresses) {
 	t.Helper()
+	return startGatewayWith(t, keptDir(t, "duet-envoygateway-"), harness.Options{})
+}
+
+// keptDir makes a temporary directory that stays if the test fails, for
+// the failure report.
+func keptDir(t *testing.T, pattern string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		}
+	})
+	return dir
+}
+
+// startGatewayWith is startGateway with the stack's files in dir and extra
+// options: the duet replicas and what their configuration adds.
+func startGatewayWith(t *testing.T, dir string, extra harness.Options) (*harness.Stack, harness.Addresses) {
+	t.Helper()
 	egctl, err := egctlPath()
 	if err != nil {
 		t.Fatal(err)
@@ -52,16 +75,6 @@ func startGateway(t *testing.T) (*harness.Stack, harness.Addresses) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The translation's input and output stay for a failure report.
-	dir, err := os.MkdirTemp("", "duet-envoygateway-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if !t.Failed() {
-			os.RemoveAll(dir)
-		}
-	})
 	s, err := harness.Start(context.Background(), harness.Options{
 		// Fast prefill, so that the 2 MiB body stays within the KV timeout.
 		Prefill:        []harness.SimSpec{{DPSize: 2, Args: fastPrefill}, {DPSize: 4, Args: fastPrefill}},
@@ -72,7 +85,9 @@ func startGateway(t *testing.T) (*harness.Stack, harness.Addresses) {
 		Dir:            dir,
 		// duet requires mutual TLS on its gRPC port (the harness's
 		// default, spelled out): the manifests' recipe.
-		Auth: harness.AuthMTLS,
+		Auth:         harness.AuthMTLS,
+		DuetReplicas: extra.DuetReplicas,
+		DuetYAML:     extra.DuetYAML,
 		Bootstrap: func(ctx context.Context, a harness.Addresses) ([]byte, error) {
 			addrs = a
 			return gatewayBootstrap(ctx, egctl, dir, objs, addrs, addrs.Credentials)

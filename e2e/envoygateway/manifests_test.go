@@ -1,8 +1,14 @@
 package envoygateway
 
 import (
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
 	"path"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -10,7 +16,9 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -21,25 +29,20 @@ import (
 
 // TestManifestKubernetesObjects checks what egctl does not: the core
 // Kubernetes objects of deploy/envoy-gateway decode strictly (no unknown or
-// mistyped field) and fit together. The Deployment's pods carry the labels
-// the Service selects, the ports the Service targets, the ConfigMap and the
-// ServiceAccount that the RoleBinding binds; the Role grants exactly what
-// duet's discovery needs (get, list, watch on EndpointSlices).
+// mistyped field) and fit together. duet's Deployment runs at least two
+// replicas, each named by its pod (POD_NAME), whose pods carry the labels
+// the Service and the PodDisruptionBudget select, the ports the Service
+// targets, the ConfigMap and the ServiceAccount that the RoleBinding binds;
+// the Role grants exactly what duet's discovery needs (get, list, watch on
+// EndpointSlices). The NATS server fits duet's sync section (checkNATS).
 func TestManifestKubernetesObjects(t *testing.T) {
 	objs, err := loadManifests()
 	if err != nil {
 		t.Fatal(err)
 	}
 	strict := json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, json.SerializerOptions{Yaml: true, Strict: true})
-	var (
-		deploys   []*appsv1.Deployment
-		services  []*corev1.Service
-		configs   []*corev1.ConfigMap
-		accounts  []*corev1.ServiceAccount
-		roles     []*rbacv1.Role
-		bindings  []*rbacv1.RoleBinding
-		unchecked int
-	)
+	core := map[string]runtime.Object{} // "<Kind>/<name>"
+	unchecked := 0
 	for _, o := range objs {
 		kind := str(o, "kind")
 		if !scheme.Scheme.Recognizes(schema.FromAPIVersionAndKind(str(o, "apiVersion"), kind)) {
@@ -55,41 +58,32 @@ func TestManifestKubernetesObjects(t *testing.T) {
 			t.Errorf("%s %s: %v", kind, str(o, "metadata", "name"), err)
 			continue
 		}
-		switch o := obj.(type) {
-		case *appsv1.Deployment:
-			deploys = append(deploys, o)
-		case *corev1.Service:
-			services = append(services, o)
-		case *corev1.ConfigMap:
-			configs = append(configs, o)
-		case *corev1.ServiceAccount:
-			accounts = append(accounts, o)
-		case *rbacv1.Role:
-			roles = append(roles, o)
-		case *rbacv1.RoleBinding:
-			bindings = append(bindings, o)
-		default:
-			t.Errorf("unexpected %s", kind)
+		if ns := str(o, "metadata", "namespace"); ns != namespace {
+			t.Errorf("%s %s in namespace %q, want %s", kind, str(o, "metadata", "name"), ns, namespace)
 		}
+		core[kind+"/"+str(o, "metadata", "name")] = obj
 	}
-	if len(deploys) != 1 || len(services) != 1 || len(configs) != 1 || len(accounts) != 1 || len(roles) != 1 || len(bindings) != 1 || unchecked == 0 {
-		t.Fatalf("want one Deployment, Service, ConfigMap, ServiceAccount, Role and RoleBinding besides the gateway's resources; got %d %d %d %d %d %d and %d others",
-			len(deploys), len(services), len(configs), len(accounts), len(roles), len(bindings), unchecked)
+	wantObjs := []string{"ConfigMap/duet", "ConfigMap/nats", "Deployment/duet", "Deployment/nats", "PodDisruptionBudget/duet",
+		"Role/duet", "RoleBinding/duet", "Service/duet", "Service/nats", "ServiceAccount/duet"}
+	if got := slices.Sorted(maps.Keys(core)); !slices.Equal(got, wantObjs) || unchecked == 0 {
+		t.Fatalf("Kubernetes objects %v, want %v besides the gateway's resources (%d)", got, wantObjs, unchecked)
 	}
-	d, svc, cm, sa, role, rb := deploys[0], services[0], configs[0], accounts[0], roles[0], bindings[0]
-	for _, o := range []interface{ GetNamespace() string }{d, svc, cm, sa, role, rb} {
-		if o.GetNamespace() != namespace {
-			t.Errorf("%T in namespace %q, want %s", o, o.GetNamespace(), namespace)
-		}
-	}
+	d, svc, cm := core["Deployment/duet"].(*appsv1.Deployment), core["Service/duet"].(*corev1.Service), core["ConfigMap/duet"].(*corev1.ConfigMap)
+	sa, role, rb := core["ServiceAccount/duet"].(*corev1.ServiceAccount), core["Role/duet"].(*rbacv1.Role), core["RoleBinding/duet"].(*rbacv1.RoleBinding)
+	pdb := core["PodDisruptionBudget/duet"].(*policyv1.PodDisruptionBudget)
 	pod := d.Spec.Template
-	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
-		t.Errorf("replicas %v, want 1 (docs/deploy/envoy-gateway.md, One duet replica)", d.Spec.Replicas)
+	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
+		t.Errorf("replicas %v, want at least 2 (docs/deploy/envoy-gateway.md, Replicas)", d.Spec.Replicas)
 	}
-	for k, v := range d.Spec.Selector.MatchLabels {
-		if pod.Labels[k] != v {
-			t.Errorf("the Deployment selects %s=%s, its pods do not carry it", k, v)
+	for what, sel := range map[string]map[string]string{"the Deployment": d.Spec.Selector.MatchLabels, "the PodDisruptionBudget": pdb.Spec.Selector.MatchLabels} {
+		for k, v := range sel {
+			if pod.Labels[k] != v {
+				t.Errorf("%s selects %s=%s, duet's pods do not carry it", what, k, v)
+			}
 		}
+	}
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("PodDisruptionBudget maxUnavailable %v, want 1", pdb.Spec.MaxUnavailable)
 	}
 	for k, v := range svc.Spec.Selector {
 		if pod.Labels[k] != v {
@@ -115,6 +109,12 @@ func TestManifestKubernetesObjects(t *testing.T) {
 		t.Errorf("duet runs with %v, which does not name the duet.yaml of ConfigMap %s as mounted (%v)", c.Args, cm.Name, files)
 	}
 	checkAuthFiles(t, cm, files)
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	}) {
+		t.Error("duet's container has no POD_NAME from metadata.name: its replicas would go by host name and process id")
+	}
+	checkNATS(t, cm, files, core["Deployment/nats"].(*appsv1.Deployment), core["Service/nats"].(*corev1.Service), core["ConfigMap/nats"].(*corev1.ConfigMap))
 	if pod.Spec.ServiceAccountName != sa.Name || len(rb.Subjects) != 1 || rb.Subjects[0].Name != sa.Name || rb.RoleRef.Name != role.Name {
 		t.Errorf("pods run as %q; the RoleBinding binds %+v to %s; want ServiceAccount %s bound to Role %s",
 			pod.Spec.ServiceAccountName, rb.Subjects, rb.RoleRef.Name, sa.Name, role.Name)
@@ -232,5 +232,83 @@ func checkAuthFiles(t *testing.T, cm *corev1.ConfigMap, files map[string]string)
 	}
 	if g.hostname != made.ServerName {
 		t.Errorf("BackendTLSPolicy %s checks hostname %q, want %q (duet's certificate from `duet certs`)", g.policy, g.hostname, made.ServerName)
+	}
+}
+
+// checkNATS: duet's sync section (in cm, with the files duet's container
+// sees) and the NATS server fit together. sync.nats.url names the NATS
+// Service (its DNS name in this namespace) and port; the Service selects
+// the server's pods and targets its client port; the server runs the
+// nats.conf of ConfigMap nats, which listens on that port and takes the
+// token from an environment variable that the Deployment fills from the
+// very Secret key mounted at duet's sync.nats.token_file.
+func checkNATS(t *testing.T, cm *corev1.ConfigMap, files map[string]string, d *appsv1.Deployment, svc *corev1.Service, conf *corev1.ConfigMap) {
+	t.Helper()
+	var cfg struct {
+		Sync struct {
+			NATS struct {
+				URL       string `yaml:"url"`
+				TokenFile string `yaml:"token_file"`
+			} `yaml:"nats"`
+		} `yaml:"sync"`
+	}
+	if err := yaml.Unmarshal([]byte(cm.Data["duet.yaml"]), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(cfg.Sync.NATS.URL)
+	if err != nil || u.Scheme != "nats" {
+		t.Fatalf("sync.nats.url %q: want nats://<NATS Service>:<port>", cfg.Sync.NATS.URL)
+	}
+	host, port, _ := net.SplitHostPort(u.Host)
+	if !slices.Contains([]string{svc.Name + "." + namespace + ".svc", svc.Name + "." + namespace + ".svc.cluster.local"}, host) {
+		t.Errorf("sync.nats.url names host %s, not Service %s/%s", host, namespace, svc.Name)
+	}
+	var client *corev1.ServicePort
+	for i, p := range svc.Spec.Ports {
+		if strconv.Itoa(int(p.Port)) == port {
+			client = &svc.Spec.Ports[i]
+		}
+	}
+	if client == nil {
+		t.Fatalf("Service %s has no port %s (sync.nats.url)", svc.Name, port)
+	}
+	pod := d.Spec.Template
+	for k, v := range svc.Spec.Selector {
+		if pod.Labels[k] != v {
+			t.Errorf("Service %s selects %s=%s, the NATS pods do not carry it", svc.Name, k, v)
+		}
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("%d containers in the NATS pod, want nats-server alone", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	var target *corev1.ContainerPort
+	for i, cp := range c.Ports {
+		if cp.Name == client.TargetPort.StrVal || cp.ContainerPort == client.TargetPort.IntVal {
+			target = &c.Ports[i]
+		}
+	}
+	if target == nil {
+		t.Fatalf("Service %s port %d targets %s, which the NATS container does not expose", svc.Name, client.Port, client.TargetPort.String())
+	}
+	text := conf.Data["nats.conf"]
+	if m := regexp.MustCompile(`(?m)^port: (\d+)$`).FindStringSubmatch(text); m == nil || m[1] != strconv.Itoa(int(target.ContainerPort)) {
+		t.Errorf("nats.conf listens on %v, the Service targets %d", m, target.ContainerPort)
+	}
+	confFiles := mountedFiles(c, pod.Spec.Volumes, conf)
+	if i := slices.Index(c.Command, "--config"); i < 0 || i+1 >= len(c.Command) || confFiles[c.Command[i+1]] != "ConfigMap "+conf.Name+" nats.conf" {
+		t.Errorf("nats-server runs %v, which does not name the nats.conf of ConfigMap %s as mounted (%v)", c.Command, conf.Name, confFiles)
+	}
+	m := regexp.MustCompile(`token: \$([A-Z_]+)`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatalf("nats.conf requires no token from the environment:\n%s", text)
+	}
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == m[1] })
+	if i < 0 || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.SecretKeyRef == nil {
+		t.Fatalf("the NATS container does not set %s from a Secret", m[1])
+	}
+	ref := c.Env[i].ValueFrom.SecretKeyRef
+	if got, want := files[cfg.Sync.NATS.TokenFile], fmt.Sprintf("Secret %s %s", ref.Name, ref.Key); got != want {
+		t.Errorf("sync.nats.token_file %q is %q, want the server's token, %s", cfg.Sync.NATS.TokenFile, got, want)
 	}
 }

@@ -66,13 +66,16 @@ type object = map[string]any
 
 // loadManifests reads every resource of deploy/envoy-gateway/*.yaml, in
 // file order.
-func loadManifests() ([]object, error) {
-	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
+func loadManifests() ([]object, error) { return loadManifestsIn(manifestDir) }
+
+// loadManifestsIn reads every resource of dir/*.yaml, in file order.
+func loadManifestsIn(dir string) ([]object, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
 		return nil, err
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("no manifests in %s", manifestDir)
+		return nil, fmt.Errorf("no manifests in %s", dir)
 	}
 	sort.Strings(files)
 	var objs []object
@@ -283,10 +286,11 @@ func podAddresses(service string, engines []string) []string {
 	return out
 }
 
-// remap maps every placeholder address of the translation input to where
-// the stack's part really listens.
+// remap maps every placeholder address of the engines in the translation
+// input to where the stack's engine really listens (duet's address becomes
+// every replica's: duetReplicas).
 func remap(addrs harness.Addresses) (map[string]string, error) {
-	m := map[string]string{net.JoinHostPort(duetClusterIP, strconv.Itoa(duetGRPCPort)): addrs.DuetGRPC}
+	m := map[string]string{}
 	for _, role := range []struct {
 		service string
 		urls    []string
@@ -404,10 +408,12 @@ func (tr *translation) problems() []string {
 // its listener (on addrs.EnvoyListen) with the route configuration inlined,
 // its clusters with their endpoints inlined, the secrets they name over SDS
 // made static (from secrets, by name), and an admin interface on
-// addrs.EnvoyAdmin. remap rewrites endpoint addresses ("ip:port" to
-// "ip:port"); every endpoint must end up on loopback. It fails unless the
-// xDS has what the manifests configure for duet (patchEffects, and
-// authEffects for the mutual TLS of g).
+// addrs.EnvoyAdmin. The endpoint of duet's Service becomes one per duet
+// replica of the stack (duetReplicas), and remap rewrites the engines'
+// endpoint addresses ("ip:port" to "ip:port"); every endpoint must end up
+// on loopback. It fails unless the xDS has what the manifests configure for
+// duet (patchEffects, replicaEffects, and authEffects for the mutual TLS of
+// g).
 func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]string, decodeCluster, prefillCluster string,
 	g gatewayTLS, secrets map[string]any) ([]byte, error) {
 	if len(tr.Xds) != 1 {
@@ -487,6 +493,9 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 		delete(e.(map[string]any), "@type")
 		assignment[str(e, "clusterName")] = e
 	}
+	if missing := replicaEffects(listeners[0], clusters, assignment); len(missing) > 0 {
+		return nil, fmt.Errorf("the translation does not reach every duet replica and skip a dead one:\n  %s", strings.Join(missing, "\n  "))
+	}
 	for _, c := range clusters {
 		cm := c.(map[string]any)
 		delete(cm, "@type")
@@ -506,6 +515,9 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 	static, err := staticSecrets(clusters, secrets)
 	if err != nil {
 		return nil, err
+	}
+	if n := duetReplicas(clusters, net.JoinHostPort(duetClusterIP, strconv.Itoa(duetGRPCPort)), duetAddresses(addrs)); n != 3 {
+		return nil, fmt.Errorf("duet's Service is an endpoint of %d clusters, want 3 (ext_proc and the two access logs)", n)
 	}
 	var remapErr error
 	walk(clusters, func(m map[string]any) {
