@@ -22,10 +22,12 @@ import (
 
 // liveManifests writes copies of the manifests into dir with the stack's
 // loopback addresses in place of the Kubernetes ones: the gateway port is
-// Envoy's listen port, duet's clusters dial duetAt (duet's sidecar), and
-// each engine cluster lists the simulated engines (in Kubernetes, DNS on
-// the headless Service gives the pod addresses). It returns the file paths.
-func liveManifests(dir string, addrs harness.Addresses, duetAt string) ([]string, error) {
+// Envoy's listen port, duet's clusters list duetAt (each replica's
+// sidecar; in Kubernetes, DNS on the headless Service of replicas.yaml
+// gives the pod addresses), and each engine cluster lists the simulated
+// engines (DNS on the engines' headless Services). It returns the file
+// paths.
+func liveManifests(dir string, addrs harness.Addresses, duetAt []string) ([]string, error) {
 	_, port, err := net.SplitHostPort(addrs.EnvoyListen)
 	if err != nil {
 		return nil, err
@@ -61,7 +63,7 @@ func liveManifests(dir string, addrs harness.Addresses, duetAt string) ([]string
 	if err := yaml.Unmarshal(data, &ef); err != nil {
 		return nil, err
 	}
-	hosts := map[string][]string{"duet_extproc": {duetAt}, "duet_feedback": {duetAt}}
+	hosts := map[string][]string{"duet_extproc": duetAt, "duet_feedback": duetAt}
 	for _, role := range []struct {
 		cluster string
 		urls    []string
@@ -92,6 +94,8 @@ func liveManifests(dir string, addrs harness.Addresses, duetAt string) ([]string
 			endpoints = append(endpoints, obj{"endpoint": obj{"address": obj{"socket_address": obj{"address": host, "port_value": n}}}})
 		}
 		v["type"] = "STATIC"
+		delete(v, "dns_lookup_family")
+		delete(v, "dns_refresh_rate")
 		v["load_assignment"].(obj)["endpoints"] = []any{obj{"lb_endpoints": endpoints}}
 	}
 	if seen != len(hosts) {
@@ -129,7 +133,7 @@ func generateXDS(ctx context.Context, tools istioTools, path string, proxyArgs, 
 // stack's loopback address, adds Envoy's admin interface, drops what only
 // istiod could serve and gives the gateway its mesh identity id (static
 // secrets in place of the SDS secrets of Istio's agent).
-func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harness.Addresses, duetAt string, ca *meshCA, id workload) ([]byte, error) {
+func liveBootstrap(ctx context.Context, tools istioTools, dir string, addrs harness.Addresses, duetAt []string, ca *meshCA, id workload) ([]byte, error) {
 	files, err := liveManifests(dir, addrs, duetAt)
 	if err != nil {
 		return nil, err
@@ -199,7 +203,7 @@ func TestIstioGatewayServesPD(t *testing.T) {
 			if sc, err = startSidecar(ctx, t, tools, filepath.Join(dir, fmt.Sprintf("sidecar-%d", attempt)), addrs.DuetGRPC, ca, duetID); err != nil {
 				return nil, fmt.Errorf("duet's sidecar: %w", err)
 			}
-			return liveBootstrap(ctx, tools, dir, addrs, sc.Listen, ca, gatewayID)
+			return liveBootstrap(ctx, tools, dir, addrs, []string{sc.Listen}, ca, gatewayID)
 		},
 	})
 	if err != nil {

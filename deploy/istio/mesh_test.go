@@ -177,8 +177,8 @@ func TestGatewayReachesDuetOverMeshMTLS(t *testing.T) {
 	}
 }
 
-// portPolicy is what duet's sidecar does with connections to one port, as
-// read from the inbound listener Istio generates for duet's pod.
+// portPolicy is what a sidecar does with connections to one port of its
+// pod, as read from the inbound listener Istio generates for the pod.
 type portPolicy struct {
 	// Plaintext: some filter chain for the port takes connections without
 	// TLS (PERMISSIVE or no PeerAuthentication).
@@ -188,9 +188,9 @@ type portPolicy struct {
 	Admitted []string
 }
 
-// inboundPolicy reads, from duet's sidecar configuration, what its inbound
-// listener lets through to port: the filter chains' transport and the
-// ALLOW policies of their RBAC filter.
+// inboundPolicy reads, from a sidecar's configuration (duet's, NATS's),
+// what its inbound listener lets through to port: the filter chains'
+// transport and the ALLOW policies of their RBAC filter.
 func inboundPolicy(t *testing.T, boot obj, port int) portPolicy {
 	t.Helper()
 	var p portPolicy
@@ -212,7 +212,10 @@ func inboundPolicy(t *testing.T, boot obj, port int) portPolicy {
 				p.Plaintext = true
 			}
 			walk(fc["filters"], func(m obj) {
-				if m["@type"] != "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC" {
+				// The HTTP RBAC filter on HTTP ports, the network one on TCP
+				// ports (NATS's client port).
+				if m["@type"] != "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC" &&
+					m["@type"] != "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC" {
 					return
 				}
 				rules, _ := m["rules"].(obj)

@@ -14,9 +14,12 @@ import (
 )
 
 // The manifests under test and the stand-in cluster objects they refer to.
+// istioManifests are those that hold Istio objects; the others hold
+// Kubernetes objects only (TestKubernetesObjects).
 var (
-	manifests = []string{"gateway.yaml", "envoyfilter.yaml", "auth.yaml"}
-	fixture   = filepath.Join("testdata", "cluster.yaml")
+	istioManifests = []string{"gateway.yaml", "envoyfilter.yaml", "auth.yaml"}
+	manifests      = append(slices.Clone(istioManifests), "replicas.yaml", "nats.yaml")
+	fixture        = filepath.Join("testdata", "cluster.yaml")
 )
 
 // istioTools are the executables and files `make istio-tools` builds.
@@ -208,12 +211,12 @@ func mutated(t *testing.T, file, old, new string) string {
 // Kubernetes API server would check it on kubectl apply.
 func TestCRDSchemas(t *testing.T) {
 	tools := findIstioTools(t)
-	out, err := exec.Command(tools.Check, append([]string{"crd", "-crds", tools.CRDs}, manifests...)...).CombinedOutput()
+	out, err := exec.Command(tools.Check, append([]string{"crd", "-crds", tools.CRDs}, istioManifests...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("CRD schema validation: %v\n%s", err, out)
 	}
 	t.Logf("%s", out)
-	for _, m := range manifests {
+	for _, m := range istioManifests {
 		if !strings.Contains(string(out), m+":") {
 			t.Errorf("no object of %s was validated", m)
 		}
