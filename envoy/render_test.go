@@ -339,7 +339,7 @@ func TestRenderDuetClusters(t *testing.T) {
 		service any
 		retryOn string
 	}{
-		{"ext_proc", node(t, filters[0], "typed_config", "grpc_service"), "connect-failure,refused-stream,reset"},
+		{"ext_proc", node(t, filters[0], "typed_config", "grpc_service"), "connect-failure,refused-stream,reset,unavailable"},
 		{"downstream access log", node(t, hcm, "access_log", 1, "typed_config", "common_config", "grpc_service"), "connect-failure,refused-stream"},
 		{"upstream access log", node(t, router, "upstream_log", 1, "typed_config", "common_config", "grpc_service"), "connect-failure,refused-stream"},
 	} {
