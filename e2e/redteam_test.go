@@ -152,7 +152,7 @@ func redTeam(t *testing.T, mode harness.Auth) {
 		t.Error("the refused /status was not counted")
 	}
 	// Every legitimate reservation ends with its feedback.
-	waitFor(t, 5*time.Second, "reserved tokens back to 0", func() bool {
+	harness.WaitFor(t, 5*time.Second, "reserved tokens back to 0", func() bool {
 		return duetMetricSum(t, s, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
 	})
 }
@@ -170,7 +170,7 @@ type inFlightLeg struct {
 func inFlightLegs(t *testing.T, s *harness.Stack, n int) []inFlightLeg {
 	t.Helper()
 	var out []inFlightLeg
-	waitFor(t, 10*time.Second, "the long requests on their decode engines", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the long requests on their decode engines", func() bool {
 		out = out[:0]
 		for _, sim := range s.Decode {
 			recs, err := sim.Requests(context.Background())
@@ -325,18 +325,5 @@ func adminPages(t *testing.T, s *harness.Stack, mode harness.Auth) {
 		if got := get(c.path, c.token); got != c.want {
 			t.Errorf("GET %s (token %v): %d, want %d", c.path, c.token != "", got, c.want)
 		}
-	}
-}
-
-// waitFor polls cond every 50 ms until it holds, failing the test after
-// within.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

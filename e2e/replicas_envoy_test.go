@@ -43,14 +43,14 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 
 	time.Sleep(2 * time.Second)
 	for i := range s.Duets {
-		if n := replicaMetric(t, s, i, "duet_extproc_requests_total", nil); n == 0 {
+		if n := s.ReplicaMetric(i, "duet_extproc_requests_total", nil); n == 0 {
 			t.Errorf("replica %d routed no request before the kill: Envoy does not spread over the replicas", i)
 		}
 	}
 	// The victim holds an access-log stream, so that the kill moves it.
 	victim := -1
 	for i := range s.Duets {
-		if replicaMetric(t, s, i, "duet_feedback_streams", nil) > 0 {
+		if s.ReplicaMetric(i, "duet_feedback_streams", nil) > 0 {
 			victim = i
 			break
 		}
@@ -58,7 +58,7 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	if victim < 0 {
 		t.Fatal("no replica holds an access-log stream")
 	}
-	victimFeedback := replicaMetric(t, s, victim, "duet_feedback_entries_total", nil)
+	victimFeedback := s.ReplicaMetric(victim, "duet_feedback_entries_total", nil)
 	killed := time.Now()
 	s.Duets[victim].Kill()
 	gone := s.DuetGRPCs[victim]
@@ -96,7 +96,7 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	results := traffic.stop()
 
 	checkReplicaOutcomes(t, results, killed)
-	if n := replicaMetric(t, s, victim, "duet_extproc_requests_total", nil); n == 0 {
+	if n := s.ReplicaMetric(victim, "duet_extproc_requests_total", nil); n == 0 {
 		t.Errorf("the restarted replica routed no request in 2s")
 	}
 	var servedAfter int
@@ -107,7 +107,7 @@ func TestReplicasSurviveSIGKILL(t *testing.T) {
 	}
 	// Each served PD request has three entries: the request, its decode leg
 	// and its prefill mirror. The live replicas get them all.
-	waitFor(t, 10*time.Second, "the feedback of every request routed after the kill on the live replicas", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the feedback of every request routed after the kill on the live replicas", func() bool {
 		return liveFeedback(t, s, victim)-feedbackAtNotice >= float64(3*servedAfter)
 	})
 	live := liveFeedback(t, s, victim)
@@ -262,7 +262,7 @@ func liveFeedback(t *testing.T, s *harness.Stack, dead int) float64 {
 	sum := 0.0
 	for i := range s.Duets {
 		if i != dead {
-			sum += replicaMetric(t, s, i, "duet_feedback_entries_total", nil)
+			sum += s.ReplicaMetric(i, "duet_feedback_entries_total", nil)
 		}
 	}
 	return sum
@@ -284,7 +284,7 @@ func TestInFlightStreamOnKilledReplica(t *testing.T) {
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: duet\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
 		len(body), body[:len(body)/2])
 	holder := -1
-	waitFor(t, 10*time.Second, "the stalled upload's stream on a replica", func() bool {
+	harness.WaitFor(t, 10*time.Second, "the stalled upload's stream on a replica", func() bool {
 		hosts, err := harness.EnvoyHosts(context.Background(), s.EnvoyAdminURL, envoy.ClusterDuet)
 		if err != nil {
 			t.Fatal(err)

@@ -33,34 +33,11 @@ func startSharedStack(t *testing.T, n int) (*harness.Stack, *harness.NATS) {
 		DuetYAML:         fmt.Sprintf("sync:\n  nats:\n    url: %s\n  heartbeat: 200ms\n", nats.URL),
 	})
 	for i := range n {
-		waitFor(t, 10*time.Second, fmt.Sprintf("replica %d to hear its %d peers", i, n-1), func() bool {
-			return replicaMetric(t, s, i, "duet_sync_peers", nil) == float64(n-1)
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d to hear its %d peers", i, n-1), func() bool {
+			return s.ReplicaMetric(i, "duet_sync_peers", nil) == float64(n-1)
 		})
 	}
 	return s, nats
-}
-
-// replicaMetric sums a metric of replica i whose labels include match.
-func replicaMetric(t *testing.T, s *harness.Stack, i int, name string, match map[string]string) float64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	mfs, err := harness.ScrapeMetrics(ctx, http.DefaultClient, s.DuetAdminURLs[i]+"/metrics")
-	if err != nil {
-		return -1 // a dead replica
-	}
-	sum := 0.0
-	for _, m := range mfs[name].GetMetric() {
-		labels := labelsOf(m)
-		ok := true
-		for k, v := range match {
-			ok = ok && labels[k] == v
-		}
-		if ok {
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return sum
 }
 
 // openLoop sends chat requests to s at rate per second until ctx ends and
@@ -133,32 +110,32 @@ func TestReplicasShareThroughNATS(t *testing.T) {
 	checkOutcomes(t, <-done)
 
 	for _, i := range []int{0, 2} { // the replicas that never restarted
-		if n := replicaMetric(t, s, i, "duet_sync_events_total", map[string]string{"kind": "picked", "direction": "received"}); n == 0 {
+		if n := s.ReplicaMetric(i, "duet_sync_events_total", map[string]string{"kind": "picked", "direction": "received"}); n == 0 {
 			t.Errorf("replica %d received no peer's picks", i)
 		}
 		// A replica killed between routing a request and NATS carrying the
 		// route loses the route: the survivors cannot believe that
 		// request's entries (its holds died with the route). A few at most.
-		if n := replicaMetric(t, s, i, "duet_feedback_untrusted_total", nil); n > 6 {
+		if n := s.ReplicaMetric(i, "duet_feedback_untrusted_total", nil); n > 6 {
 			t.Errorf("replica %d did not believe %v entries", i, n)
 		}
 	}
 	for i := range 3 {
-		waitFor(t, 10*time.Second, fmt.Sprintf("replica %d to hear its peers again", i), func() bool {
-			return replicaMetric(t, s, i, "duet_sync_peers", nil) == 2
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d to hear its peers again", i), func() bool {
+			return s.ReplicaMetric(i, "duet_sync_peers", nil) == 2
 		})
 	}
 	// Every hold, whichever replica made it and whichever received its
 	// feedback, ends on every replica; the ledger forgets finished
 	// requests 30 s after their last hold.
 	for i := range 3 {
-		waitFor(t, 10*time.Second, fmt.Sprintf("replica %d's reserved tokens back to 0", i), func() bool {
-			return replicaMetric(t, s, i, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d's reserved tokens back to 0", i), func() bool {
+			return s.ReplicaMetric(i, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
 		})
 	}
 	for _, i := range []int{0, 2} {
-		waitFor(t, 45*time.Second, fmt.Sprintf("replica %d's duet_reservations back to 0", i), func() bool {
-			return replicaMetric(t, s, i, "duet_reservations", nil) == 0
+		harness.WaitFor(t, 45*time.Second, fmt.Sprintf("replica %d's duet_reservations back to 0", i), func() bool {
+			return s.ReplicaMetric(i, "duet_reservations", nil) == 0
 		})
 	}
 }
@@ -175,8 +152,8 @@ func TestReplicasSurviveNATSOutage(t *testing.T) {
 
 	time.Sleep(time.Second)
 	nats.Kill()
-	waitFor(t, 5*time.Second, "the replicas to notice NATS is gone", func() bool {
-		return replicaMetric(t, s, 0, "duet_sync_connected", nil) == 0 && replicaMetric(t, s, 1, "duet_sync_connected", nil) == 0
+	harness.WaitFor(t, 5*time.Second, "the replicas to notice NATS is gone", func() bool {
+		return s.ReplicaMetric(0, "duet_sync_connected", nil) == 0 && s.ReplicaMetric(1, "duet_sync_connected", nil) == 0
 	})
 	time.Sleep(2 * time.Second)
 	if err := nats.Restart(); err != nil {
@@ -190,16 +167,16 @@ func TestReplicasSurviveNATSOutage(t *testing.T) {
 	checkOutcomes(t, <-done)
 
 	for i := range 2 {
-		waitFor(t, 10*time.Second, fmt.Sprintf("replica %d reconnected to NATS", i), func() bool {
-			return replicaMetric(t, s, i, "duet_sync_connected", nil) == 1 && replicaMetric(t, s, i, "duet_sync_peers", nil) == 1
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d reconnected to NATS", i), func() bool {
+			return s.ReplicaMetric(i, "duet_sync_connected", nil) == 1 && s.ReplicaMetric(i, "duet_sync_peers", nil) == 1
 		})
-		if n := replicaMetric(t, s, i, "duet_sync_events_total", map[string]string{"kind": "outbox", "direction": "sent"}); n == 0 {
+		if n := s.ReplicaMetric(i, "duet_sync_events_total", map[string]string{"kind": "outbox", "direction": "sent"}); n == 0 {
 			t.Errorf("replica %d sent nothing it kept during the outage", i)
 		}
 	}
 	for i := range 2 {
-		waitFor(t, 10*time.Second, fmt.Sprintf("replica %d's reserved tokens back to 0", i), func() bool {
-			return replicaMetric(t, s, i, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d's reserved tokens back to 0", i), func() bool {
+			return s.ReplicaMetric(i, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
 		})
 	}
 }

@@ -98,9 +98,9 @@ func TestStreamsRetriedOnAnotherReplica(t *testing.T) {
 			// Every entry Envoy wrote reaches the live replica, or (without
 			// the retry policies) some are lost with the refused streams.
 			written := float64(stats["access_logs.grpc_access_log.logs_written"])
-			got := func() float64 { return replicaMetric(t, s, 0, "duet_feedback_entries_total", nil) }
+			got := func() float64 { return s.ReplicaMetric(0, "duet_feedback_entries_total", nil) }
 			if tc.retry {
-				waitFor(t, 10*time.Second, "every access-log entry on the live replica", func() bool { return got() == written })
+				harness.WaitFor(t, 10*time.Second, "every access-log entry on the live replica", func() bool { return got() == written })
 			} else if time.Sleep(time.Second); got() >= written {
 				t.Errorf("the live replica got all %v access-log entries without the retry policies", written)
 			}

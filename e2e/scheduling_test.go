@@ -156,18 +156,7 @@ func labelsOf(m *dto.Metric) map[string]string {
 // whose labels include match.
 func duetMetricSum(t *testing.T, s *harness.Stack, name string, match map[string]string) float64 {
 	t.Helper()
-	sum := 0.0
-	for _, m := range duetMetrics(t, s)[name].GetMetric() {
-		labels := labelsOf(m)
-		ok := true
-		for k, v := range match {
-			ok = ok && labels[k] == v
-		}
-		if ok {
-			sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return harness.SumMetric(duetMetrics(t, s), name, match)
 }
 
 // With scraping off, only completion feedback can end reservations: after

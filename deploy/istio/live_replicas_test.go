@@ -12,36 +12,6 @@ import (
 	"github.com/duet-router/duet/e2e/harness"
 )
 
-// replicaMetric sums one of replica i's metrics over its labels; -1 if the
-// replica does not answer.
-func replicaMetric(t *testing.T, s *harness.Stack, i int, name string) float64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	mfs, err := harness.ScrapeMetrics(ctx, http.DefaultClient, s.DuetAdminURLs[i]+"/metrics")
-	if err != nil {
-		return -1
-	}
-	sum := 0.0
-	for _, m := range mfs[name].GetMetric() {
-		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-	}
-	return sum
-}
-
-// waitUntil polls ok every 20 ms until it holds, failing the test if it
-// does not within the given time.
-func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !ok() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // gatewayHosts reads whether the gateway's Envoy may pick each host (by
 // address) of its two clusters to duet.
 func gatewayHosts(t *testing.T, s *harness.Stack) map[string]map[string]bool {
@@ -125,7 +95,7 @@ func TestIstioGatewayReplicas(t *testing.T) {
 	}
 
 	for i := range s.Duets {
-		waitUntil(t, 10*time.Second, fmt.Sprintf("replica %d hears its peer", i), func() bool { return replicaMetric(t, s, i, "duet_sync_peers") == 1 })
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d hears its peer", i), func() bool { return s.ReplicaMetric(i, "duet_sync_peers", nil) == 1 })
 	}
 	healthy := func(want map[string]bool) func() bool {
 		return func() bool {
@@ -143,7 +113,7 @@ func TestIstioGatewayReplicas(t *testing.T) {
 		}
 	}
 	both := map[string]bool{sidecars[0].Listen: true, sidecars[1].Listen: true}
-	waitUntil(t, 10*time.Second, "both clusters to duet hold both replicas, healthy through their sidecars", healthy(both))
+	harness.WaitFor(t, 10*time.Second, "both clusters to duet hold both replicas, healthy through their sidecars", healthy(both))
 
 	client := &http.Client{Timeout: 30 * time.Second}
 	const requests = 12
@@ -154,13 +124,13 @@ func TestIstioGatewayReplicas(t *testing.T) {
 	}
 	entries := 0.0
 	for i := range s.Duets {
-		if n := replicaMetric(t, s, i, "duet_extproc_requests_total"); n <= 0 {
+		if n := s.ReplicaMetric(i, "duet_extproc_requests_total", nil); n <= 0 {
 			t.Errorf("replica %d routed no request: the gateway does not spread ext_proc streams over the replicas", i)
 		}
-		if n := replicaMetric(t, s, i, "duet_feedback_untrusted_total"); n != 0 {
+		if n := s.ReplicaMetric(i, "duet_feedback_untrusted_total", nil); n != 0 {
 			t.Errorf("replica %d did not believe %v access-log entries", i, n)
 		}
-		entries += replicaMetric(t, s, i, "duet_feedback_entries_total")
+		entries += s.ReplicaMetric(i, "duet_feedback_entries_total", nil)
 	}
 	if entries != 3*requests {
 		t.Errorf("the replicas received %v access-log entries, want %d (a request's and each leg's)", entries, 3*requests)
@@ -187,7 +157,7 @@ func TestIstioGatewayReplicas(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	waitUntil(t, 5*time.Second, "the gateway skips the dead replica on both clusters", healthy(map[string]bool{sidecars[0].Listen: true, sidecars[1].Listen: false}))
+	harness.WaitFor(t, 5*time.Second, "the gateway skips the dead replica on both clusters", healthy(map[string]bool{sidecars[0].Listen: true, sidecars[1].Listen: false}))
 	skipped := time.Since(killed)
 	close(stop)
 	<-done
@@ -215,8 +185,8 @@ func TestIstioGatewayReplicas(t *testing.T) {
 	if err := s.RestartReplica(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the restarted replica is healthy on both clusters again", healthy(both))
-	waitUntil(t, 10*time.Second, "the restarted replica hears its peer", func() bool { return replicaMetric(t, s, 1, "duet_sync_peers") == 1 })
+	harness.WaitFor(t, 10*time.Second, "the restarted replica is healthy on both clusters again", healthy(both))
+	harness.WaitFor(t, 10*time.Second, "the restarted replica hears its peer", func() bool { return s.ReplicaMetric(1, "duet_sync_peers", nil) == 1 })
 	for i := 300; i < 306; i++ {
 		if r := harness.Chat(ctx, client, s.EnvoyURL, i, i%2 == 0, 8); r.Outcome != harness.OutcomeServed {
 			t.Errorf("request %d after the restart: %s %d %s", i, r.Outcome, r.Status, r.Detail)

@@ -416,36 +416,6 @@ func manifestSync(objs []object, n natsServer) (string, error) {
 	return string(out), err
 }
 
-// replicaMetric sums one of replica i's metrics over its labels; -1 if the
-// replica does not answer.
-func replicaMetric(t *testing.T, s *harness.Stack, i int, name string) float64 {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	mfs, err := harness.ScrapeMetrics(ctx, http.DefaultClient, s.DuetAdminURLs[i]+"/metrics")
-	if err != nil {
-		return -1
-	}
-	sum := 0.0
-	for _, m := range mfs[name].GetMetric() {
-		sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-	}
-	return sum
-}
-
-// waitUntil polls ok every 20 ms until it holds, failing the test if it
-// does not within the given time.
-func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
-	t.Helper()
-	start := time.Now()
-	for !ok() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // hostStates reads, for each cluster to duet, whether the Envoy at adminURL
 // may pick each replica address (true: healthy).
 func hostStates(t *testing.T, adminURL string, clusters []string) map[string]map[string]bool {
@@ -510,8 +480,8 @@ func TestEnvoyGatewayReplicas(t *testing.T) {
 	clusters := clustersOfBootstrap(t, s.EnvoyConfig)
 
 	for i := range s.Duets {
-		waitUntil(t, 10*time.Second, fmt.Sprintf("replica %d hears its peer through the manifests' NATS", i), func() bool {
-			return replicaMetric(t, s, i, "duet_sync_peers") == 1
+		harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d hears its peer through the manifests' NATS", i), func() bool {
+			return s.ReplicaMetric(i, "duet_sync_peers", nil) == 1
 		})
 	}
 	allHealthy := func(want []string) func() bool {
@@ -529,16 +499,16 @@ func TestEnvoyGatewayReplicas(t *testing.T) {
 			return true
 		}
 	}
-	waitUntil(t, 10*time.Second, "every cluster to duet lists both replicas, healthy", allHealthy(s.DuetGRPCs))
+	harness.WaitFor(t, 10*time.Second, "every cluster to duet lists both replicas, healthy", allHealthy(s.DuetGRPCs))
 
 	servedAll(t, s, 0, 16)
 	for i := range s.Duets {
-		if n := replicaMetric(t, s, i, "duet_extproc_requests_total"); n <= 0 {
+		if n := s.ReplicaMetric(i, "duet_extproc_requests_total", nil); n <= 0 {
 			t.Errorf("replica %d routed no request: Envoy does not spread ext_proc streams over the replicas", i)
 		}
 		// Entries reach either replica; the one that did not route a
 		// request knows its route from its peer.
-		if n := replicaMetric(t, s, i, "duet_feedback_untrusted_total"); n != 0 {
+		if n := s.ReplicaMetric(i, "duet_feedback_untrusted_total", nil); n != 0 {
 			t.Errorf("replica %d did not believe %v access-log entries", i, n)
 		}
 	}
@@ -551,7 +521,7 @@ func TestEnvoyGatewayReplicas(t *testing.T) {
 		defer close(done)
 		servedAll(t, s, 100, 10)
 	}()
-	waitUntil(t, 5*time.Second, "Envoy skips the killed replica on every cluster to duet", func() bool {
+	harness.WaitFor(t, 5*time.Second, "Envoy skips the killed replica on every cluster to duet", func() bool {
 		for _, hosts := range hostStates(t, s.EnvoyAdminURL, clusters) {
 			if hosts[gone] {
 				return false
@@ -566,15 +536,15 @@ func TestEnvoyGatewayReplicas(t *testing.T) {
 		t.Errorf("the killed replica was skipped after %v, want within a second", skipped)
 	}
 	servedAll(t, s, 200, 6)
-	if n := replicaMetric(t, s, 0, "duet_feedback_untrusted_total"); n != 0 {
+	if n := s.ReplicaMetric(0, "duet_feedback_untrusted_total", nil); n != 0 {
 		t.Errorf("the surviving replica did not believe %v access-log entries", n)
 	}
 
 	if err := s.RestartReplica(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the restarted replica is healthy on every cluster again", allHealthy(s.DuetGRPCs))
-	waitUntil(t, 10*time.Second, "the restarted replica hears its peer", func() bool { return replicaMetric(t, s, 1, "duet_sync_peers") == 1 })
+	harness.WaitFor(t, 10*time.Second, "the restarted replica is healthy on every cluster again", allHealthy(s.DuetGRPCs))
+	harness.WaitFor(t, 10*time.Second, "the restarted replica hears its peer", func() bool { return s.ReplicaMetric(1, "duet_sync_peers", nil) == 1 })
 	servedAll(t, s, 300, 6)
 }
 
