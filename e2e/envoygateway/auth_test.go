@@ -280,18 +280,7 @@ func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillC
 // (its message names what is missing, as docs/deploy/envoy-gateway.md
 // says) and every route answers 500 itself, reaching no engine.
 func TestMissingCredentialsFailClosed(t *testing.T) {
-	egctl, err := egctlPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	egctl, creds := translateSetup(t)
 	addrs := harness.Addresses{DuetGRPC: "127.0.0.1:9002", Decode: []string{"http://127.0.0.1:30001"}, Prefill: []string{"http://127.0.0.1:30002"}}
 	for _, c := range []struct {
 		name, kind, object, message string
@@ -355,4 +344,22 @@ func TestMissingCredentialsFailClosed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// translateSetup finds egctl and makes a set of credentials, for tests
+// that translate the manifests without running a stack.
+func translateSetup(t *testing.T) (egctl string, creds harness.Credentials) {
+	t.Helper()
+	egctl, err := egctlPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if creds, err = harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials")); err != nil {
+		t.Fatal(err)
+	}
+	return egctl, creds
 }

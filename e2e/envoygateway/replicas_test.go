@@ -605,18 +605,7 @@ func mutatedManifests(t *testing.T, file, old, new string) []object {
 // The checks of replicaEffects are not vacuous: manifests that would leave
 // a dead replica in use, as egctl translates them, fail the bootstrap.
 func TestReplicaEffectsCatchWeakenings(t *testing.T) {
-	egctl, err := egctlPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	egctl, creds := translateSetup(t)
 	addrs := harness.Addresses{EnvoyListen: "127.0.0.1:10000", EnvoyAdmin: "127.0.0.1:10001", DuetGRPC: "127.0.0.1:9002",
 		Decode: []string{"http://127.0.0.1:30001"}, Prefill: []string{"http://127.0.0.1:30002"}}
 	for _, tt := range []struct {
