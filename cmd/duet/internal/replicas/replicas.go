@@ -22,6 +22,7 @@ package replicas
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -116,10 +117,46 @@ type Replicas struct {
 type envelope struct {
 	From   string                `json:"from"`
 	At     int64                 `json:"at"` // Unix ns, the sender's clock
-	Picked *scheduler.Picked     `json:"picked,omitempty"`
+	Picked *pickedWire           `json:"picked,omitempty"`
 	Routed *routedEvent          `json:"routed,omitempty"`
 	Leg    *accesslog.Completion `json:"leg,omitempty"`
 	Hello  bool                  `json:"hello,omitempty"`
+}
+
+// pickedWire is a pick on the wire: the prefix block hashes travel as
+// little-endian bytes (base64 in JSON), which a peer decodes several times
+// faster than 64 decimal numbers.
+type pickedWire struct {
+	scheduler.Picked
+	// Blocks shadows Picked.Blocks.
+	Blocks []byte `json:"blocks,omitempty"`
+}
+
+// wirePicked packs p for the wire.
+func wirePicked(p scheduler.Picked) *pickedWire {
+	w := &pickedWire{Picked: p}
+	w.Picked.Blocks = nil
+	if len(p.Blocks) > 0 {
+		w.Blocks = make([]byte, 8*len(p.Blocks))
+		for i, h := range p.Blocks {
+			binary.LittleEndian.PutUint64(w.Blocks[8*i:], h)
+		}
+	}
+	return w
+}
+
+// picked unpacks w; a block list of a length that is not a multiple of 8
+// is malformed.
+func (w *pickedWire) picked() (scheduler.Picked, bool) {
+	p := w.Picked
+	if len(w.Blocks)%8 != 0 {
+		return p, false
+	}
+	p.Blocks = make([]uint64, len(w.Blocks)/8)
+	for i := range p.Blocks {
+		p.Blocks[i] = binary.LittleEndian.Uint64(w.Blocks[8*i:])
+	}
+	return p, true
 }
 
 // routedEvent is a routed request's route.
@@ -219,7 +256,7 @@ func (r *Replicas) Close() {
 }
 
 // Picked publishes a pick (scheduler.Config.OnPicked).
-func (r *Replicas) Picked(p scheduler.Picked) { r.publish(&envelope{Picked: &p}) }
+func (r *Replicas) Picked(p scheduler.Picked) { r.publish(&envelope{Picked: wirePicked(p)}) }
 
 // Record publishes a routed request's route (extproc.RouteRecorder).
 func (r *Replicas) Record(id string, route routed.Route) {
@@ -320,7 +357,12 @@ func (r *Replicas) receive(msg *nats.Msg) {
 	r.m.lag.Observe(max(lag.Seconds(), 0))
 	switch kind {
 	case kindPicked:
-		r.opts.Apply.ApplyPicked(*e.Picked)
+		p, ok := e.Picked.picked()
+		if !ok {
+			r.m.dropped.WithLabelValues(kind, "malformed").Inc()
+			return
+		}
+		r.opts.Apply.ApplyPicked(p)
 	case kindRouted:
 		r.opts.Apply.Record(e.Routed.ID, e.Routed.Route)
 	case kindLeg:
