@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/scheduler"
 )
 
 // The variants, in the order they alternate and appear in the report.
@@ -263,11 +264,11 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 	return s, nil
 }
 
-// duet's default policies: cache_aware for prefill, least_tokens for decode
-// (and for an aggregated pool).
+// duet's default policies, as users run it (least_cost on both roles since
+// issue 16; reports written before name cache_aware and least_tokens).
 const (
-	duetPrefillPolicy = "cache_aware"
-	duetDecodePolicy  = "least_tokens"
+	duetPrefillPolicy = scheduler.DefaultPrefillPolicy
+	duetDecodePolicy  = scheduler.DefaultDecodePolicy
 )
 
 // smgVersion is the standalone router the SMG variants run (pip package
