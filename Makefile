@@ -77,8 +77,9 @@ bench-overhead: build envoy $(VENV)/.bench-installed
 
 # Soak (not in CI): 20 minutes of mixed load with faults injected; reports
 # outcomes, wait percentiles, and duet's memory and goroutines over time.
-# SOAK_FLAGS passes flags, e.g. SOAK_FLAGS=-duration=2m.
-soak: build envoy
+# SOAK_FLAGS passes flags, e.g. SOAK_FLAGS=-duration=2m, or -replicas=3 for
+# replicas sharing state through NATS (a replica and NATS are killed too).
+soak: build envoy nats-server
 	$(GO) run ./e2e/soak $(SOAK_FLAGS)
 
 # Container images duet:$(IMAGE_TAG) and duet-sim:$(IMAGE_TAG) from

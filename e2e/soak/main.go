@@ -34,10 +34,12 @@ func main() {
 	duration := flag.Duration("duration", 20*time.Minute, "how long to run the load")
 	rate := flag.Float64("rate", 40, "requests per second (open loop)")
 	cycle := flag.Duration("cycle", 2*time.Minute, "period of the fault schedule")
+	replicas := flag.Int("replicas", 1, "duet replicas; above 1 they share state through a nats-server (make nats-server), "+
+		"and the fault schedule also kills the last replica and NATS")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *duration, *rate, *cycle); err != nil {
+	if err := run(ctx, *duration, *rate, *cycle, *replicas); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -50,14 +52,28 @@ type sample struct {
 	goroutines, legs, resv float64
 }
 
-func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration) error {
-	s, err := harness.Start(ctx, harness.Options{
-		Prefill:   []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
-		Decode:    []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
-		KVTimeout: 60 * time.Second,
-		LogLevel:  "warn",
-		DuetYAML:  "health:\n  interval: 500ms\n  timeout: 500ms\n",
-	})
+func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration, replicas int) error {
+	opts := harness.Options{
+		Prefill:      []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		Decode:       []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
+		KVTimeout:    60 * time.Second,
+		LogLevel:     "warn",
+		DuetYAML:     "health:\n  interval: 500ms\n  timeout: 500ms\n",
+		DuetReplicas: replicas,
+	}
+	var nats *harness.NATS
+	if replicas > 1 {
+		dir, err := os.MkdirTemp("", "duet-soak-nats-")
+		if err != nil {
+			return err
+		}
+		if nats, err = harness.StartNATS(ctx, dir); err != nil {
+			return err
+		}
+		defer nats.Stop(time.Second)
+		opts.DuetYAML += "sync:\n  nats:\n    url: " + nats.URL + "\n"
+	}
+	s, err := harness.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -84,7 +100,7 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 
 	loadCtx, cancel := context.WithTimeout(ctx, duration)
 	defer cancel()
-	go faults(loadCtx, s, cycle)
+	go faults(loadCtx, s, nats, cycle)
 	go func() {
 		tick := time.NewTicker(time.Minute)
 		defer tick.Stop()
@@ -115,6 +131,15 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	time.Sleep(3 * time.Second) // let feedback and aborts settle
 	record()
 	report(os.Stdout, results, samples)
+	if replicas > 1 {
+		fmt.Println("\n| replica | untrusted entries | adopted entries | sync events dropped | reserved tokens |")
+		fmt.Println("|---|---|---|---|---|")
+		for i := range s.Duets {
+			fmt.Printf("| %d | %.0f | %.0f | %.0f | %.0f |\n", i, s.ReplicaMetric(i, "duet_feedback_untrusted_total", nil),
+				s.ReplicaMetric(i, "duet_feedback_adopted_total", nil), s.ReplicaMetric(i, "duet_sync_events_dropped_total", nil),
+				s.ReplicaMetric(i, "duet_target_tokens", map[string]string{"kind": "reserved"}))
+		}
+	}
 	lost := 0
 	for _, r := range results {
 		if r.Outcome == harness.OutcomeLost {
@@ -128,9 +153,14 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	return nil
 }
 
-// faults injects one fault per cycle/4, in turn, until ctx ends.
-func faults(ctx context.Context, s *harness.Stack, cycle time.Duration) {
-	step := cycle / 4
+// faults injects one fault per cycle/4 (cycle/6 with replicas sharing
+// through nats), in turn, until ctx ends.
+func faults(ctx context.Context, s *harness.Stack, nats *harness.NATS, cycle time.Duration) {
+	kinds := 4
+	if nats != nil {
+		kinds = 6
+	}
+	step := cycle / time.Duration(kinds)
 	post := func(sim *harness.Sim, body string) {
 		if resp, err := http.Post(sim.URL+"/sim/faults", "application/json", strings.NewReader(body)); err == nil {
 			resp.Body.Close()
@@ -148,7 +178,7 @@ func faults(ctx context.Context, s *harness.Stack, cycle time.Duration) {
 		if !wait(step / 2) {
 			return
 		}
-		switch n % 4 {
+		switch n % kinds {
 		case 0:
 			fmt.Println("fault: decode-1 killed")
 			s.Decode[1].Kill()
@@ -175,6 +205,19 @@ func faults(ctx context.Context, s *harness.Stack, cycle time.Duration) {
 			wait(step / 4)
 			for _, sim := range append(append([]*harness.Sim{}, s.Prefill...), s.Decode...) {
 				post(sim, `{"loads":"ok"}`)
+			}
+		case 4:
+			last := len(s.Duets) - 1
+			fmt.Printf("fault: duet replica %d killed\n", last)
+			s.Duets[last].Kill()
+			wait(step / 4)
+			_ = s.RestartReplica(context.Background(), last)
+		case 5:
+			fmt.Println("fault: NATS killed")
+			nats.Kill()
+			wait(step / 4)
+			if err := nats.Restart(); err == nil {
+				_ = nats.WaitReady(context.Background())
 			}
 		}
 		if !wait(step / 4) {

@@ -70,7 +70,9 @@ type Options struct {
 	// the Book does not know yet, for OrphanTTL, so that Adopt can admit
 	// them once their route arrives: among replicas, another replica's
 	// route can come after an entry about its request (package
-	// cmd/duet/internal/replicas). 0 refuses unknown entries for good.
+	// cmd/duet/internal/replicas). An entry of the Gate that waits is
+	// counted as untrusted (unknown_request) only when it expires. 0
+	// refuses unknown entries at once, and counts them then.
 	Orphans int
 	// OrphanTTL is how long an orphan waits for its route; default
 	// DefaultOrphanTTL.
@@ -85,6 +87,9 @@ const DefaultOrphanTTL = 2 * time.Minute
 type orphan struct {
 	c  accesslog.Completion
 	at time.Time
+	// gated: it came through the Book's Gate (from this replica's Envoy),
+	// so it is counted as untrusted if its route never comes.
+	gated bool
 }
 
 // Book is the record of routed requests. Its methods are safe for
@@ -180,25 +185,34 @@ func (b *Book) Len() int {
 // Admit reports whether c is feedback duet may believe, and if not why;
 // an admitted entry is marked as arrived.
 func (b *Book) Admit(c accesslog.Completion) (ok bool, reason string) {
+	ok, reason, _ = b.admitEntry(c, false)
+	return ok, reason
+}
+
+// admitEntry is Admit; kept reports that an entry about an unknown request
+// waits for its route (Options.Orphans), gated that it came through the
+// Gate.
+func (b *Book) admitEntry(c accesslog.Completion, gated bool) (ok bool, reason string, kept bool) {
 	if c.RequestID == "" {
-		return false, ReasonNoRequestID
+		return false, ReasonNoRequestID, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e, found := b.reqs[c.RequestID]
 	if !found {
 		if b.nOrphans < b.maxOrphans {
-			b.orphans[c.RequestID] = append(b.orphans[c.RequestID], orphan{c: c, at: b.now()})
+			b.orphans[c.RequestID] = append(b.orphans[c.RequestID], orphan{c: c, at: b.now(), gated: gated})
 			b.nOrphans++
+			kept = true
 		}
-		return false, ReasonUnknown
+		return false, ReasonUnknown, kept
 	}
 	reason = e.admit(c)
 	if reason != "" {
-		return false, reason
+		return false, reason, false
 	}
 	b.forgetIfDone(c.RequestID, e)
-	return true, ""
+	return true, "", false
 }
 
 // forgetIfDone forgets request id once every entry it expects arrived.
@@ -302,13 +316,22 @@ func (g gate) Complete(ctx context.Context, c accesslog.Completion) {
 	if c.RequestID == "" && c.Leg == accesslog.LegRequest {
 		return
 	}
-	ok, reason := g.book.Admit(c)
+	ok, reason, kept := g.book.admitEntry(c, true)
 	if ok {
 		g.next.Complete(ctx, c)
 		return
 	}
-	g.book.untrusted.WithLabelValues(string(c.Leg), reason).Inc()
-	g.book.log.Warn("ignored an access-log entry duet cannot vouch for ("+reason+"); further ones for this reason are logged at most every "+logEvery.String(),
+	if kept {
+		// Counted when it expires, if its route never comes (Sweep).
+		return
+	}
+	g.book.distrust(c, reason)
+}
+
+// distrust counts and logs an entry that is not believed.
+func (b *Book) distrust(c accesslog.Completion, reason string) {
+	b.untrusted.WithLabelValues(string(c.Leg), reason).Inc()
+	b.log.Warn("ignored an access-log entry duet cannot vouch for ("+reason+"); further ones for this reason are logged at most every "+logEvery.String(),
 		zap.String("duet_request_id", c.RequestID), zap.String("leg", string(c.Leg)), zap.String("upstream", c.Upstream),
 		zap.Int("dp_rank", c.DPRank), zap.Bool("failed", c.Failed))
 }
@@ -326,11 +349,20 @@ func (b *Book) Sweep() int {
 		}
 	}
 	orphanCutoff := b.now().Add(-b.orphanTTL)
+	var expired []accesslog.Completion
 	for id, os := range b.orphans {
 		if os[0].at.Before(orphanCutoff) {
 			delete(b.orphans, id)
 			b.nOrphans -= len(os)
+			for _, o := range os {
+				if o.gated {
+					expired = append(expired, o.c)
+				}
+			}
 		}
+	}
+	for _, c := range expired {
+		b.distrust(c, ReasonUnknown)
 	}
 	return n
 }

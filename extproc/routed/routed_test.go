@@ -234,3 +234,31 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("a Book without Orphans kept %d entries", len(got))
 	}
 }
+
+// With Orphans, the gate counts an entry about an unknown request only if
+// its route never comes: adopted entries are believed and never counted.
+func TestGateCountsOrphansOnExpiry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := New(Options{Registerer: reg, Orphans: 10, OrphanTTL: time.Minute})
+	now := time.Unix(1000, 0)
+	b.now = func() time.Time { return now }
+	var passed int
+	g := b.Gate(sinkFunc(func(accesslog.Completion) { passed++ }))
+	unknown := func() float64 { return testutil.ToFloat64(b.untrusted.WithLabelValues("decode", ReasonUnknown)) }
+	g.Complete(context.Background(), decodeLeg(decodeHost, 1)) // r1: its route comes later
+	g.Complete(context.Background(), accesslog.Completion{RequestID: "never", Leg: accesslog.LegDecode, Upstream: decodeHost})
+	if n := unknown(); n != 0 {
+		t.Fatalf("counted %v entries at once; they wait for their routes", n)
+	}
+	if got := b.Adopt("r1", pdRoute); len(got) != 1 {
+		t.Fatalf("adopted %d", len(got))
+	}
+	now = now.Add(2 * time.Minute)
+	b.Sweep()
+	if n := unknown(); n != 1 {
+		t.Errorf("after expiry: %v counted, want 1 (the entry whose route never came)", n)
+	}
+	if testutil.ToFloat64(b.adopted) != 1 {
+		t.Errorf("adopted counter %v, want 1", testutil.ToFloat64(b.adopted))
+	}
+}
