@@ -110,8 +110,9 @@ func TestReplicasShareThroughNATS(t *testing.T) {
 	checkOutcomes(t, <-done)
 
 	for _, i := range []int{0, 2} { // the replicas that never restarted
-		if n := s.ReplicaMetric(i, "duet_sync_events_total", map[string]string{"kind": "picked", "direction": "received"}); n == 0 {
-			t.Errorf("replica %d received no peer's picks", i)
+		// A pick travels with its route (kind "routed").
+		if n := s.ReplicaMetric(i, "duet_sync_events_total", map[string]string{"kind": "routed", "direction": "received"}); n == 0 {
+			t.Errorf("replica %d received no peer's picks and routes", i)
 		}
 		// A replica killed between routing a request and NATS carrying the
 		// route loses the route: the survivors cannot believe that

@@ -18,7 +18,7 @@ func newMetrics() metrics {
 		}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_sync_events_total",
-			Help: "Events shared with the other replicas, by kind (picked, routed, leg, hello) and direction (sent, received).",
+			Help: "Events shared with the other replicas, by kind (routed: a request's route with its pick; picked: a pick sent alone because its route never followed; leg; hello; outbox) and direction (sent, received).",
 		}, []string{"kind", "direction"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_sync_events_dropped_total",

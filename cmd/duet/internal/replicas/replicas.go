@@ -106,6 +106,13 @@ type Replicas struct {
 	// the peers have had time to reconnect too (see flushOutbox).
 	outbox [][]byte
 
+	// pending holds each pick until its request's route is recorded, so
+	// that the two travel in one message: a replica killed between them
+	// would otherwise leave its peers holding a pick whose entries they
+	// cannot check.
+	pendingMu sync.Mutex
+	pending   map[string]pendingPick
+
 	m metrics
 
 	stop chan struct{}
@@ -159,6 +166,16 @@ func (w *pickedWire) picked() (scheduler.Picked, bool) {
 	return p, true
 }
 
+// pendingPick is a pick waiting for its route.
+type pendingPick struct {
+	w  *pickedWire
+	at time.Time
+}
+
+// pendingTimeout is how long a pick waits for its route before it is sent
+// alone (its request was rejected after the pick).
+const pendingTimeout = 10 * time.Second
+
 // routedEvent is a routed request's route.
 type routedEvent struct {
 	ID    string       `json:"id"`
@@ -173,13 +190,13 @@ const (
 	kindHello  = "hello"
 )
 
-// kind names e's event.
+// kind names e's event (a route carries its pick too).
 func (e *envelope) kind() string {
 	switch {
-	case e.Picked != nil:
-		return kindPicked
 	case e.Routed != nil:
 		return kindRouted
+	case e.Picked != nil:
+		return kindPicked
 	case e.Leg != nil:
 		return kindLeg
 	}
@@ -201,7 +218,8 @@ func Start(opts Options) (*Replicas, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	r := &Replicas{opts: opts, log: log, now: time.Now, peers: map[string]*Peer{}, m: newMetrics(), stop: make(chan struct{})}
+	r := &Replicas{opts: opts, log: log, now: time.Now, peers: map[string]*Peer{}, pending: map[string]pendingPick{},
+		m: newMetrics(), stop: make(chan struct{})}
 	if opts.Registerer != nil {
 		r.m.register(opts.Registerer, r)
 	}
@@ -255,12 +273,40 @@ func (r *Replicas) Close() {
 	_ = r.nc.Drain()
 }
 
-// Picked publishes a pick (scheduler.Config.OnPicked).
-func (r *Replicas) Picked(p scheduler.Picked) { r.publish(&envelope{Picked: wirePicked(p)}) }
+// Picked keeps a pick (scheduler.Config.OnPicked) to publish with its
+// request's route (Record), or alone after pendingTimeout.
+func (r *Replicas) Picked(p scheduler.Picked) {
+	r.pendingMu.Lock()
+	r.pending[p.RequestID] = pendingPick{w: wirePicked(p), at: r.now()}
+	r.pendingMu.Unlock()
+}
 
-// Record publishes a routed request's route (extproc.RouteRecorder).
+// Record publishes a routed request's route (extproc.RouteRecorder),
+// together with its pick.
 func (r *Replicas) Record(id string, route routed.Route) {
-	r.publish(&envelope{Routed: &routedEvent{ID: id, Route: route}})
+	r.pendingMu.Lock()
+	pp := r.pending[id]
+	delete(r.pending, id)
+	r.pendingMu.Unlock()
+	r.publish(&envelope{Picked: pp.w, Routed: &routedEvent{ID: id, Route: route}})
+}
+
+// sendStalePicks publishes alone the picks whose route did not follow
+// within pendingTimeout.
+func (r *Replicas) sendStalePicks() {
+	cutoff := r.now().Add(-pendingTimeout)
+	var stale []*pickedWire
+	r.pendingMu.Lock()
+	for id, pp := range r.pending {
+		if pp.at.Before(cutoff) {
+			stale = append(stale, pp.w)
+			delete(r.pending, id)
+		}
+	}
+	r.pendingMu.Unlock()
+	for _, w := range stale {
+		r.publish(&envelope{Picked: w})
+	}
 }
 
 // Complete publishes an access-log entry Envoy sent this replica
@@ -355,14 +401,15 @@ func (r *Replicas) receive(msg *nats.Msg) {
 	kind := e.kind()
 	r.m.events.WithLabelValues(kind, "received").Inc()
 	r.m.lag.Observe(max(lag.Seconds(), 0))
-	switch kind {
-	case kindPicked:
+	if e.Picked != nil {
 		p, ok := e.Picked.picked()
 		if !ok {
 			r.m.dropped.WithLabelValues(kind, "malformed").Inc()
 			return
 		}
 		r.opts.Apply.ApplyPicked(p)
+	}
+	switch kind {
 	case kindRouted:
 		r.opts.Apply.Record(e.Routed.ID, e.Routed.Route)
 	case kindLeg:
@@ -386,6 +433,7 @@ func (r *Replicas) heartbeats() {
 		case <-tick.C:
 			r.publish(&envelope{Hello: true})
 			r.expirePeers()
+			r.sendStalePicks()
 		}
 	}
 }

@@ -139,6 +139,10 @@ func TestShare(t *testing.T) {
 		fmt.Sprint(got.Blocks) != fmt.Sprint([]uint64{1, 1 << 63, 0xdeadbeefcafe}) || len(got.Indexed) != 1 {
 		t.Errorf("b got pick %+v", got)
 	}
+	// The pick travelled with its route, in one message.
+	if n := testutil.ToFloat64(ra.m.events.WithLabelValues(kindPicked, "sent")); n != 0 {
+		t.Errorf("a sent %v picks alone; a pick goes with its route", n)
+	}
 	if n := testutil.ToFloat64(rb.m.events.WithLabelValues(kindLeg, "received")); n != 2 {
 		t.Errorf("b received %v legs, want 2 (one believed)", n)
 	}
