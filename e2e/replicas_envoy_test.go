@@ -3,13 +3,10 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -276,13 +273,7 @@ func liveFeedback(t *testing.T, s *harness.Stack, dead int) float64 {
 func TestInFlightStreamOnKilledReplica(t *testing.T) {
 	s := startStack(t, harness.Options{Decode: []harness.SimSpec{{}}, DuetReplicas: 3, LogLevel: "info"})
 	body := chatBody(false, "")
-	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(s.EnvoyURL, "http://"), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: duet\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		len(body), body[:len(body)/2])
+	conn := stallUpload(t, s, body)
 	holder := -1
 	harness.WaitFor(t, 10*time.Second, "the stalled upload's stream on a replica", func() bool {
 		hosts, err := harness.EnvoyHosts(context.Background(), s.EnvoyAdminURL, envoy.ClusterDuet)

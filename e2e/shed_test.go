@@ -32,14 +32,7 @@ func TestShedsPastMaxRoutingRequests(t *testing.T) {
 	body := chatBody(false, "")
 	var stalled []net.Conn
 	for range 2 {
-		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(s.EnvoyURL, "http://"), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: duet\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-			len(body), body[:len(body)/2])
-		stalled = append(stalled, conn)
+		stalled = append(stalled, stallUpload(t, s, body))
 	}
 	for {
 		active, err := harness.EnvoyCounters(ctx, s.EnvoyAdminURL, `^cluster\.duet_extproc\.upstream_rq_active$`)
@@ -94,4 +87,19 @@ func TestShedsPastMaxRoutingRequests(t *testing.T) {
 	if resp, body := send(t, s, "POST", "/v1/chat/completions", nil, chatBody(false, "")); resp.StatusCode != 200 {
 		t.Errorf("after the backlog: %d %s", resp.StatusCode, body)
 	}
+}
+
+// stallUpload sends a chat request's headers and half of body to Envoy,
+// then stalls: Envoy holds an ext_proc stream to duet open for it until the
+// connection, closed when the test ends, goes.
+func stallUpload(t *testing.T, s *harness.Stack, body []byte) net.Conn {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(s.EnvoyURL, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: duet\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body), body[:len(body)/2])
+	return conn
 }

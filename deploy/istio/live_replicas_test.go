@@ -18,16 +18,9 @@ func gatewayHosts(t *testing.T, s *harness.Stack) map[string]map[string]bool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	out := map[string]map[string]bool{}
-	for _, c := range []string{"duet_extproc", "duet_feedback"} {
-		hosts, err := harness.EnvoyHosts(ctx, s.EnvoyAdminURL, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[c] = map[string]bool{}
-		for addr, h := range hosts {
-			out[c][addr] = h.Healthy()
-		}
+	out, err := harness.EnvoyHostsHealthy(ctx, s.EnvoyAdminURL, "duet_extproc", "duet_feedback")
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
@@ -55,9 +48,7 @@ func TestIstioGatewayReplicas(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	ca := newMeshCA(t, filepath.Join(dir, "mesh"), "mesh")
-	gatewayID := ca.issue(t, "duet-gateway", meshIdentity(t, gatewayLabel, gatewayLabelValue))
-	duetID := ca.issue(t, "duet", meshIdentity(t, duetLabel, duetLabelValue))
+	ca, gatewayID, duetID := newMesh(t, dir)
 	nats, err := harness.StartNATS(ctx, dir)
 	if err != nil {
 		t.Fatal(err)

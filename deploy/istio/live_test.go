@@ -181,9 +181,7 @@ func TestIstioGatewayServesPD(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	ca := newMeshCA(t, filepath.Join(dir, "mesh"), "mesh")
-	gatewayID := ca.issue(t, "duet-gateway", meshIdentity(t, gatewayLabel, gatewayLabelValue))
-	duetID := ca.issue(t, "duet", meshIdentity(t, duetLabel, duetLabelValue))
+	ca, gatewayID, duetID := newMesh(t, dir)
 	var sc *sidecar
 	attempt := 0
 	s, err := harness.Start(ctx, harness.Options{

@@ -47,6 +47,16 @@ type workload struct {
 	CertFile, KeyFile string
 }
 
+// newMesh makes the test mesh's CA in dir and the workload identities of
+// the gateway and of duet, as istiod would issue them.
+func newMesh(t *testing.T, dir string) (ca *meshCA, gateway, duet workload) {
+	t.Helper()
+	ca = newMeshCA(t, filepath.Join(dir, "mesh"), "mesh")
+	gateway = ca.issue(t, "duet-gateway", meshIdentity(t, gatewayLabel, gatewayLabelValue))
+	duet = ca.issue(t, "duet", meshIdentity(t, duetLabel, duetLabelValue))
+	return ca, gateway, duet
+}
+
 // newMeshCA makes a root CA in dir.
 func newMeshCA(t *testing.T, dir, name string) *meshCA {
 	t.Helper()

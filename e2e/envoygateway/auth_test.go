@@ -200,22 +200,7 @@ func staticSecrets(clusters []any, secrets map[string]any) ([]any, error) {
 // protojson's.
 func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillCluster string) []string {
 	var missing []string
-	hcm := get(listener, "defaultFilterChain", "filters", 0, "typedConfig")
-	toDuet := map[string]string{} // cluster name: what dials duet through it
-	for _, f := range list(get(hcm, "httpFilters")) {
-		if strings.HasPrefix(str(f, "name"), "envoy.filters.http.ext_proc/") {
-			toDuet[str(f, "typedConfig", "grpcService", "envoyGrpc", "clusterName")] = "ext_proc"
-		}
-		if str(f, "name") == "envoy.filters.http.router" {
-			for _, a := range list(get(f, "typedConfig", "upstreamLog")) {
-				toDuet[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
-			}
-		}
-	}
-	for _, a := range list(get(hcm, "accessLog")) {
-		toDuet[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
-	}
-	delete(toDuet, "")
+	toDuet := clustersToDuet(listener) // cluster name: what dials duet through it
 	var users []string
 	for _, u := range toDuet {
 		users = append(users, u)

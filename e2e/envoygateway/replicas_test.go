@@ -422,16 +422,9 @@ func hostStates(t *testing.T, adminURL string, clusters []string) map[string]map
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	out := map[string]map[string]bool{}
-	for _, c := range clusters {
-		hosts, err := harness.EnvoyHosts(ctx, adminURL, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out[c] = map[string]bool{}
-		for addr, h := range hosts {
-			out[c][addr] = h.Healthy()
-		}
+	out, err := harness.EnvoyHostsHealthy(ctx, adminURL, clusters...)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -96,3 +96,20 @@ func EnvoyHosts(ctx context.Context, adminURL, cluster string) (map[string]HostH
 	}
 	return nil, fmt.Errorf("envoy clusters: no cluster %q", cluster)
 }
+
+// EnvoyHostsHealthy reads, for each of clusters of the Envoy at adminURL,
+// whether its load balancer may pick each host (by address).
+func EnvoyHostsHealthy(ctx context.Context, adminURL string, clusters ...string) (map[string]map[string]bool, error) {
+	out := map[string]map[string]bool{}
+	for _, c := range clusters {
+		hosts, err := EnvoyHosts(ctx, adminURL, c)
+		if err != nil {
+			return nil, err
+		}
+		out[c] = map[string]bool{}
+		for addr, h := range hosts {
+			out[c][addr] = h.Healthy()
+		}
+	}
+	return out, nil
+}
