@@ -339,6 +339,13 @@ envoy: {listen: "127.0.0.1:%d", admin: "127.0.0.1:%d"}
 	// decode-0 stops being ready: nothing more reaches it.
 	api.Apply(podSlice("sglang-decode", "decode-0", d0, false, map[string]int{"http": enginePort}))
 	dns.set(decodeName, d1)
+	// Until duet has applied the slice (after its debounce) a batch may
+	// still land on decode-0, or may by chance miss it; only the metric says
+	// the removal took effect.
+	harness.WaitFor(t, 10*time.Second, "duet to drop decode-0", func() bool {
+		mfs, err := harness.ScrapeMetrics(ctx, http.DefaultClient, adminURL+"/metrics")
+		return err == nil && harness.SumMetric(mfs, "duet_discovery_endpoints", map[string]string{"role": "decode", "state": "scheduled"}) == 1
+	})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got := chats("leaving", 4)
