@@ -1,8 +1,9 @@
 // Package status serves duet's live status page on the admin port:
 // GET /status, a self-contained HTML page (inline CSS and JavaScript, no
-// external resource), which polls GET /status.json, the scheduler's state
-// per endpoint and DP rank, the balance of each role and the recent
-// decisions. docs/status-page.md describes the page and the JSON.
+// external resource), which polls GET /status.json: for each pool (one
+// model's engines, one scheduler), the scheduler's state per endpoint and
+// DP rank, the balance of each role and the recent decisions.
+// docs/status-page.md describes the page and the JSON.
 package status
 
 import (
@@ -16,9 +17,27 @@ import (
 	"github.com/duet-router/duet/scheduler"
 )
 
-// Source is the state the page shows; *scheduler.Scheduler implements it.
+// Source is the state the page shows of one pool; *scheduler.Scheduler
+// implements it.
 type Source interface {
 	Status() scheduler.Status
+}
+
+// Pool is one pool the page shows.
+type Pool struct {
+	// Name is the pool's name, e.g. "default" or "deepseek".
+	Name string
+	// Models are the model names it serves; empty for the implicit single
+	// pool, which serves every model.
+	Models []string
+	// Source is the pool's scheduler.
+	Source Source
+}
+
+// Single returns the one pool of a configuration without pools: src, named
+// "default", serving every model.
+func Single(src Source) []Pool {
+	return []Pool{{Name: "default", Source: src}}
 }
 
 // DefaultRateWindow is the window of the pick rates when Options.RateWindow
@@ -57,17 +76,28 @@ type SyncPeer struct {
 	LagMs float64 `json:"lag_ms"`
 }
 
-// Handler serves the status page and its JSON. It keeps the pick counts of
-// the last RateWindow, sampled when /status.json is fetched, to turn them
-// into rates; the first fetch after an idle window has no rates yet.
+// Handler serves the status page and its JSON. It keeps each pool's pick
+// counts of the last RateWindow, sampled when /status.json is fetched, to
+// turn them into rates; the first fetch after an idle window has no rates
+// yet.
 type Handler struct {
-	src     Source
+	pools   []pool
 	version string
 	window  time.Duration
 	sync    func() *Sync
+}
 
+// pool is one shown pool with its own pick samples: each pool's scheduler
+// has its own clock readings, targets and counters.
+type pool struct {
+	Pool
+	rates *sampler
+}
+
+// sampler keeps one pool's pick samples.
+type sampler struct {
 	mu      sync.Mutex
-	samples []sample // oldest first, spanning at most window
+	samples []sample // oldest first, spanning at most the window
 }
 
 // sample is the cumulative pick count of every target at one instant.
@@ -76,19 +106,26 @@ type sample struct {
 	picks map[targetID]uint64
 }
 
-// targetID names a target across snapshots: endpoint URLs are unique
-// across roles.
+// targetID names a target across one pool's snapshots: endpoint URLs are
+// unique across roles. Each pool has its own samples, so an engine that
+// two pools list has a rate in each.
 type targetID struct {
 	url  string
 	rank int
 }
 
-// New returns a Handler that shows src.
-func New(src Source, opts Options) *Handler {
+// New returns a Handler that shows pools, in order. The first pool's state
+// is also the document's top level, as before pools existed.
+func New(pools []Pool, opts Options) *Handler {
 	if opts.RateWindow <= 0 {
 		opts.RateWindow = DefaultRateWindow
 	}
-	return &Handler{src: src, version: opts.Version, window: opts.RateWindow, sync: opts.Sync}
+	h := &Handler{version: opts.Version, window: opts.RateWindow, sync: opts.Sync}
+	for _, p := range pools {
+		p.Models = append([]string{}, p.Models...)
+		h.pools = append(h.pools, pool{Pool: p, rates: &sampler{}})
+	}
+	return h
 }
 
 // Register adds GET /status and GET /status.json to mux.
@@ -114,34 +151,66 @@ func (h *Handler) serveJSON(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(h.Page())
 }
 
-// Page is the document GET /status.json serves.
+// Page is the document GET /status.json serves. Its fields from Time to
+// Decisions (except Version and RateWindowSeconds) are the first pool's,
+// as they were before pools existed; Pools has every pool's.
 type Page struct {
-	// Time is when the scheduler's state was read.
+	// Time is when the first pool's scheduler state was read.
 	Time time.Time `json:"time"`
 	// Version is duet's version, when known.
 	Version string `json:"version,omitempty"`
-	// Ready is what /readyz reports about the scheduler.
+	// Ready reports whether the first pool's scheduler is ready.
 	Ready bool `json:"ready"`
-	// Mode is "pd" (a prefill pool is configured) or "aggregated".
+	// Mode is the first pool's: "pd" (it has prefill engines) or
+	// "aggregated".
 	Mode string `json:"mode"`
 	// EngineRanks reports that engines, not duet, choose DP ranks.
 	EngineRanks bool `json:"engine_ranks"`
 	// RateWindowSeconds is the span over which pick rates are averaged.
 	RateWindowSeconds float64 `json:"rate_window_seconds"`
-	// Reservations counts the requests in duet's reservation ledger.
+	// Reservations counts the requests in the first pool's reservation
+	// ledger.
 	Reservations int `json:"reservations"`
-	// Roles summarizes each pool: prefill (PD mode only), then decode.
+	// Roles summarizes the first pool's roles: prefill (PD mode only),
+	// then decode.
 	Roles []Role `json:"roles"`
-	// Endpoints lists every configured endpoint with its ranks.
+	// Endpoints lists the first pool's endpoints with their ranks.
 	Endpoints []Endpoint `json:"endpoints"`
-	// Decisions are the latest picks, newest first.
+	// Decisions are the first pool's latest picks, newest first.
 	Decisions []Decision `json:"decisions"`
 	// Sync is the replicas this one shares state with; absent when it
 	// runs alone.
 	Sync *Sync `json:"sync,omitempty"`
+	// Pools are every pool's state, in configuration order; the first is
+	// also the fields above.
+	Pools []PoolPage `json:"pools"`
 }
 
-// Role is one pool's summary and balance.
+// PoolPage is one pool's state.
+type PoolPage struct {
+	// Name is the pool's name.
+	Name string `json:"name"`
+	// Models are the model names it serves; empty for the implicit pool.
+	Models []string `json:"models"`
+	// Time is when the pool's scheduler state was read.
+	Time time.Time `json:"time"`
+	// Ready reports whether the pool's scheduler is ready.
+	Ready bool `json:"ready"`
+	// Mode is "pd" (the pool has prefill engines) or "aggregated".
+	Mode string `json:"mode"`
+	// EngineRanks reports that engines, not duet, choose DP ranks.
+	EngineRanks bool `json:"engine_ranks"`
+	// Reservations counts the requests in the pool's reservation ledger.
+	Reservations int `json:"reservations"`
+	// Roles summarizes each role: prefill (PD mode only), then decode.
+	Roles []Role `json:"roles"`
+	// Endpoints lists every endpoint of the pool with its ranks.
+	Endpoints []Endpoint `json:"endpoints"`
+	// Decisions are the pool's latest picks, newest first.
+	Decisions []Decision `json:"decisions"`
+}
+
+// Role is one role's summary and balance.
 type Role struct {
 	// Role is "prefill" or "decode".
 	Role string `json:"role"`
@@ -270,27 +339,54 @@ type Choice struct {
 	Tokens int64 `json:"tokens"`
 }
 
-// Page reads the scheduler's state and builds the document.
+// Page reads every pool's scheduler state and builds the document. Without
+// a pool, the top level is an empty, not ready, aggregated one.
 func (h *Handler) Page() Page {
-	st := h.src.Status()
-	p := Page{
-		Time:              st.At,
-		Version:           h.version,
-		Ready:             st.Ready,
-		Mode:              "aggregated",
-		EngineRanks:       st.EngineRanks,
-		RateWindowSeconds: h.window.Seconds(),
-		Reservations:      st.Reservations,
-		Endpoints:         make([]Endpoint, 0, len(st.Endpoints)),
-		Decisions:         make([]Decision, 0, len(st.Decisions)),
+	pools := make([]PoolPage, 0, len(h.pools))
+	for _, pl := range h.pools {
+		pools = append(pools, h.poolPage(pl))
 	}
-	if st.PD {
-		p.Mode = "pd"
+	first := PoolPage{Mode: "aggregated", Roles: []Role{}, Endpoints: []Endpoint{}, Decisions: []Decision{}}
+	if len(pools) > 0 {
+		first = pools[0]
+	}
+	p := Page{
+		Time:              first.Time,
+		Version:           h.version,
+		Ready:             first.Ready,
+		Mode:              first.Mode,
+		EngineRanks:       first.EngineRanks,
+		RateWindowSeconds: h.window.Seconds(),
+		Reservations:      first.Reservations,
+		Roles:             first.Roles,
+		Endpoints:         first.Endpoints,
+		Decisions:         first.Decisions,
+		Pools:             pools,
 	}
 	if h.sync != nil {
 		p.Sync = h.sync()
 	}
-	rates := h.rates(st)
+	return p
+}
+
+// poolPage reads one pool's scheduler state.
+func (h *Handler) poolPage(pl pool) PoolPage {
+	st := pl.Source.Status()
+	p := PoolPage{
+		Name:         pl.Name,
+		Models:       pl.Models,
+		Time:         st.At,
+		Ready:        st.Ready,
+		Mode:         "aggregated",
+		EngineRanks:  st.EngineRanks,
+		Reservations: st.Reservations,
+		Endpoints:    make([]Endpoint, 0, len(st.Endpoints)),
+		Decisions:    make([]Decision, 0, len(st.Decisions)),
+	}
+	if st.PD {
+		p.Mode = "pd"
+	}
+	rates := pl.rates.record(st, h.window)
 	for _, es := range st.Endpoints {
 		p.Endpoints = append(p.Endpoints, endpointOf(es, st.At, rates))
 	}
@@ -304,34 +400,34 @@ func (h *Handler) Page() Page {
 	return p
 }
 
-// rates records st's pick counts and returns each target's pick rate over
-// the window, against the oldest sample in it that knows the target. A
-// target no earlier sample knows has no rate yet.
-func (h *Handler) rates(st scheduler.Status) map[targetID]float64 {
+// record records st's pick counts and returns each target's pick rate over
+// window, against the oldest sample in it that knows the target. A target
+// no earlier sample knows has no rate yet.
+func (r *sampler) record(st scheduler.Status, window time.Duration) map[targetID]float64 {
 	cur := sample{at: st.At, picks: map[targetID]uint64{}}
 	for _, es := range st.Endpoints {
 		for _, t := range es.Targets {
 			cur.picks[targetID{es.Endpoint.URL, t.Rank}] = t.Picks
 		}
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	// Forget samples out of the window, and all of them if the clock went
 	// back.
 	keep := 0
-	for keep < len(h.samples) && st.At.Sub(h.samples[keep].at) > h.window {
+	for keep < len(r.samples) && st.At.Sub(r.samples[keep].at) > window {
 		keep++
 	}
-	h.samples = h.samples[keep:]
-	if n := len(h.samples); n > 0 && h.samples[n-1].at.After(st.At) {
-		h.samples = nil
+	r.samples = r.samples[keep:]
+	if n := len(r.samples); n > 0 && r.samples[n-1].at.After(st.At) {
+		r.samples = nil
 	}
 	out := make(map[targetID]float64, len(cur.picks))
 	for id, n := range cur.picks {
 		// Against the oldest sample that has the target with a count not
 		// above the current one (a target that left and came back starts
 		// over from zero).
-		for _, base := range h.samples {
+		for _, base := range r.samples {
 			b, ok := base.picks[id]
 			if dt := st.At.Sub(base.at).Seconds(); ok && n >= b && dt > 0 {
 				out[id] = float64(n-b) / dt
@@ -341,8 +437,8 @@ func (h *Handler) rates(st scheduler.Status) map[targetID]float64 {
 	}
 	// Keep at most about ten samples per window, however often the page is
 	// fetched.
-	if n := len(h.samples); n == 0 || st.At.Sub(h.samples[n-1].at) >= h.window/10 {
-		h.samples = append(h.samples, cur)
+	if n := len(r.samples); n == 0 || st.At.Sub(r.samples[n-1].at) >= window/10 {
+		r.samples = append(r.samples, cur)
 	}
 	return out
 }

@@ -3,9 +3,11 @@ package status
 import (
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -181,8 +183,16 @@ func TestPage(t *testing.T) {
 			if tt.modify != nil {
 				tt.modify(&st)
 			}
-			h := New(&fakeSource{st: st}, Options{Version: "v1"})
-			tt.check(t, h.Page())
+			h := New(Single(&fakeSource{st: st}), Options{Version: "v1"})
+			p := h.Page()
+			tt.check(t, p)
+			// The single pool is the top level, again under pools.
+			if len(p.Pools) != 1 || p.Pools[0].Name != "default" || p.Pools[0].Models == nil || len(p.Pools[0].Models) != 0 {
+				t.Fatalf("pools = %s", mustJSON(t, p.Pools))
+			}
+			if got, want := mustJSON(t, p.Pools[0]), mustJSON(t, topLevel(p, "default", []string{})); got != want {
+				t.Errorf("pools[0] = %s\nwant the top level %s", got, want)
+			}
 		})
 	}
 }
@@ -215,7 +225,7 @@ func TestRates(t *testing.T) {
 		{"and go on", 3 * time.Second, 11, ptr(2.0)},
 	}
 	src := &fakeSource{}
-	h := New(src, Options{RateWindow: 5 * time.Second})
+	h := New(Single(src), Options{RateWindow: 5 * time.Second})
 	for _, s := range steps {
 		st := pdStatus()
 		st.At = t0.Add(s.at)
@@ -234,7 +244,7 @@ func TestRates(t *testing.T) {
 			t.Fatalf("%s: role rates = %v, %v", s.name, deref(p.Roles[0].PicksPerSecond), deref(p.Roles[1].PicksPerSecond))
 		}
 	}
-	if n := len(h.samples); n > 11 {
+	if n := len(h.pools[0].rates.samples); n > 11 {
 		t.Errorf("%d samples kept", n)
 	}
 }
@@ -248,7 +258,7 @@ func deref(p *float64) any {
 
 func TestPickImbalance(t *testing.T) {
 	src := &fakeSource{}
-	h := New(src, Options{})
+	h := New(Single(src), Options{})
 	st := pdStatus()
 	src.set(st)
 	h.Page()
@@ -287,7 +297,11 @@ func TestImbalance(t *testing.T) {
 
 func TestHandler(t *testing.T) {
 	mux := http.NewServeMux()
-	New(&fakeSource{st: pdStatus()}, Options{Version: "v1"}).Register(mux)
+	agg := aggregatedStatus()
+	New([]Pool{
+		{Name: "default", Models: []string{"m"}, Source: &fakeSource{st: pdStatus()}},
+		{Name: "small", Models: []string{"s", "s-instruct"}, Source: &fakeSource{st: agg}},
+	}, Options{Version: "v1"}).Register(mux)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -315,6 +329,36 @@ func TestHandler(t *testing.T) {
 			}
 			if p.Mode != "pd" || len(p.Endpoints) != 3 || len(p.Decisions) != 2 || len(p.Roles) != 2 {
 				t.Errorf("status.json = %s", body)
+			}
+			if len(p.Pools) != 2 || p.Pools[0].Name != "default" || p.Pools[1].Name != "small" || p.Pools[1].Mode != "aggregated" || len(p.Pools[1].Endpoints) != 1 {
+				t.Errorf("status.json pools = %s", mustJSON(t, p.Pools))
+			}
+			// The top level keeps the fields it had before pools, and
+			// gains only pools; each pool has the per-pool ones.
+			var doc struct {
+				Top   map[string]json.RawMessage
+				Pools []map[string]json.RawMessage `json:"pools"`
+			}
+			if err := json.Unmarshal([]byte(body), &doc.Top); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(body), &doc); err != nil {
+				t.Fatal(err)
+			}
+			wantTop := []string{"decisions", "endpoints", "engine_ranks", "mode", "pools", "rate_window_seconds", "ready", "reservations", "roles", "time", "version"}
+			if got := slices.Sorted(maps.Keys(doc.Top)); !slices.Equal(got, wantTop) {
+				t.Errorf("top-level fields %v, want %v", got, wantTop)
+			}
+			wantPool := []string{"decisions", "endpoints", "engine_ranks", "mode", "models", "name", "ready", "reservations", "roles", "time"}
+			for i, pl := range doc.Pools {
+				if got := slices.Sorted(maps.Keys(pl)); !slices.Equal(got, wantPool) {
+					t.Errorf("pools[%d] fields %v, want %v", i, got, wantPool)
+				}
+			}
+			for _, k := range []string{"time", "ready", "mode", "engine_ranks", "reservations", "roles", "endpoints", "decisions"} {
+				if string(doc.Top[k]) != string(doc.Pools[0][k]) {
+					t.Errorf("top-level %s = %s, pools[0].%s = %s", k, doc.Top[k], k, doc.Pools[0][k])
+				}
 			}
 		}},
 		{"POST", "/status.json", 405, "", nil},
@@ -349,12 +393,134 @@ func TestHandler(t *testing.T) {
 // about replicas when it runs alone.
 func TestPageSync(t *testing.T) {
 	src := &fakeSource{st: scheduler.Status{At: time.Unix(100, 0)}}
-	if p := New(src, Options{}).Page(); p.Sync != nil {
+	if p := New(Single(src), Options{}).Page(); p.Sync != nil {
 		t.Errorf("a replica running alone shows sync %+v", p.Sync)
 	}
 	want := &Sync{Replica: "duet-0", Connected: true, Peers: []SyncPeer{{Name: "duet-1", Alive: true, LagMs: 0.4}}}
-	p := New(src, Options{Sync: func() *Sync { return want }}).Page()
+	p := New(Single(src), Options{Sync: func() *Sync { return want }}).Page()
 	if p.Sync == nil || p.Sync.Replica != "duet-0" || len(p.Sync.Peers) != 1 || !p.Sync.Peers[0].Alive {
 		t.Errorf("sync %+v, want %+v", p.Sync, want)
+	}
+}
+
+// aggregatedStatus is an aggregated scheduler's status: one decode engine
+// (dp 2) at the same URL as pdStatus's first decode engine, one decision.
+func aggregatedStatus() scheduler.Status {
+	return scheduler.Status{
+		At: t0, Ready: false, DecodePolicy: "round_robin", Reservations: 1, EngineRanks: true,
+		Endpoints: []scheduler.EndpointStatus{{
+			Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:1", Address: "10.0.1.1:1", DPSize: 2, Source: "config", Ready: true},
+			Health:   healthy(),
+			Targets:  []scheduler.TargetStatus{target("10.0.1.1:1/dp0", 0, 50, 0, 1), target("10.0.1.1:1/dp1", 1, 50, 0, 1)},
+		}},
+		Decisions: []scheduler.DecisionStatus{{
+			At: t0, RequestID: "s1", Path: "/v1/completions", Model: "s",
+			Decode: &scheduler.ChoiceStatus{URL: "http://d:1", Target: "10.0.1.1:1/dp0", Rank: 0, Policy: "round_robin", Candidates: 2, Tokens: 10},
+		}},
+	}
+}
+
+// topLevel returns the first pool's part of p as a PoolPage.
+func topLevel(p Page, name string, models []string) PoolPage {
+	return PoolPage{
+		Name: name, Models: models, Time: p.Time, Ready: p.Ready, Mode: p.Mode, EngineRanks: p.EngineRanks,
+		Reservations: p.Reservations, Roles: p.Roles, Endpoints: p.Endpoints, Decisions: p.Decisions,
+	}
+}
+
+// TestPools shows two pools: a PD one and an aggregated one whose engine
+// has the URL of one of the first pool's.
+func TestPools(t *testing.T) {
+	tests := []struct {
+		name  string
+		pools func(pd, agg Source) []Pool
+		check func(t *testing.T, p Page)
+	}{
+		{"both pools, in order", func(pd, agg Source) []Pool {
+			return []Pool{{Name: "big", Models: []string{"m", "m-chat"}, Source: pd}, {Name: "small", Models: []string{"s"}, Source: agg}}
+		}, func(t *testing.T, p Page) {
+			if len(p.Pools) != 2 {
+				t.Fatalf("pools = %s", mustJSON(t, p.Pools))
+			}
+			big, small := p.Pools[0], p.Pools[1]
+			if big.Name != "big" || !slices.Equal(big.Models, []string{"m", "m-chat"}) || big.Mode != "pd" || !big.Ready || big.Reservations != 3 ||
+				len(big.Roles) != 2 || len(big.Endpoints) != 3 || len(big.Decisions) != 2 {
+				t.Errorf("pools[0] = %s", mustJSON(t, big))
+			}
+			if small.Name != "small" || !slices.Equal(small.Models, []string{"s"}) || small.Mode != "aggregated" || small.Ready || !small.EngineRanks ||
+				small.Reservations != 1 || len(small.Roles) != 1 || small.Roles[0].Policy != "round_robin" || small.Roles[0].Tokens != 100 ||
+				len(small.Endpoints) != 1 || len(small.Decisions) != 1 || small.Decisions[0].RequestID != "s1" {
+				t.Errorf("pools[1] = %s", mustJSON(t, small))
+			}
+		}},
+		{"the first pool is the top level", func(pd, agg Source) []Pool {
+			return []Pool{{Name: "small", Models: []string{"s"}, Source: agg}, {Name: "big", Source: pd}}
+		}, func(t *testing.T, p Page) {
+			if got, want := mustJSON(t, topLevel(p, "small", []string{"s"})), mustJSON(t, p.Pools[0]); got != want {
+				t.Errorf("top level %s\nwant pools[0] %s", got, want)
+			}
+			if p.Mode != "aggregated" || p.Ready || p.Reservations != 1 || p.Version != "v1" || p.RateWindowSeconds != 5 {
+				t.Errorf("top level = %+v", p)
+			}
+			if p.Pools[1].Models == nil {
+				t.Errorf("a pool without models has models null, want []")
+			}
+		}},
+		{"no pool", func(pd, agg Source) []Pool { return nil }, func(t *testing.T, p Page) {
+			want := `{"time":"0001-01-01T00:00:00Z","version":"v1","ready":false,"mode":"aggregated","engine_ranks":false,"rate_window_seconds":5,` +
+				`"reservations":0,"roles":[],"endpoints":[],"decisions":[],"pools":[]}`
+			if got := mustJSON(t, p); got != want {
+				t.Errorf("page = %s\nwant %s", got, want)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := New(tt.pools(&fakeSource{st: pdStatus()}, &fakeSource{st: aggregatedStatus()}), Options{Version: "v1"})
+			tt.check(t, h.Page())
+		})
+	}
+}
+
+// TestPoolRates follows two pools' pick rates over a sequence of fetches:
+// each has its own samples, even for an engine URL both list, and a clock
+// that goes back in one does not reset the other.
+func TestPoolRates(t *testing.T) {
+	steps := []struct {
+		name         string
+		atA, atB     time.Duration // each pool's clock, since t0
+		picksA       uint64        // pool a's http://d:1 dp0
+		picksB       uint64        // pool b's http://d:1 dp0
+		wantA, wantB *float64
+	}{
+		{"first fetch: no rates", 0, 0, 10, 100, nil, nil},
+		{"each from its own counts", time.Second, time.Second, 12, 130, ptr(2.0), ptr(30.0)},
+		{"and its own clock", 2 * time.Second, 3 * time.Second, 14, 160, ptr(2.0), ptr(20.0)},
+		{"b's clock went back: only b starts over", 4 * time.Second, time.Second, 18, 170, ptr(2.0), nil},
+		{"b has a rate again", 5 * time.Second, 2 * time.Second, 20, 180, ptr(2.0), ptr(10.0)},
+	}
+	a, b := &fakeSource{}, &fakeSource{}
+	h := New([]Pool{{Name: "a", Source: a}, {Name: "b", Source: b}}, Options{RateWindow: 5 * time.Second})
+	for _, s := range steps {
+		sa, sb := pdStatus(), aggregatedStatus()
+		sa.At, sb.At = t0.Add(s.atA), t0.Add(s.atB)
+		sa.Endpoints[1].Targets[0].Picks = s.picksA
+		sb.Endpoints[0].Targets[0].Picks = s.picksB
+		a.set(sa)
+		b.set(sb)
+		p := h.Page()
+		for _, c := range []struct {
+			pool string
+			got  *float64
+			want *float64
+		}{
+			{"a", p.Pools[0].Endpoints[1].Ranks[0].PicksPerSecond, s.wantA},
+			{"a (top level)", p.Endpoints[1].Ranks[0].PicksPerSecond, s.wantA},
+			{"b", p.Pools[1].Endpoints[0].Ranks[0].PicksPerSecond, s.wantB},
+		} {
+			if (c.got == nil) != (c.want == nil) || (c.got != nil && *c.got != *c.want) {
+				t.Fatalf("%s: pool %s rate = %v, want %v", s.name, c.pool, deref(c.got), deref(c.want))
+			}
+		}
 	}
 }
