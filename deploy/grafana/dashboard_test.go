@@ -1,18 +1,22 @@
 // Package grafana holds duet's Grafana dashboard (duet-dashboard.json). Its
 // tests check the dashboard's structure, parse every PromQL expression with
-// Prometheus's own parser, and check every metric, label and label value it
-// queries against the real /metrics output of duet, of the simulated
-// engines and of Envoy, taken from a running stack in which requests were
-// served, legs failed and were aborted, and engines were ejected.
+// Prometheus's own parser, check that every query on a metric with a pool
+// label filters it by the dashboard's pool variable (and no other query
+// does), and check every metric, label and label value it queries against
+// the real /metrics output of duet, of the simulated engines and of Envoy,
+// taken from a running stack in which requests were served, legs failed
+// and were aborted, and engines were ejected.
 package grafana
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -39,12 +43,30 @@ type dashboard struct {
 	Title      string  `json:"title"`
 	Panels     []panel `json:"panels"`
 	Templating struct {
-		List []struct {
-			Type  string `json:"type"`
-			Name  string `json:"name"`
-			Query string `json:"query"`
-		} `json:"list"`
+		List []variable `json:"list"`
 	} `json:"templating"`
+}
+
+// variable is one templating variable.
+type variable struct {
+	Type       string      `json:"type"`
+	Name       string      `json:"name"`
+	Query      string      `json:"query"`
+	Datasource *datasource `json:"datasource"`
+	Multi      bool        `json:"multi"`
+	IncludeAll bool        `json:"includeAll"`
+	AllValue   string      `json:"allValue"`
+	Refresh    int         `json:"refresh"`
+}
+
+// variable returns the templating variable named name.
+func (d dashboard) variable(name string) (variable, bool) {
+	for _, v := range d.Templating.List {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return variable{}, false
 }
 
 type panel struct {
@@ -128,6 +150,20 @@ func TestDashboardStructure(t *testing.T) {
 	if !hasVar {
 		t.Errorf("no Prometheus datasource variable named as in %s", datasourceUID)
 	}
+	// The pool variable lists the pools from a metric every pool's
+	// scheduler exports, and lets one choose several or all of them.
+	if v, ok := d.variable(strings.TrimPrefix(poolVariable, "$")); !ok {
+		t.Errorf("no variable %s", poolVariable)
+	} else {
+		if m, err := poolVariableMetric(v.Query); err != nil {
+			t.Error(err)
+		} else if !poolLabelled(t)[m] {
+			t.Errorf("variable %s lists the pools of %s, which has no pool label", poolVariable, m)
+		}
+		if v.Type != "query" || v.Datasource == nil || v.Datasource.UID != datasourceUID || !v.Multi || !v.IncludeAll || v.AllValue != ".*" || v.Refresh == 0 {
+			t.Errorf("variable %s = %+v, want a query of %s, multi-valued, with All as .*, refreshed", poolVariable, v, datasourceUID)
+		}
+	}
 	ids := map[int]string{}
 	for _, p := range d.allPanels() {
 		if other, dup := ids[p.ID]; dup || p.ID == 0 {
@@ -163,12 +199,18 @@ func TestDashboardStructure(t *testing.T) {
 	}
 }
 
+// poolVariable is the dashboard's pool variable, as queries use it:
+// pool=~"$pool".
+const poolVariable = "$pool"
+
 // grafanaVariables are the variables the queries may use, with a value
-// standing in for Grafana's when parsing.
+// standing in for Grafana's when parsing. $pool stays as it is, a valid
+// regular expression, so that the tests see which matchers use it.
 var grafanaVariables = map[string]string{
 	"$__rate_interval": "1m",
 	"$__interval":      "15s",
 	"$__range":         "30m",
+	poolVariable:       poolVariable,
 }
 
 var variablePattern = regexp.MustCompile(`\$\{?[A-Za-z_][A-Za-z0-9_]*\}?`)
@@ -290,6 +332,152 @@ func TestDashboardQueriesParse(t *testing.T) {
 	}
 }
 
+// poolVariableQuery is the pool variable's query: the pool label's values
+// on one metric.
+var poolVariableQuery = regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*pool\s*\)$`)
+
+// poolVariableMetric returns the metric the pool variable's query reads.
+func poolVariableMetric(query string) (string, error) {
+	m := poolVariableQuery.FindStringSubmatch(query)
+	if m == nil {
+		return "", fmt.Errorf("variable %s: query %q, want label_values(<metric>, pool)", poolVariable, query)
+	}
+	return m[1], nil
+}
+
+// poolSources are where the metrics with a pool label are defined, relative
+// to this directory. duet registers each pool's scheduler metrics
+// (packages scheduler and scheduler/...) with a Registerer that adds the
+// pool's name as the constant label pool, so every metric they define has
+// it; elsewhere (extproc) a metric has it when pool is among its variable
+// labels. Other packages' metrics (duet_auth_*, duet_sync_*,
+// duet_feedback_entries_total, duet_legs_*, duet_leg_*, go_*, process_*)
+// have none.
+var poolSources = []struct {
+	dir string
+	all bool // every metric defined there, or only those with a pool label
+}{
+	{"../../scheduler", true},
+	{"../../extproc", false},
+}
+
+var (
+	// metricName finds a metric name where one is defined: Name: "duet_…"
+	// in the options of prometheus.New*, or prometheus.NewDesc("duet_…".
+	metricName = regexp.MustCompile(`(?:\bName:\s*|\bNewDesc\(\s*)"(duet_[a-z0-9_]+)"`)
+	// vecLabels finds a *Vec's name and label names:
+	// Name: "duet_…", … }, []string{"a", "b"}).
+	vecLabels = regexp.MustCompile(`\bName:\s*"(duet_[a-z0-9_]+)",[^}]*\},\s*\[\]string\{([^}]*)\}`)
+)
+
+// poolLabelled returns the metrics with a pool label, as series names
+// (histograms also as name_bucket, name_sum and name_count), from the Go
+// sources of poolSources.
+func poolLabelled(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	add := func(name string) {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			out[name+suffix] = true
+		}
+	}
+	for _, src := range poolSources {
+		err := filepath.WalkDir(src.dir, func(path string, e fs.DirEntry, err error) error {
+			if err != nil || e.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if src.all {
+				for _, m := range metricName.FindAllStringSubmatch(string(data), -1) {
+					add(m[1])
+				}
+				return nil
+			}
+			for _, m := range vecLabels.FindAllStringSubmatch(string(data), -1) {
+				if slices.Contains(strings.Split(strings.ReplaceAll(m[2], " ", ""), ","), `"pool"`) {
+					add(m[1])
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The sources are read right: a few metrics that must be there.
+	for _, m := range []string{"duet_picks_total", "duet_pick_duration_seconds_bucket", "duet_reservations", "duet_target_tokens", "duet_extproc_requests_total"} {
+		if !out[m] {
+			t.Fatalf("%s is not among the metrics with a pool label found in %v: %v", m, poolSources, slices.Sorted(maps.Keys(out)))
+		}
+	}
+	for _, m := range []string{"duet_extproc_decision_seconds_bucket", "duet_legs_tracked", "duet_feedback_entries_total"} {
+		if out[m] {
+			t.Fatalf("%s is among the metrics with a pool label", m)
+		}
+	}
+	return out
+}
+
+// TestDashboardPoolFilter checks that every selector of a metric with a
+// pool label filters it by the pool variable (pool=~"$pool"), and that no
+// other selector reads a pool label, which would hide its series as soon
+// as one pool is chosen.
+func TestDashboardPoolFilter(t *testing.T) {
+	pooled := poolLabelled(t)
+	filtered := 0
+	for _, q := range loadDashboard(t).queries() {
+		expanded, err := expandVariables(q.expr)
+		if err != nil {
+			t.Fatalf("%s: %v", q.where, err)
+		}
+		e, err := parser.NewParser(parser.Options{}).ParseExpr(expanded)
+		if err != nil {
+			t.Fatalf("%s: %v", q.where, err)
+		}
+		parser.Inspect(e, func(n parser.Node, path []parser.Node) error {
+			vs, ok := n.(*parser.VectorSelector)
+			if !ok {
+				return nil
+			}
+			var byVariable, other []string
+			for _, m := range vs.LabelMatchers {
+				if m.Name != "pool" {
+					continue
+				}
+				if m.Type == labels.MatchRegexp && m.Value == poolVariable {
+					byVariable = append(byVariable, m.String())
+				} else {
+					other = append(other, m.String())
+				}
+			}
+			switch {
+			case pooled[vs.Name] && (len(byVariable) != 1 || len(other) > 0):
+				t.Errorf("%s: %s has a pool label: want exactly one pool matcher, pool=~%q, got %q, %q in %q", q.where, vs.Name, poolVariable, byVariable, other, q.expr)
+			case !pooled[vs.Name] && len(byVariable)+len(other) > 0:
+				t.Errorf("%s: %s has no pool label, but %q matches on it", q.where, vs.Name, q.expr)
+			case pooled[vs.Name]:
+				filtered++
+			}
+			// A grouping by pool needs a pool label too.
+			for i := len(path) - 1; i >= 0; i-- {
+				if agg, ok := path[i].(*parser.AggregateExpr); ok {
+					if !pooled[vs.Name] && !agg.Without && slices.Contains(agg.Grouping, "pool") {
+						t.Errorf("%s: %s has no pool label, but %q groups it by pool", q.where, vs.Name, q.expr)
+					}
+					break
+				}
+			}
+			return nil
+		})
+	}
+	if filtered == 0 {
+		t.Error("no query filters by pool")
+	}
+}
+
 // scrapeLabels are the labels Prometheus adds to every scraped series.
 var scrapeLabels = []string{"job", "instance"}
 
@@ -376,8 +564,17 @@ const faultHealth = `health:
 // probes and scrapes fail and it is ejected), and checks each query against
 // the /metrics output of duet, the engines and Envoy.
 func TestDashboardMetricsExist(t *testing.T) {
+	d := loadDashboard(t)
 	var uses []use
-	for _, q := range loadDashboard(t).queries() {
+	// The pool variable's metric, with its pool label.
+	if v, ok := d.variable(strings.TrimPrefix(poolVariable, "$")); ok {
+		m, err := poolVariableMetric(v.Query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uses = append(uses, use{metric: m, labels: []string{"pool"}, values: map[string]string{}})
+	}
+	for _, q := range d.queries() {
 		u, _, err := analyze(q.expr)
 		if err != nil {
 			t.Fatalf("%s: %v", q.where, err)
