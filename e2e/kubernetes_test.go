@@ -368,8 +368,8 @@ envoy: {listen: "127.0.0.1:%d", admin: "127.0.0.1:%d"}
 	metrics, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{
-		`duet_discovery_endpoints{role="decode",state="scheduled"} 1`,
-		`duet_discovery_endpoints{role="prefill",state="scheduled"} 1`,
+		`duet_discovery_endpoints{pool="default",role="decode",state="scheduled"} 1`,
+		`duet_discovery_endpoints{pool="default",role="prefill",state="scheduled"} 1`,
 	} {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("duet /metrics lacks %s", want)

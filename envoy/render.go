@@ -89,13 +89,38 @@ type Params struct {
 	// ext_proc and access-log stream ("authorization" gRPC metadata). The
 	// rendered bootstrap then holds a secret.
 	DuetToken string
-	// Headless says that Prefill and Decode are DNS names that resolve to
+	// Pools, when set, replaces Prefill and Decode: each pool gets its own
+	// clusters and a route that Envoy takes for the requests duet names
+	// the pool of in contract.HeaderPool. Without it, Prefill and Decode
+	// are the one pool, whose route takes every request.
+	Pools []Pool
+	// Headless (without Pools; each Pool says it for itself) says that
+	// Prefill and Decode are DNS names that resolve to
 	// every engine of their pool (Kubernetes headless Services), not one
 	// engine each: the engine clusters then take every address of both
 	// families and re-resolve every DNSRefreshRate, so that override_host
 	// finds an engine soon after it becomes ready.
 	Headless bool
 }
+
+// Pool is one model's engines and the names of their clusters.
+type Pool struct {
+	// Name is the value of contract.HeaderPool that selects the pool's
+	// route.
+	Name string
+	// DecodeCluster and PrefillCluster name the pool's clusters.
+	DecodeCluster, PrefillCluster string
+	// Prefill engines; empty makes the pool aggregated (no mirror).
+	Prefill []Address
+	// Decode engines (or the aggregated ones).
+	Decode []Address
+	// Headless says that the pool's engines are headless Services' names
+	// (see Params.Headless).
+	Headless bool
+}
+
+// PD reports whether the pool has prefill engines.
+func (p Pool) PD() bool { return len(p.Prefill) > 0 }
 
 // ClientTLS is Envoy's side of mutual TLS to duet: its client certificate
 // and the CA and name it verifies duet's certificate by. Paths are as
@@ -183,13 +208,16 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		}
 		return usageRules{Indent: indent, Namespace: d.MetadataNamespace, Rules: jsonUsage}
 	},
-	"engine": func(name string, hosts []Address, header string, p Params) engineCluster {
-		c := engineCluster{Name: name, Hosts: hosts, Header: header, MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
-		if p.Headless {
-			c.DNSRefreshRate = DNSRefreshRate
-		}
-		if name == contract.ClusterDecode && len(p.Prefill) > 0 {
+	"engine": func(pool Pool, prefill bool, p Params) engineCluster {
+		c := engineCluster{Name: pool.DecodeCluster, Hosts: pool.Decode, Header: contract.HeaderDecodeEndpoint,
+			MaxBodyBytes: p.MaxBodyBytes, StreamIdleTimeout: p.StreamIdleTimeout}
+		if prefill {
+			c.Name, c.Hosts, c.Header = pool.PrefillCluster, pool.Prefill, contract.HeaderPrefillEndpoint
+		} else if pool.PD() {
 			c.BodyRankLua = BodyRankLua()
+		}
+		if pool.Headless {
+			c.DNSRefreshRate = DNSRefreshRate
 		}
 		return c
 	},
@@ -308,17 +336,58 @@ type templateData struct {
 	HeaderPrefix, MetadataNamespace               string
 	LogDownstream, LogUpstream                    string
 	ErrorEnvelopeLua                              string
+	HeaderPool                                    string
+	// EnginePools are Params.Pools, or the one pool of Params.Prefill and
+	// Params.Decode.
+	EnginePools []Pool
+	// RouteByPool renders one route per pool, chosen by HeaderPool.
+	RouteByPool bool
+}
+
+// enginePools returns p's pools: Pools, or the one made of Prefill and
+// Decode under the default cluster names.
+func (p Params) enginePools() []Pool {
+	if len(p.Pools) > 0 {
+		return p.Pools
+	}
+	return []Pool{{DecodeCluster: contract.ClusterDecode, PrefillCluster: contract.ClusterPrefill, Prefill: p.Prefill, Decode: p.Decode,
+		Headless: p.Headless}}
 }
 
 // Render writes the Envoy bootstrap YAML for p to w.
 func Render(w io.Writer, p Params) error {
-	if len(p.Decode) == 0 {
-		return errors.New("render envoy bootstrap: no decode endpoints")
+	if len(p.Pools) > 0 && (len(p.Prefill) > 0 || len(p.Decode) > 0 || p.Headless) {
+		return errors.New("render envoy bootstrap: engines given both per pool and outside pools")
+	}
+	pools := p.enginePools()
+	var engines []Address
+	clusters := map[string]bool{ClusterDuet: true, ClusterFeedback: true}
+	for _, pool := range pools {
+		if len(pool.Decode) == 0 {
+			return fmt.Errorf("render envoy bootstrap: no decode endpoints in pool %q", pool.Name)
+		}
+		if len(p.Pools) > 0 && (pool.Name == "" || strings.ContainsAny(pool.Name, " \"'\n{}[]#:,")) {
+			return fmt.Errorf("render envoy bootstrap: bad pool name %q", pool.Name)
+		}
+		for _, c := range []string{pool.DecodeCluster, pool.PrefillCluster} {
+			if c == "" || clusters[c] || strings.ContainsAny(c, " \"'\n{}[]#:,") {
+				return fmt.Errorf("render envoy bootstrap: pool %q: cluster name %q is empty, taken or not plain", pool.Name, c)
+			}
+			clusters[c] = true
+		}
+		engines = append(append(engines, pool.Prefill...), pool.Decode...)
+		if pool.Headless {
+			for _, a := range append(append([]Address(nil), pool.Prefill...), pool.Decode...) {
+				if a.IsIP() {
+					return fmt.Errorf("render envoy bootstrap: %s is an IP address, not a headless Service's name", a.Host)
+				}
+			}
+		}
 	}
 	if p.MaxBodyBytes <= 0 || p.MessageTimeout <= 0 || p.StreamIdleTimeout <= 0 || p.MaxRoutingRequests <= 0 {
 		return errors.New("render envoy bootstrap: body limit, routing request limit and timeouts must be positive")
 	}
-	for _, a := range append(append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), p.Prefill...), p.Decode...) {
+	for _, a := range append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), engines...) {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
 			return fmt.Errorf("render envoy bootstrap: bad host %q", a.Host)
 		}
@@ -332,13 +401,6 @@ func Render(w io.Writer, p Params) error {
 	}
 	if strings.ContainsAny(p.DuetToken, " \"'\\\n") {
 		return errors.New("render envoy bootstrap: the duet token must not contain spaces, quotes, backslashes or newlines")
-	}
-	if p.Headless {
-		for _, a := range append(append([]Address(nil), p.Prefill...), p.Decode...) {
-			if a.IsIP() {
-				return fmt.Errorf("render envoy bootstrap: %s is an IP address, not a headless Service's name", a.Host)
-			}
-		}
 	}
 	data := templateData{
 		Params:                p,
@@ -356,6 +418,9 @@ func Render(w io.Writer, p Params) error {
 		MetadataNamespace:     contract.MetadataNamespace,
 		LogDownstream:         contract.LogDownstream,
 		LogUpstream:           contract.LogUpstream,
+		HeaderPool:            contract.HeaderPool,
+		EnginePools:           pools,
+		RouteByPool:           len(p.Pools) > 0,
 	}
 	if err := tmpl.Execute(w, data); err != nil {
 		return fmt.Errorf("render envoy bootstrap: %w", err)

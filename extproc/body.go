@@ -167,6 +167,9 @@ type Placement struct {
 	// name the request to the engine's POST /abort_request. SGLang expands a
 	// string rid to "<rid>_<i>" for batches and n > 1.
 	RID string
+	// Model, when set, replaces the body's model (an alias of the name the
+	// engines serve).
+	Model string
 }
 
 // Rewrite returns the body with the client's routing fields replaced by
@@ -187,7 +190,7 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	out := make([]byte, 0, len(b.raw)+256)
 	out = append(out, '{')
 	for _, m := range b.members {
-		if slices.Contains(routingFields, m.name) {
+		if slices.Contains(routingFields, m.name) || (pl.Model != "" && m.name == "model") {
 			continue
 		}
 		end := m.value.Index + len(m.value.Raw)
@@ -218,6 +221,9 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	}
 	if pl.RID != "" {
 		field(FieldRID, jsonString(pl.RID))
+	}
+	if pl.Model != "" {
+		field("model", jsonString(pl.Model))
 	}
 	if pl.RoutedRank >= 0 {
 		field(FieldRoutedDPRank, strconv.Itoa(pl.RoutedRank))

@@ -20,7 +20,9 @@ type openAIErrorBody struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
-	Code    int     `json:"code"`
+	// Code is the HTTP status, or OpenAI's code name where it has one
+	// (model_not_found).
+	Code any `json:"code"`
 }
 
 // errorType maps an HTTP status to the OpenAI error type name.
@@ -37,9 +39,19 @@ func errorType(status int) string {
 // in Envoy with status and an OpenAI-format JSON error. details shows up in
 // Envoy's %RESPONSE_CODE_DETAILS%.
 func immediateError(status int, details, message string) *extprocv3.ProcessingResponse {
-	body, _ := json.Marshal(openAIError{Error: openAIErrorBody{
-		Message: message, Type: errorType(status), Code: status,
-	}})
+	return errorResponse(status, details, openAIErrorBody{Message: message, Type: errorType(status), Code: status})
+}
+
+// errorResponse is immediateError with the whole error object given.
+func errorResponse(status int, details string, e openAIErrorBody) *extprocv3.ProcessingResponse {
+	body, _ := json.Marshal(openAIError{Error: e})
+	return immediateJSON(status, details, body)
+}
+
+// immediateJSON builds an ext_proc immediate response: status with a JSON
+// body, answered by Envoy without any upstream. details shows up in Envoy's
+// %RESPONSE_CODE_DETAILS% as duet_<details>.
+func immediateJSON(status int, details string, body []byte) *extprocv3.ProcessingResponse {
 	// Tag the reply so Envoy's local_reply_config leaves duet's body alone.
 	md, _ := structpb.NewStruct(map[string]any{contract.MetadataNamespace: map[string]any{"local_reply": true}})
 	return &extprocv3.ProcessingResponse{

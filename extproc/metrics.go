@@ -13,8 +13,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_extproc_requests_total",
-			Help: "Requests seen on the ext_proc stream, by route and outcome.",
-		}, []string{"route", "outcome"}),
+			Help: "Requests seen on the ext_proc stream, by route, pool (empty for requests answered before a pool was chosen) and outcome.",
+		}, []string{"route", "pool", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "duet_extproc_decision_seconds",
 			Help:    "Time from the message that completes a request to duet's answer (parse, pick, rewrite).",

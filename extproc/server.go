@@ -7,7 +7,9 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,9 +57,15 @@ type DecodeFallbacker interface {
 
 // Options configure a Server.
 type Options struct {
-	// Picker chooses targets; required.
+	// Pools are the models' engines, each request routed to the pool that
+	// serves its body's model. Without Pools, Picker, PrefillCluster and
+	// Fallbacks are the one pool (named "default"), which serves every
+	// model.
+	Pools []Pool
+	// Picker chooses targets, when Pools is empty.
 	Picker Picker
-	// PrefillCluster is the Envoy cluster the mirror goes to (x-duet-mirror).
+	// PrefillCluster is the Envoy cluster the mirror goes to (x-duet-mirror),
+	// when Pools is empty.
 	PrefillCluster string
 	// MaxBodyBytes rejects larger bodies with 413 (Envoy's own buffer limit
 	// should already have); 0 means no limit.
@@ -72,15 +80,19 @@ type Options struct {
 	Routes RouteRecorder
 	// Fallbacks, when set, adds a second decode host to
 	// contract.HeaderDecodeEndpoint: Envoy's override_host tries it when the first
-	// refuses the connection.
+	// refuses the connection (when Pools is empty).
 	Fallbacks DecodeFallbacker
 }
+
+// DefaultPool names the pool of a Server configured without Pools.
+const DefaultPool = "default"
 
 // Server implements the Envoy ExternalProcessor gRPC service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
-	opts Options
-	log  *zap.Logger
+	opts  Options
+	pools *pools
+	log   *zap.Logger
 	// prompts keeps the buffers that requests' rendered prompts are written
 	// into (*[]byte): a prompt is as large as the body, and allocating it
 	// anew was a quarter of duet's allocation at 32 KiB.
@@ -115,17 +127,27 @@ func (s *Server) releasePrompt(buf *[]byte, used []byte) {
 
 // NewServer returns a Server.
 func NewServer(opts Options) (*Server, error) {
-	if opts.Picker == nil {
-		return nil, errors.New("extproc: a Picker is required")
+	list := opts.Pools
+	if len(list) == 0 {
+		if opts.Picker == nil {
+			return nil, errors.New("extproc: a Picker is required")
+		}
+		if opts.PrefillCluster == "" {
+			return nil, errors.New("extproc: the prefill cluster name is required")
+		}
+		list = []Pool{{Name: DefaultPool, Picker: opts.Picker, PrefillCluster: opts.PrefillCluster, Fallbacks: opts.Fallbacks}}
+	} else if opts.Picker != nil || opts.PrefillCluster != "" || opts.Fallbacks != nil {
+		return nil, errors.New("extproc: Picker, PrefillCluster and Fallbacks are for a Server without Pools")
 	}
-	if opts.PrefillCluster == "" {
-		return nil, errors.New("extproc: the prefill cluster name is required")
+	ps, err := newPools(slices.Clone(list), time.Now())
+	if err != nil {
+		return nil, err
 	}
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Server{opts: opts, log: log}, nil
+	return &Server{opts: opts, pools: ps, log: log}, nil
 }
 
 // request is the state of one HTTP request on the stream.
@@ -135,6 +157,7 @@ type request struct {
 	path      string
 	requestID string // from the client; empty when duet must mint one
 	duetID    string // minted by duet for every request: keys all duet tracks
+	pool      string // the pool routed to; "" before one is chosen
 	body      []byte
 }
 
@@ -263,7 +286,15 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		return s.reject(req, http.StatusForbidden, "admin_path",
 			fmt.Sprintf("%s is an engine administration endpoint and cannot be reached through duet", req.path))
 	}
+	if s.pools.byModelName() {
+		if model, one, ok := modelsPath(req.method, req.path); ok {
+			s.count(req, "models")
+			return s.pools.answerModels(model, one)
+		}
+	}
 	var body *Body
+	pool := s.pools.forOther()
+	var model string // the model name to write into the body (an alias's), or ""
 	if req.route.Inference() {
 		var err error
 		if ph == phaseHeaders {
@@ -271,10 +302,19 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		} else {
 			body, err = ParseBody(req.route, req.body)
 		}
+		if err == nil {
+			pool, model, err = s.pools.forBody(req.route, body)
+		}
+		if errors.Is(err, errModelNotFound) {
+			s.count(req, "model_not_found")
+			s.log.Info("rejected", zap.String("path", req.path), zap.Int("status", http.StatusNotFound), zap.String("reason", err.Error()))
+			return modelNotFound(strings.TrimPrefix(err.Error(), errModelNotFound.Error()+": "))
+		}
 		if err != nil {
 			return s.reject(req, http.StatusBadRequest, "invalid_body", err.Error())
 		}
 	}
+	req.pool = pool.Name
 	req.duetID = newRequestID()
 	if req.requestID == "" {
 		req.requestID = req.duetID
@@ -286,14 +326,14 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		describe(req.route, body, sreq)
 		defer func() { s.releasePrompt(buf, sreq.Prompt) }()
 	}
-	decision, err := s.opts.Picker.Pick(ctx, sreq)
+	decision, err := pool.Picker.Pick(ctx, sreq)
 	if err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, scheduler.ErrNoEndpoints) {
 			code = http.StatusServiceUnavailable
 		}
-		s.log.Warn("no target", zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.Error(err))
-		return s.reject(req, code, "no_target", "no inference endpoint is available: "+err.Error())
+		s.log.Warn("no target", zap.String("pool", pool.Name), zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.Error(err))
+		return s.reject(req, code, "no_target", fmt.Sprintf("no inference endpoint of pool %s is available: %v", pool.Name, err))
 	}
 
 	// Every routing header is either set or removed, so nothing a client sent
@@ -302,18 +342,19 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	set := func(k, v string) { mut.SetHeaders = append(mut.SetHeaders, setHeader(k, v)) }
 	decodeHosts := decision.Decode.Endpoint.Address
 	var fallback *scheduler.Endpoint
-	if s.opts.Fallbacks != nil {
-		if fallback = s.opts.Fallbacks.DecodeFallback(decision.Decode); fallback != nil {
+	if pool.Fallbacks != nil {
+		if fallback = pool.Fallbacks.DecodeFallback(decision.Decode); fallback != nil {
 			decodeHosts += "," + fallback.Address
 		}
 	}
 	set(contract.HeaderDecodeEndpoint, decodeHosts)
 	set(contract.HeaderRequestID, req.requestID)
 	set(contract.HeaderDuetRequestID, req.duetID)
+	set(contract.HeaderPool, pool.Name)
 	mirror := decision.Prefill != nil
 	if mirror {
 		set(contract.HeaderPrefillEndpoint, decision.Prefill.Endpoint.Address)
-		set(contract.HeaderMirror, s.opts.PrefillCluster)
+		set(contract.HeaderMirror, pool.PrefillCluster)
 		if decision.Prefill.Rank != scheduler.NoRank {
 			set(contract.HeaderPrefillRank, strconv.Itoa(decision.Prefill.Rank))
 		} else {
@@ -322,7 +363,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	} else {
 		mut.RemoveHeaders = append(mut.RemoveHeaders, contract.HeaderPrefillEndpoint, contract.HeaderPrefillRank, contract.HeaderMirror)
 	}
-	route := routed.Route{Decode: decision.Decode.Endpoint.Address, DecodeRank: routed.NoRank, PrefillRank: routed.NoRank}
+	route := routed.Route{Pool: pool.Name, Decode: decision.Decode.Endpoint.Address, DecodeRank: routed.NoRank, PrefillRank: routed.NoRank}
 	if fallback != nil {
 		route.DecodeFallback = fallback.Address
 	}
@@ -343,13 +384,16 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 
 	meta := map[string]any{
 		"request_id":        req.duetID,
+		"pool":              pool.Name,
 		"client_request_id": req.requestID,
 		"route":             req.route.String(),
 		"decode":            decision.Decode.String(),
 	}
-	common := &extprocv3.CommonResponse{HeaderMutation: mut}
+	// With several pools, the route depends on contract.HeaderPool: Envoy
+	// must choose it again (it chose one before asking duet).
+	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: s.pools.byModelName()}
 	if body != nil {
-		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank}
+		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank, Model: model}
 		if req.route.HasRID() {
 			pl.RID = req.duetID
 		}
@@ -406,7 +450,7 @@ func (s *Server) reject(req *request, code int, details, message string) *extpro
 
 func (s *Server) count(req *request, outcome string) {
 	if s.opts.Metrics != nil {
-		s.opts.Metrics.requests.WithLabelValues(req.route.String(), outcome).Inc()
+		s.opts.Metrics.requests.WithLabelValues(req.route.String(), req.pool, outcome).Inc()
 	}
 }
 

@@ -321,7 +321,7 @@ func TestProcessRejects(t *testing.T) {
 				t.Errorf("status = %d, want %d", ir.GetStatus().GetCode(), tt.status)
 			}
 			var e openAIError
-			if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Message == "" || e.Error.Code != tt.status {
+			if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Message == "" || e.Error.Code != float64(tt.status) {
 				t.Errorf("body is not an OpenAI error: %s (%v)", ir.GetBody(), err)
 			}
 		})

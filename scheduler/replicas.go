@@ -14,6 +14,9 @@ package scheduler
 type Picked struct {
 	// RequestID is duet's id of the request (Request.ID).
 	RequestID string `json:"id"`
+	// Pool is the scheduler's pool (Config.Pool): ApplyPicked belongs to
+	// the scheduler of the same pool.
+	Pool string `json:"pool,omitempty"`
 	// Model and PromptBytes are kept with the reservation for the token
 	// estimate's correction when the request's usage is reported.
 	Model       string `json:"model,omitempty"`
@@ -74,7 +77,7 @@ func (s *Scheduler) ApplyPicked(p Picked) {
 // in chosen (prefill, decode; nil where none) with their reservations.
 // Caller holds s.ledger.mu.
 func (s *Scheduler) picked(id string, req *Request, chosen [2]*targetState, indexed [2]bool) Picked {
-	p := Picked{RequestID: id, Model: req.Model, PromptBytes: len(req.Prompt)}
+	p := Picked{RequestID: id, Pool: s.pool, Model: req.Model, PromptBytes: len(req.Prompt)}
 	if res, ok := s.ledger.requests[id]; ok {
 		for _, h := range res.holds {
 			p.Holds = append(p.Holds, PickedHold{Role: h.role, Target: h.target.key, Tokens: h.tokens, Work: h.work})

@@ -32,6 +32,9 @@ var ErrNoEndpoints = errors.New("no ready endpoint")
 
 // Config configures a Scheduler.
 type Config struct {
+	// Pool names the pool this scheduler serves (one model's engines), in
+	// its Picked events; "" for a scheduler that serves every model.
+	Pool string
 	// Prefill lists the prefill engines. Empty means aggregated mode: no
 	// prefill leg, the decode pool serves whole requests.
 	Prefill []EndpointSpec
@@ -201,6 +204,7 @@ type Scheduler struct {
 	health               *health
 	onEject              func(Ejection)
 	onPicked             func(Picked)
+	pool                 string // Config.Pool
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -238,6 +242,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		emptyPools: cfg.EmptyPools,
 		onEject:    cfg.OnEject,
 		onPicked:   cfg.OnPicked,
+		pool:       cfg.Pool,
 		now:        time.Now,
 	}
 	if cfg.Clock != nil {
@@ -482,11 +487,18 @@ func (s *Scheduler) Run(ctx context.Context) {
 // Ejections do not affect readiness: a pool whose targets are all ejected
 // still answers, with fast errors from Pick.
 func (s *Scheduler) Ready() bool {
-	if !s.discovered.Load() || (s.loadCfg.Interval > 0 && !s.scraped.Load()) {
+	if !s.Settled() {
 		return false
 	}
 	snap := s.snap.Load()
 	return len(snap.decode.targets) > 0 && (!s.pd || len(snap.prefill.targets) > 0)
+}
+
+// Settled reports whether the first discovery round has finished and, when
+// scraping is enabled, so has the first load scrape round after it: the
+// scheduler knows what its engines are, whether or not any is ready.
+func (s *Scheduler) Settled() bool {
+	return s.discovered.Load() && (s.loadCfg.Interval <= 0 || s.scraped.Load())
 }
 
 // PD reports whether a prefill pool is configured, that is whether requests

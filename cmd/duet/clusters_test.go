@@ -33,7 +33,7 @@ func TestEnvoyClusters(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := mustParse(t, tt.yaml)
-			if got := feedbackClusters(cfg); got != tt.want {
+			if got := feedbackClusters(cfg); len(got) != 1 || got[0] != tt.want {
 				t.Errorf("feedbackClusters = %+v, want %+v", got, tt.want)
 			}
 			var out bytes.Buffer

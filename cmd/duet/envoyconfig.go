@@ -80,6 +80,9 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 	if err := duetAuthParams(&p, cfg); err != nil {
 		return p, err
 	}
+	if len(cfg.Pools) > 0 {
+		return p, poolEnvoyParams(&p, cfg)
+	}
 	if cfg.Kubernetes != nil {
 		return p, kubernetesEnvoyParams(&p, cfg.Kubernetes, osEnv)
 	}
@@ -90,6 +93,31 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 		return p, err
 	}
 	return p, nil
+}
+
+// poolEnvoyParams gives each pool of cfg its clusters: its listed engines,
+// or its headless Services.
+func poolEnvoyParams(p *envoy.Params, cfg *config.Config) error {
+	for i, pool := range cfg.Pools {
+		field := fmt.Sprintf("pools[%d]", i)
+		ep := envoy.Pool{Name: pool.Name, DecodeCluster: pool.Clusters.Decode, PrefillCluster: pool.Clusters.Prefill}
+		var err error
+		if pool.Kubernetes != nil {
+			ep.Headless = true
+			if ep.Prefill, ep.Decode, err = kubernetesPoolAddresses(field+".kubernetes", cfg.Kubernetes, pool.Kubernetes, osEnv); err != nil {
+				return err
+			}
+		} else {
+			if ep.Prefill, err = engineAddresses(field+".prefill", pool.Prefill); err != nil {
+				return err
+			}
+			if ep.Decode, err = engineAddresses(field+".decode", pool.Decode); err != nil {
+				return err
+			}
+		}
+		p.Pools = append(p.Pools, ep)
+	}
+	return nil
 }
 
 // duetAddresses says where Envoy reaches duet: every replica of

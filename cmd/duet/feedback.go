@@ -10,23 +10,9 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
-	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/scheduler"
 )
-
-// feedbackFunc adapts a function to accesslog.Sink. It is where completions
-// meet what the scheduler exposes, so the scheduler never imports package
-// accesslog: schedulerFeedback(sched.Complete) is the scheduler's sink.
-type feedbackFunc func(ctx context.Context, c accesslog.Completion)
-
-// Complete implements accesslog.Sink.
-func (f feedbackFunc) Complete(ctx context.Context, c accesslog.Completion) { f(ctx, c) }
-
-// schedulerFeedback delivers completions to the scheduler's Complete.
-func schedulerFeedback(complete func(scheduler.Feedback)) feedbackFunc {
-	return func(_ context.Context, c accesslog.Completion) { complete(toFeedback(c)) }
-}
 
 // toFeedback converts a completion into the scheduler's terms. A leg's
 // target is the host Envoy reached and the rank header the leg carried.
@@ -71,17 +57,11 @@ func abortsPartners(role scheduler.Role, reason string) bool {
 	return reason == scheduler.ReasonProbe || (reason == scheduler.ReasonUnreachable && role == scheduler.RolePrefill)
 }
 
-// feedbackClusters names the engine clusters whose upstream access-log
-// entries are legs, as the configuration names them.
-func feedbackClusters(cfg *config.Config) accesslog.Clusters {
-	return accesslog.Clusters{Decode: cfg.Envoy.Clusters.Decode, Prefill: cfg.Envoy.Clusters.Prefill}
-}
-
 // registerFeedback serves Envoy's gRPC access-log streams on gs, delivering
 // the completions of the legs of clusters to sink. The streams never end on their own, so they are
 // closed when ctx ends; otherwise the graceful stop of gs would wait for
 // them until its deadline.
-func registerFeedback(ctx context.Context, gs *grpc.Server, sink accesslog.Sink, clusters accesslog.Clusters, log *zap.Logger, reg prometheus.Registerer) *accesslog.Server {
+func registerFeedback(ctx context.Context, gs *grpc.Server, sink accesslog.Sink, clusters accesslog.ClusterSet, log *zap.Logger, reg prometheus.Registerer) *accesslog.Server {
 	srv := accesslog.NewServer(sink, clusters, log, reg)
 	accesslogv3.RegisterAccessLogServiceServer(gs, srv)
 	context.AfterFunc(ctx, srv.Close)

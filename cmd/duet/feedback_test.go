@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -42,17 +41,17 @@ func TestToFeedback(t *testing.T) {
 				t.Errorf("toFeedback() = %+v, want %+v", got, tt.want)
 			}
 			var got scheduler.Feedback
-			schedulerFeedback(func(f scheduler.Feedback) { got = f }).Complete(context.Background(), tt.in)
+			got = toFeedback(tt.in)
 			if got != tt.want {
-				t.Errorf("schedulerFeedback delivered %+v, want %+v", got, tt.want)
+				t.Errorf("toFeedback = %+v, want %+v", got, tt.want)
 			}
 		})
 	}
 }
 
 func TestFeedbackDebug(t *testing.T) {
-	discard := feedbackFunc(func(context.Context, accesslog.Completion) {})
-	srv := accesslog.NewServer(discard, accesslog.DefaultClusters, zap.NewNop(), nil)
+	discard := fanout{} // delivers nowhere
+	srv := accesslog.NewServer(discard, nil, zap.NewNop(), nil)
 	fallback := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) })
 	h := withFeedbackDebug(fallback, srv)
 	for _, tt := range []struct {

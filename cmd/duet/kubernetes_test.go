@@ -133,9 +133,9 @@ kubernetes:
 	waitCode("/readyz", 200)
 	_, metrics := get("/metrics")
 	for _, want := range []string{
-		`duet_discovery_endpoints{role="decode",state="scheduled"} 1`,
-		`duet_discovery_endpoints{role="prefill",state="scheduled"} 1`,
-		`duet_discovery_updates_total{outcome="applied"}`,
+		`duet_discovery_endpoints{pool="default",role="decode",state="scheduled"} 1`,
+		`duet_discovery_endpoints{pool="default",role="prefill",state="scheduled"} 1`,
+		`duet_discovery_updates_total{outcome="applied",pool="default"}`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -150,7 +150,7 @@ kubernetes:
 }
 
 func TestNewDiscovery(t *testing.T) {
-	run, err := newDiscovery(mustParse(t, `decode: [{url: "http://10.0.0.1:30000"}]`), &fakeSetter{}, noEnv, zap.NewNop(), nil)
+	run, err := newDiscovery(mustParse(t, `decode: [{url: "http://10.0.0.1:30000"}]`), map[string]endpointSetter{"default": &fakeSetter{}}, noEnv, zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestNewDiscovery(t *testing.T) {
 		{"missing kubeconfig", `kubernetes: {kubeconfig: /nonexistent/kubeconfig, decode: {service: d}}`, "kubeconfig /nonexistent/kubeconfig"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := newDiscovery(mustParse(t, tt.yaml), &fakeSetter{}, noEnv, zap.NewNop(), nil); err == nil ||
+			if _, err := newDiscovery(mustParse(t, tt.yaml), map[string]endpointSetter{"default": &fakeSetter{}}, noEnv, zap.NewNop(), nil); err == nil ||
 				!strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("newDiscovery: %v, want an error containing %q", err, tt.want)
 			}
@@ -256,7 +256,7 @@ func TestReloadKubernetes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.InfoLevel)
 			set := &fakeSetter{}
-			r := newReloader(writeConfig(t, tt.file), mustParse(t, running), set, zap.New(core), nil)
+			r := newReloader(writeConfig(t, tt.file), mustParse(t, running), map[string]endpointSetter{"default": set}, zap.New(core), nil)
 			if got := r.reload(context.Background()); got != reloadOK {
 				t.Fatalf("reload = %q", got)
 			}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"reflect"
 	"strings"
 
@@ -18,32 +20,34 @@ const (
 	reloadInvalid = "invalid"
 )
 
-// endpointSetter is what a reload needs from the scheduler.
+// endpointSetter is what a reload (and Kubernetes discovery) needs from a
+// pool's scheduler.
 type endpointSetter interface {
 	SetEndpoints(ctx context.Context, prefill, decode []scheduler.EndpointSpec) error
 }
 
 // reloader applies the configuration file again on SIGHUP. Only the
-// endpoint lists change live; every other field keeps the value duet
+// endpoint lists (top-level, or of each pool) change live; every other field keeps the value duet
 // started with, and a reload that changes one is applied without it, with a
 // warning naming the fields that need a restart. Its methods are not safe
 // for concurrent use: serve calls them from one goroutine.
 type reloader struct {
 	path    string
 	log     *zap.Logger
-	sched   endpointSetter
+	scheds  map[string]endpointSetter // by pool name
 	running *config.Config // as started, with the endpoint lists last applied
 	reloads *prometheus.CounterVec
 }
 
 // newReloader returns a reloader for the configuration file at path, whose
 // running configuration is cfg (it is copied). reg may be nil.
-func newReloader(path string, cfg *config.Config, sched endpointSetter, log *zap.Logger, reg prometheus.Registerer) *reloader {
+func newReloader(path string, cfg *config.Config, scheds map[string]endpointSetter, log *zap.Logger, reg prometheus.Registerer) *reloader {
 	running := *cfg
+	running.Pools = slices.Clone(cfg.Pools)
 	r := &reloader{
 		path:    path,
 		log:     log,
-		sched:   sched,
+		scheds:  scheds,
 		running: &running,
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_config_reloads_total",
@@ -72,32 +76,62 @@ func (r *reloader) reload(ctx context.Context) string {
 		return r.reject(log, err)
 	}
 	restart := restartFields(r.running, next)
-	if r.running.Kubernetes != nil {
-		// Kubernetes discovery owns the endpoint lists.
-		r.reloads.WithLabelValues(reloadOK).Inc()
-		if len(restart) > 0 {
-			log.Warn("configuration reloaded, except fields that need a restart: they keep their running values",
-				zap.Strings("fields", restart))
-		}
-		log.Info("configuration reloaded; the endpoints come from Kubernetes discovery")
-		return reloadOK
+	// The pools running, and their lists as the file now has them. A pool
+	// added, removed or renamed needs a restart; the others get their lists.
+	discovered := map[string]bool{}
+	for _, p := range r.running.PoolList() {
+		discovered[p.Name] = p.Kubernetes != nil
 	}
-	if err := r.sched.SetEndpoints(ctx, endpointSpecs(next.Prefill), endpointSpecs(next.Decode)); err != nil {
-		if ctx.Err() == nil {
-			return r.reject(log, err)
+	var apply []config.Pool
+	for _, p := range next.PoolList() {
+		if p.Kubernetes != nil || discovered[p.Name] {
+			continue // Kubernetes discovery owns the pool's lists
 		}
-		// Shutting down: the lists were applied, only the discovery of the
-		// new endpoints was cut short.
+		sched, ok := r.scheds[p.Name]
+		if !ok {
+			continue
+		}
+		if pd, ok := sched.(interface{ PD() bool }); ok && pd.PD() != p.PD() {
+			return r.reject(log, fmt.Errorf("pool %s: switching between PD and aggregated needs a restart", p.Name))
+		}
+		apply = append(apply, p)
+	}
+	for _, p := range apply {
+		if err := r.scheds[p.Name].SetEndpoints(ctx, endpointSpecs(p.Prefill), endpointSpecs(p.Decode)); err != nil {
+			if ctx.Err() == nil {
+				return r.reject(log, fmt.Errorf("pool %s: %w", p.Name, err))
+			}
+			// Shutting down: the lists were applied, only the discovery of
+			// the new endpoints was cut short.
+		}
+		log.Info("endpoints reloaded", zap.String("pool", p.Name),
+			zap.Int("prefill_endpoints", len(p.Prefill)), zap.Int("decode_endpoints", len(p.Decode)))
 	}
 	r.running.Prefill, r.running.Decode = next.Prefill, next.Decode
+	r.running.Pools = withLists(r.running.Pools, next.Pools)
 	r.reloads.WithLabelValues(reloadOK).Inc()
 	if len(restart) > 0 {
 		log.Warn("configuration reloaded, except fields that need a restart: they keep their running values",
 			zap.Strings("fields", restart))
 	}
-	log.Info("configuration reloaded",
-		zap.Int("prefill_endpoints", len(next.Prefill)), zap.Int("decode_endpoints", len(next.Decode)))
+	if len(apply) == 0 {
+		log.Info("configuration reloaded; the endpoints come from Kubernetes discovery")
+	} else {
+		log.Info("configuration reloaded")
+	}
 	return reloadOK
+}
+
+// withLists returns running's pools with the endpoint lists of next's pools
+// of the same name at the same place.
+func withLists(running, next []config.Pool) []config.Pool {
+	out := slices.Clone(running)
+	for i := range out {
+		if i < len(next) && next[i].Name == out[i].Name {
+			out[i].Prefill, out[i].Decode = next[i].Prefill, next[i].Decode
+		}
+	}
+	return out
 }
 
 // reject logs a rejected reload and counts it.
@@ -115,7 +149,19 @@ var liveFields = map[string]bool{"prefill": true, "decode": true}
 // and that only a restart applies: every field but the endpoint lists.
 func restartFields(running, next *config.Config) []string {
 	var out []string
-	v, w := reflect.ValueOf(running).Elem(), reflect.ValueOf(next).Elem()
+	// Each pool's lists are live too: compare the rest of the pools.
+	cmp := *next
+	cmp.Pools = make([]config.Pool, len(next.Pools))
+	for i, p := range next.Pools {
+		if i < len(running.Pools) && running.Pools[i].Name == p.Name {
+			p.Prefill, p.Decode = running.Pools[i].Prefill, running.Pools[i].Decode
+		}
+		cmp.Pools[i] = p
+	}
+	if len(running.Pools) == 0 && len(next.Pools) == 0 {
+		cmp.Pools = nil
+	}
+	v, w := reflect.ValueOf(running).Elem(), reflect.ValueOf(&cmp).Elem()
 	t := v.Type()
 	for i := range t.NumField() {
 		name := yamlName(t.Field(i))

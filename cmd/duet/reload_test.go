@@ -147,7 +147,7 @@ func TestReload(t *testing.T) {
 			set := &fakeSetter{err: tt.setErr}
 			running := mustParse(t, baseConfig)
 			reg := prometheus.NewRegistry()
-			r := newReloader(path, running, set, zap.New(core), reg)
+			r := newReloader(path, running, map[string]endpointSetter{"default": set}, zap.New(core), reg)
 
 			if got := r.reload(context.Background()); got != tt.want {
 				t.Errorf("reload = %q, want %q", got, tt.want)
@@ -238,7 +238,7 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	}
 	// The endpoint health gauge lists every configured endpoint.
 	listed := func(s *httptest.Server) string {
-		return fmt.Sprintf(`duet_endpoint_ejected{endpoint=%q,role="decode"}`, s.URL)
+		return fmt.Sprintf(`duet_endpoint_ejected{endpoint=%q,pool="default",role="decode"}`, s.URL)
 	}
 	waitFor("startup", func(m string) bool { return strings.Contains(m, listed(a)) })
 

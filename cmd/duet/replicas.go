@@ -81,13 +81,14 @@ func natsOptions(n config.SyncNATS) ([]nats.Option, error) {
 // scheduler, routes to the route record, and feedback, once the record
 // believes it, to the scheduler and the legs tracker.
 type replicaApplier struct {
-	sched *scheduler.Scheduler
+	pools poolSet
 	book  *routed.Book
 	apply accesslog.Sink
 }
 
-// ApplyPicked implements replicas.Applier.
-func (a replicaApplier) ApplyPicked(p scheduler.Picked) { a.sched.ApplyPicked(p) }
+// ApplyPicked implements replicas.Applier: the pick goes to its pool's
+// scheduler.
+func (a replicaApplier) ApplyPicked(p scheduler.Picked) { a.pools.ApplyPicked(p) }
 
 // Record implements replicas.Applier: it records the route and applies the
 // entries about the request that came before it.
@@ -98,7 +99,7 @@ func (a replicaApplier) Record(id string, r routed.Route) {
 }
 
 // Admit implements replicas.Applier.
-func (a replicaApplier) Admit(c accesslog.Completion) (bool, string) { return a.book.Admit(c) }
+func (a replicaApplier) Admit(c *accesslog.Completion) (bool, string) { return a.book.Admit(c) }
 
 // Complete implements replicas.Applier.
 func (a replicaApplier) Complete(ctx context.Context, c accesslog.Completion) {

@@ -67,8 +67,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		Logger:     log.Named("legs"),
 		Registerer: reg,
 	})
-	scfg := schedulerConfig(cfg)
-	scfg.Registerer = reg
+	var scfg scheduler.Config // what every pool's scheduler shares
 	// The replicas' link (sync) starts after the scheduler it applies to;
 	// picks made before it is up are not shared.
 	var peers atomic.Pointer[replicas.Replicas]
@@ -84,11 +83,11 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 			tracker.Ejected(ctx, e.Role, e.URL, e.Rank)
 		}
 	}
-	sched, err := scheduler.New(scfg, log.Named("scheduler"))
+	pools, err := newPools(cfg, scfg, log.Named("scheduler"), reg)
 	if err != nil {
-		return fmt.Errorf("scheduler: %w", err)
+		return err
 	}
-	runDiscovery, err := newDiscovery(cfg, sched, osEnv, log.Named("kubernetes"), reg)
+	runDiscovery, err := newDiscovery(cfg, pools.setters(), osEnv, log.Named("kubernetes"), reg)
 	if err != nil {
 		return err
 	}
@@ -99,11 +98,11 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	}
 	book := routed.New(bookOpts)
 	// What the scheduler and the legs tracker learn from believed feedback.
-	apply := fanout{tracker, schedulerFeedback(sched.Complete)}
+	apply := fanout{tracker, pools}
 	var routes extproc.RouteRecorder = book
 	var feedbackSink accesslog.Sink = book.Gate(apply)
 	if cfg.Sync != nil {
-		r, err := startReplicas(cfg.Sync, replicaApplier{sched: sched, book: book, apply: apply}, log.Named("replicas"), reg)
+		r, err := startReplicas(cfg.Sync, replicaApplier{pools: pools, book: book, apply: apply}, log.Named("replicas"), reg)
 		if err != nil {
 			return err
 		}
@@ -115,14 +114,12 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		feedbackSink = fanout{feedbackSink, r}
 	}
 	proc, err := extproc.NewServer(extproc.Options{
-		Routes:         routes,
-		Picker:         sched,
-		PrefillCluster: cfg.Envoy.Clusters.Prefill,
-		MaxBodyBytes:   cfg.Request.MaxBodyBytes,
-		Logger:         log.Named("extproc"),
-		Metrics:        extproc.NewMetrics(reg),
-		Legs:           tracker,
-		Fallbacks:      sched,
+		Routes:       routes,
+		Pools:        pools.extproc(),
+		MaxBodyBytes: cfg.Request.MaxBodyBytes,
+		Logger:       log.Named("extproc"),
+		Metrics:      extproc.NewMetrics(reg),
+		Legs:         tracker,
 	})
 	if err != nil {
 		return err
@@ -166,7 +163,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	feedback := registerFeedback(ctx, gs, feedbackSink, feedbackClusters(cfg), log.Named("feedback"), reg)
 
 	var stopping atomic.Bool
-	mux := adminMux(reg, sched, &stopping)
+	mux := adminMux(reg, pools, &stopping)
 	if cfg.Listen.Pprof {
 		servePprof(mux)
 	}
@@ -174,18 +171,18 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	if r := peers.Load(); r != nil {
 		statusOpts.Sync = func() *status.Sync { return syncStatus(r) }
 	}
-	status.New(sched, statusOpts).Register(mux) // GET /status, /status.json
+	status.New(pools.status(), statusOpts).Register(mux) // GET /status, /status.json
 	admin := &http.Server{Handler: adminGuard.Handler(withFeedbackDebug(mux, feedback)), ReadHeaderTimeout: 5 * time.Second}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go sched.Run(runCtx)
+	pools.run(runCtx)
 	go tracker.Run(runCtx)
 	go book.Run(runCtx)
 	var discovering sync.WaitGroup // joined on return: client-go's goroutines end with serve
 	defer func() { cancel(); discovering.Wait() }()
 	discovering.Go(func() { runDiscovery(runCtx) })
-	reloads := newReloader(path, cfg, sched, log.Named("reload"), reg)
+	reloads := newReloader(path, cfg, pools.setters(), log.Named("reload"), reg)
 	var reloading sync.WaitGroup
 	defer func() { cancel(); reloading.Wait() }()
 	reloading.Go(func() {
@@ -211,10 +208,10 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	// gRPC health (what Envoy's health checks of duet read) follows
 	// /readyz: a replica that starts or restarts gets no stream before it
 	// knows its engines.
-	go followReadiness(runCtx, hs, sched, readinessPoll)
+	go followReadiness(runCtx, hs, pools, readinessPoll)
 	log.Info("duet started",
 		zap.String("grpc", grpcLis.Addr().String()), zap.String("admin", adminLis.Addr().String()),
-		zap.Int("prefill_endpoints", len(cfg.Prefill)), zap.Int("decode_endpoints", len(cfg.Decode)),
+		zap.Strings("pools", pools.names()),
 		zap.String("version", version), zap.String("grpc_auth", guard.Mode()))
 
 	var serveErr error
@@ -349,14 +346,16 @@ func endpointSpecs(eps []config.Endpoint) []scheduler.EndpointSpec {
 	return out
 }
 
-func schedulerConfig(cfg *config.Config) scheduler.Config {
+// schedulerConfig is the configuration of pool p's scheduler: its engines
+// and policies, and the settings of cfg that every pool shares.
+func schedulerConfig(cfg *config.Config, p config.Pool) scheduler.Config {
 	return scheduler.Config{
-		Prefill:           endpointSpecs(cfg.Prefill),
-		Decode:            endpointSpecs(cfg.Decode),
-		EmptyPools:        cfg.Kubernetes != nil, // discovery fills the lists
-		PD:                cfg.Kubernetes != nil && cfg.Kubernetes.Prefill != nil,
-		PrefillPolicy:     policySpec(cfg.Policy.Prefill),
-		DecodePolicy:      policySpec(cfg.Policy.Decode),
+		Prefill:           endpointSpecs(p.Prefill),
+		Decode:            endpointSpecs(p.Decode),
+		EmptyPools:        p.Kubernetes != nil, // discovery fills the lists
+		PD:                p.Kubernetes != nil && p.Kubernetes.Prefill != nil,
+		PrefillPolicy:     policySpec(p.Policy.Prefill),
+		DecodePolicy:      policySpec(p.Policy.Decode),
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
 		EngineRanks:       cfg.EngineRanks,

@@ -27,7 +27,7 @@ health: {interval: 2s, timeout: 500ms, path: /ping, unreachable_to_eject: 2, fai
 		UnreachableToEject: 2, FailuresToEject: -1, ProbeFailures: 3,
 		BaseEjection: time.Second, MaxEjection: time.Minute,
 	}
-	if got := schedulerConfig(cfg).Health; got != want {
+	if got := schedulerConfig(cfg, cfg.PoolList()[0]).Health; got != want {
 		t.Errorf("Health = %+v, want %+v", got, want)
 	}
 }

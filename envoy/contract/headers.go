@@ -33,6 +33,11 @@ const (
 	// is the rid SGLang knows the request by. Clients cannot set it: Envoy
 	// strips every x-duet-* header from client requests.
 	HeaderDuetRequestID = "x-duet-request-id"
+	// HeaderPool names the pool duet routed the request to (the pool that
+	// serves its body's model). With several pools, Envoy chooses the
+	// pool's route by it once duet has asked for the route again
+	// (clear_route_cache).
+	HeaderPool = "x-duet-pool"
 )
 
 // HeaderPrefix is the prefix of every duet routing header.

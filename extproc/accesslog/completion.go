@@ -61,6 +61,9 @@ type Completion struct {
 	// "127.0.0.1:30001/dp1"), when the entry carries duet's metadata.
 	DecodeTarget  string `json:"decode_target,omitempty"`
 	PrefillTarget string `json:"prefill_target,omitempty"`
+	// Pool is the pool duet routed the request to, set once duet believes
+	// the entry (package routed); "" before.
+	Pool string `json:"pool,omitempty"`
 }
 
 // Sink receives completions. Complete is called on the ALS stream's

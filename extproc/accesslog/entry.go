@@ -33,30 +33,41 @@ type Clusters struct {
 // Envoy Gateway, need others.
 var DefaultClusters = Clusters{Decode: contract.ClusterDecode, Prefill: contract.ClusterPrefill}
 
+// ClusterSet names the clusters of every pool (one model's engines each).
+type ClusterSet []Clusters
+
 // legOf returns the leg an entry of the named log describes, or false when
 // the entry is not one duet asked for (another log, or an upstream entry of
 // a cluster that is not an engine pool).
-func (cl Clusters) legOf(logName, cluster string) (Leg, bool) {
+func (cs ClusterSet) legOf(logName, cluster string) (Leg, bool) {
 	switch logName {
 	case contract.LogDownstream:
 		return LegRequest, true
 	case contract.LogUpstream:
-		switch cluster {
-		case cl.Decode:
-			return LegDecode, true
-		case cl.Prefill:
-			return LegPrefill, true
+		for _, cl := range cs {
+			switch cluster {
+			case cl.Decode:
+				return LegDecode, true
+			case cl.Prefill:
+				return LegPrefill, true
+			}
 		}
 	}
 	return "", false
 }
 
+// completion converts one HTTP entry of the named log, as ClusterSet's
+// completion does for a single pool.
+func (cl Clusters) completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (Completion, bool) {
+	return ClusterSet{cl}.completion(logName, e)
+}
+
 // completion converts one HTTP entry of the named log. ok is false when the
 // entry is not one duet asked for; the returned Leg is then empty.
-func (cl Clusters) completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Completion, ok bool) {
+func (cs ClusterSet) completion(logName string, e *accesslogdatav3.HTTPAccessLogEntry) (c Completion, ok bool) {
 	common := e.GetCommonProperties()
 	c.Cluster = common.GetUpstreamCluster()
-	if c.Leg, ok = cl.legOf(logName, c.Cluster); !ok {
+	if c.Leg, ok = cs.legOf(logName, c.Cluster); !ok {
 		return Completion{}, false
 	}
 	headers := e.GetRequest().GetRequestHeaders()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 
 	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
@@ -32,7 +33,7 @@ type Server struct {
 	accesslogv3.UnimplementedAccessLogServiceServer
 
 	sink     Sink
-	clusters Clusters
+	clusters ClusterSet
 	log      *zap.Logger
 	entries  *prometheus.CounterVec
 	streams  prometheus.Gauge
@@ -43,15 +44,22 @@ type Server struct {
 }
 
 // NewServer returns a Server that delivers to sink the legs of the engine
-// clusters named by clusters (DefaultClusters for a field left empty). Its
-// metrics, duet_feedback_entries_total{leg,outcome} and
-// duet_feedback_streams, are registered with reg unless reg is nil.
-func NewServer(sink Sink, clusters Clusters, log *zap.Logger, reg prometheus.Registerer) *Server {
-	if clusters.Decode == "" {
-		clusters.Decode = DefaultClusters.Decode
+// clusters of every pool named by clusters (DefaultClusters for a field
+// left empty, or for an empty set). Its metrics,
+// duet_feedback_entries_total{leg,outcome} and duet_feedback_streams, are
+// registered with reg unless reg is nil.
+func NewServer(sink Sink, clusters ClusterSet, log *zap.Logger, reg prometheus.Registerer) *Server {
+	clusters = slices.Clone(clusters)
+	if len(clusters) == 0 {
+		clusters = ClusterSet{DefaultClusters}
 	}
-	if clusters.Prefill == "" {
-		clusters.Prefill = DefaultClusters.Prefill
+	for i := range clusters {
+		if clusters[i].Decode == "" {
+			clusters[i].Decode = DefaultClusters.Decode
+		}
+		if clusters[i].Prefill == "" {
+			clusters[i].Prefill = DefaultClusters.Prefill
+		}
 	}
 	s := &Server{
 		sink:     sink,

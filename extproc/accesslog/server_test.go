@@ -168,7 +168,7 @@ func TestStreamAccessLogs(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			sink := &recorder{}
 			reg := prometheus.NewRegistry()
-			srv := NewServer(sink, Clusters{}, zap.NewNop(), reg)
+			srv := NewServer(sink, nil, zap.NewNop(), reg)
 			client := serve(t, srv)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -221,7 +221,7 @@ func mapsEqual(a, b map[string]float64) bool {
 
 func TestRecentByRequest(t *testing.T) {
 	sink := &recorder{}
-	srv := NewServer(sink, Clusters{}, zap.NewNop(), nil)
+	srv := NewServer(sink, nil, zap.NewNop(), nil)
 	client := serve(t, srv)
 	stream, err := client.StreamAccessLogs(context.Background())
 	if err != nil {
@@ -256,7 +256,7 @@ func TestRecentByRequest(t *testing.T) {
 func TestCloseEndsStreams(t *testing.T) {
 	sink := &recorder{}
 	reg := prometheus.NewRegistry()
-	srv := NewServer(sink, Clusters{}, zap.NewNop(), reg)
+	srv := NewServer(sink, nil, zap.NewNop(), reg)
 	client := serve(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -47,6 +47,8 @@ const (
 // Route is what duet chose for one request: the hosts ("ip:port", as Envoy
 // reports them) and ranks its legs may report.
 type Route struct {
+	// Pool is the pool the request was routed to (its model's engines).
+	Pool string
 	// Decode is the decode (or aggregated) host; DecodeFallback the host
 	// listed second for Envoy's connect-failure retry, or "".
 	Decode, DecodeFallback string
@@ -183,8 +185,8 @@ func (b *Book) Len() int {
 }
 
 // Admit reports whether c is feedback duet may believe, and if not why;
-// an admitted entry is marked as arrived.
-func (b *Book) Admit(c accesslog.Completion) (ok bool, reason string) {
+// an admitted entry is marked as arrived, and c gets its request's pool.
+func (b *Book) Admit(c *accesslog.Completion) (ok bool, reason string) {
 	ok, reason, _ = b.admitEntry(c, false)
 	return ok, reason
 }
@@ -192,7 +194,7 @@ func (b *Book) Admit(c accesslog.Completion) (ok bool, reason string) {
 // admitEntry is Admit; kept reports that an entry about an unknown request
 // waits for its route (Options.Orphans), gated that it came through the
 // Gate.
-func (b *Book) admitEntry(c accesslog.Completion, gated bool) (ok bool, reason string, kept bool) {
+func (b *Book) admitEntry(c *accesslog.Completion, gated bool) (ok bool, reason string, kept bool) {
 	if c.RequestID == "" {
 		return false, ReasonNoRequestID, false
 	}
@@ -201,7 +203,7 @@ func (b *Book) admitEntry(c accesslog.Completion, gated bool) (ok bool, reason s
 	e, found := b.reqs[c.RequestID]
 	if !found {
 		if b.nOrphans < b.maxOrphans {
-			b.orphans[c.RequestID] = append(b.orphans[c.RequestID], orphan{c: c, at: b.now(), gated: gated})
+			b.orphans[c.RequestID] = append(b.orphans[c.RequestID], orphan{c: *c, at: b.now(), gated: gated})
 			b.nOrphans++
 			kept = true
 		}
@@ -243,7 +245,7 @@ func (b *Book) Adopt(id string, r Route) []accesslog.Completion {
 	b.nOrphans -= len(waiting)
 	var out []accesslog.Completion
 	for _, o := range waiting {
-		if e.admit(o.c) == "" {
+		if e.admit(&o.c) == "" {
 			out = append(out, o.c)
 		}
 	}
@@ -253,8 +255,18 @@ func (b *Book) Adopt(id string, r Route) []accesslog.Completion {
 }
 
 // admit checks c against e and marks it arrived; it returns the reason
-// c is not believed, or "". Caller holds the Book's lock.
-func (e *entry) admit(c accesslog.Completion) string {
+// c is not believed, or "" (c then gets its request's pool). Caller holds
+// the Book's lock.
+func (e *entry) admit(c *accesslog.Completion) string {
+	reason := e.check(c)
+	if reason == "" {
+		c.Pool = e.route.Pool
+	}
+	return reason
+}
+
+// check is admit without the pool.
+func (e *entry) check(c *accesslog.Completion) string {
 	r := e.route
 	switch c.Leg {
 	case accesslog.LegRequest:
@@ -316,7 +328,7 @@ func (g gate) Complete(ctx context.Context, c accesslog.Completion) {
 	if c.RequestID == "" && c.Leg == accesslog.LegRequest {
 		return
 	}
-	ok, reason, kept := g.book.admitEntry(c, true)
+	ok, reason, kept := g.book.admitEntry(&c, true)
 	if ok {
 		g.next.Complete(ctx, c)
 		return

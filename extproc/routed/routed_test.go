@@ -113,7 +113,7 @@ func TestAdmit(t *testing.T) {
 				b.Record("r1", *tt.route)
 			}
 			for i, s := range tt.steps {
-				ok, reason := b.Admit(s.c)
+				ok, reason := b.Admit(ptr(s.c))
 				if ok != (s.reason == "") || reason != s.reason {
 					t.Errorf("step %d (%s on %q rank %d): admitted %v reason %q, want reason %q",
 						i, s.c.Leg, s.c.Upstream, s.c.DPRank, ok, reason, s.reason)
@@ -173,7 +173,7 @@ func TestSweep(t *testing.T) {
 	if n := b.Sweep(); n != 1 || b.Len() != 1 {
 		t.Fatalf("swept %d, %d left; want 1 and 1", n, b.Len())
 	}
-	if ok, reason := b.Admit(decodeLeg(decodeHost, 1)); ok || reason != ReasonUnknown {
+	if ok, reason := b.Admit(ptr(decodeLeg(decodeHost, 1))); ok || reason != ReasonUnknown {
 		t.Errorf("a forgotten request's entry: admitted %v (%s)", ok, reason)
 	}
 }
@@ -193,7 +193,7 @@ func BenchmarkRecordAdmit(b *testing.B) {
 		book.Record(id, pdRoute)
 		for _, c := range entries {
 			c.RequestID = id
-			book.Admit(c)
+			book.Admit(ptr(c))
 		}
 	}
 }
@@ -206,7 +206,7 @@ func TestAdopt(t *testing.T) {
 	now := time.Unix(1000, 0)
 	b.now = func() time.Time { return now }
 	for _, c := range []accesslog.Completion{decodeLeg(decodeHost, 1), prefillLeg(otherHost, 3), requestEntry} {
-		if ok, reason := b.Admit(c); ok || reason != ReasonUnknown {
+		if ok, reason := b.Admit(ptr(c)); ok || reason != ReasonUnknown {
 			t.Fatalf("%s before its route: admitted %v (%s)", c.Leg, ok, reason)
 		}
 	}
@@ -217,11 +217,11 @@ func TestAdopt(t *testing.T) {
 	if again := b.Adopt("r1", pdRoute); len(again) != 0 {
 		t.Errorf("adopted %d entries twice", len(again))
 	}
-	if ok, _ := b.Admit(decodeLeg(decodeHost, 1)); ok {
+	if ok, _ := b.Admit(ptr(decodeLeg(decodeHost, 1))); ok {
 		t.Error("the adopted leg was admitted again")
 	}
 	// An orphan whose route never comes is forgotten after OrphanTTL.
-	b.Admit(accesslog.Completion{RequestID: "r2", Leg: accesslog.LegDecode, Upstream: decodeHost, DPRank: 1})
+	b.Admit(ptr(accesslog.Completion{RequestID: "r2", Leg: accesslog.LegDecode, Upstream: decodeHost, DPRank: 1}))
 	now = now.Add(2 * time.Minute)
 	b.Sweep()
 	if got := b.Adopt("r2", pdRoute); len(got) != 0 {
@@ -229,7 +229,7 @@ func TestAdopt(t *testing.T) {
 	}
 	// Without Orphans nothing waits.
 	plain := New(Options{})
-	plain.Admit(decodeLeg(decodeHost, 1))
+	plain.Admit(ptr(decodeLeg(decodeHost, 1)))
 	if got := plain.Adopt("r1", pdRoute); len(got) != 0 {
 		t.Errorf("a Book without Orphans kept %d entries", len(got))
 	}
@@ -262,3 +262,6 @@ func TestGateCountsOrphansOnExpiry(t *testing.T) {
 		t.Errorf("adopted counter %v, want 1", testutil.ToFloat64(b.adopted))
 	}
 }
+
+// ptr returns a pointer to a copy of v.
+func ptr[T any](v T) *T { return &v }

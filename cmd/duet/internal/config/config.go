@@ -58,6 +58,11 @@ type Config struct {
 	// Auth says who may call duet's gRPC port and read its status pages
 	// (docs/security.md).
 	Auth Auth `yaml:"auth"`
+	// Pools, when set, are the models duet routes to, each with its own
+	// engines, policies and clusters; the top-level prefill, decode and
+	// kubernetes services must then be empty (docs/pools.md). Without it,
+	// the top-level lists are one pool that serves every model.
+	Pools []Pool `yaml:"pools"`
 	// Sync, when set, makes duet one of several replicas that share their
 	// view of the cluster over NATS (docs/replicas.md).
 	Sync *Sync `yaml:"sync"`
@@ -416,6 +421,7 @@ func (c *Config) applyDefaults() {
 	if c.Kubernetes != nil {
 		c.Kubernetes.applyDefaults()
 	}
+	c.applyPoolDefaults()
 }
 
 func (h *HealthOptions) applyDefaults() {
@@ -481,33 +487,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Kubernetes != nil {
 		errs = append(errs, c.Kubernetes.validate(c)...)
-	} else if len(c.Decode) == 0 {
-		errs = append(errs, errors.New("decode: at least one endpoint is required (or a kubernetes section)"))
+	} else if len(c.Decode) == 0 && len(c.Pools) == 0 {
+		errs = append(errs, errors.New("decode: at least one endpoint is required (or a kubernetes section, or a pools section)"))
 	}
-	seen := map[string]string{}
-	for _, pool := range []struct {
-		role string
-		list []Endpoint
-	}{{"prefill", c.Prefill}, {"decode", c.Decode}} {
-		role := pool.role
-		for i, ep := range pool.list {
-			field := fmt.Sprintf("%s[%d]", role, i)
-			check(field+".url", validateURL(ep.URL))
-			if prev, dup := seen[ep.URL]; dup && ep.URL != "" {
-				errs = append(errs, fmt.Errorf("%s.url: %q is already listed as %s", field, ep.URL, prev))
-			}
-			seen[ep.URL] = field
-			if ep.BootstrapPort < 0 || ep.BootstrapPort > 65535 {
-				errs = append(errs, fmt.Errorf("%s.bootstrap_port: %d is not a port", field, ep.BootstrapPort))
-			}
-			if ep.BootstrapPort != 0 && role == "decode" {
-				errs = append(errs, fmt.Errorf("%s.bootstrap_port: only prefill endpoints have a bootstrap port", field))
-			}
-			if ep.DPSize < 0 {
-				errs = append(errs, fmt.Errorf("%s.dp_size: %d must not be negative", field, ep.DPSize))
-			}
-		}
-	}
+	errs = append(errs, validateEndpoints("", c.Prefill, c.Decode, map[string]string{})...)
+	errs = append(errs, c.validatePools()...)
 	if c.Request.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("request.max_body_bytes: %d is below the 1024-byte minimum", c.Request.MaxBodyBytes))
 	}
@@ -560,6 +544,39 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel))
 	}
 	return errors.Join(errs...)
+}
+
+// validateEndpoints checks one pool's engine lists, naming each field
+// under prefix; seen maps the URLs already listed (in any pool) to their
+// fields, and gains these.
+func validateEndpoints(prefix string, prefill, decode []Endpoint, seen map[string]string) []error {
+	var errs []error
+	for _, pool := range []struct {
+		role string
+		list []Endpoint
+	}{{"prefill", prefill}, {"decode", decode}} {
+		role := pool.role
+		for i, ep := range pool.list {
+			field := fmt.Sprintf("%s%s[%d]", prefix, role, i)
+			if err := validateURL(ep.URL); err != nil {
+				errs = append(errs, fmt.Errorf("%s.url: %w", field, err))
+			}
+			if prev, dup := seen[ep.URL]; dup && ep.URL != "" {
+				errs = append(errs, fmt.Errorf("%s.url: %q is already listed as %s", field, ep.URL, prev))
+			}
+			seen[ep.URL] = field
+			if ep.BootstrapPort < 0 || ep.BootstrapPort > 65535 {
+				errs = append(errs, fmt.Errorf("%s.bootstrap_port: %d is not a port", field, ep.BootstrapPort))
+			}
+			if ep.BootstrapPort != 0 && role == "decode" {
+				errs = append(errs, fmt.Errorf("%s.bootstrap_port: only prefill endpoints have a bootstrap port", field))
+			}
+			if ep.DPSize < 0 {
+				errs = append(errs, fmt.Errorf("%s.dp_size: %d must not be negative", field, ep.DPSize))
+			}
+		}
+	}
+	return errs
 }
 
 // validateDuet checks how Envoy reaches duet: envoy.duet, or every address

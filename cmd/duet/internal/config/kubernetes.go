@@ -113,9 +113,9 @@ func (k *Kubernetes) validate(c *Config) []error {
 	if k.JoinDelay < 0 && k.JoinDelay != -time.Second {
 		errs = append(errs, fmt.Errorf("kubernetes.join_delay: %v is neither a duration nor -1s (at once)", k.JoinDelay))
 	}
-	if k.Decode == nil {
+	if k.Decode == nil && len(c.Pools) == 0 {
 		errs = append(errs, errors.New("kubernetes.decode: is required"))
-	} else {
+	} else if k.Decode != nil {
 		errs = append(errs, k.Decode.validate("kubernetes.decode")...)
 	}
 	if k.Prefill != nil {

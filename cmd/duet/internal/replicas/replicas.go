@@ -53,7 +53,7 @@ const (
 type Applier interface {
 	ApplyPicked(p scheduler.Picked)
 	Record(id string, r routed.Route)
-	Admit(c accesslog.Completion) (ok bool, reason string)
+	Admit(c *accesslog.Completion) (ok bool, reason string)
 	Complete(ctx context.Context, c accesslog.Completion)
 }
 
@@ -415,7 +415,7 @@ func (r *Replicas) receive(msg *nats.Msg) {
 	case kindLeg:
 		// Believed only as Envoy's own entries are: about a request some
 		// replica routed, on the host and rank chosen for that leg.
-		if ok, _ := r.opts.Apply.Admit(*e.Leg); ok {
+		if ok, _ := r.opts.Apply.Admit(e.Leg); ok {
 			r.opts.Apply.Complete(context.Background(), *e.Leg)
 		}
 	}

@@ -59,7 +59,7 @@ func (r *recorder) Record(id string, route routed.Route) {
 	r.routes[id] = route
 }
 
-func (r *recorder) Admit(c accesslog.Completion) (bool, string) {
+func (r *recorder) Admit(c *accesslog.Completion) (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	_, ok := r.routes[c.RequestID]

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/cmd/duet/internal/status"
+	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/scheduler"
+)
+
+// pool is one pool as serve runs it: its configuration and its scheduler,
+// whose load, health and prefix state are its own.
+type pool struct {
+	cfg   config.Pool
+	sched *scheduler.Scheduler
+}
+
+// poolSet is every pool, in configuration order.
+type poolSet []*pool
+
+// newPools makes a scheduler per pool of cfg, each from base (the settings
+// every pool shares: callbacks) with the pool's engines and policies. The
+// schedulers' metrics carry the label pool, and their logs the field pool.
+func newPools(cfg *config.Config, base scheduler.Config, log *zap.Logger, reg prometheus.Registerer) (poolSet, error) {
+	var out poolSet
+	for _, pc := range cfg.PoolList() {
+		scfg := schedulerConfig(cfg, pc)
+		scfg.Pool = pc.Name
+		scfg.OnPicked, scfg.OnEject = base.OnPicked, base.OnEject
+		scfg.Registerer = poolRegisterer(reg, pc.Name)
+		sched, err := scheduler.New(scfg, log.With(zap.String("pool", pc.Name)))
+		if err != nil {
+			return nil, fmt.Errorf("scheduler of pool %s: %w", pc.Name, err)
+		}
+		out = append(out, &pool{cfg: pc, sched: sched})
+	}
+	return out, nil
+}
+
+// poolRegisterer registers a pool's metrics with reg under the label
+// pool=name.
+func poolRegisterer(reg prometheus.Registerer, name string) prometheus.Registerer {
+	return prometheus.WrapRegistererWith(prometheus.Labels{"pool": name}, reg)
+}
+
+// byName returns the pool named name, or nil.
+func (ps poolSet) byName(name string) *pool {
+	for _, p := range ps {
+		if p.cfg.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// run runs every pool's scheduler until ctx ends.
+func (ps poolSet) run(ctx context.Context) {
+	for _, p := range ps {
+		go p.sched.Run(ctx)
+	}
+}
+
+// Ready implements readiness. One pool is ready as its scheduler is; of
+// several, duet is ready once every scheduler has settled (first discovery
+// and load scrape) and one of them can serve: a pool without a ready engine
+// answers its own requests with fast 503s, which must not take the other
+// pools down with it.
+func (ps poolSet) Ready() bool {
+	if len(ps) == 1 {
+		return ps[0].sched.Ready()
+	}
+	any := false
+	for _, p := range ps {
+		if !p.sched.Settled() {
+			return false
+		}
+		any = any || p.sched.Ready()
+	}
+	return any
+}
+
+// extproc returns the pools as the ext_proc server routes to them. A
+// configuration without a pools section is one pool that serves every
+// model.
+func (ps poolSet) extproc() []extproc.Pool {
+	out := make([]extproc.Pool, 0, len(ps))
+	for _, p := range ps {
+		ep := extproc.Pool{Name: p.cfg.Name, Picker: p.sched, Fallbacks: p.sched, PrefillCluster: p.cfg.Clusters.Prefill}
+		if !p.cfg.Implicit() {
+			ep.Models, ep.Aliases = p.cfg.Models, p.cfg.Aliases
+		}
+		out = append(out, ep)
+	}
+	return out
+}
+
+// feedbackClusters names every pool's engine clusters, whose upstream
+// access-log entries are legs, as the configuration names them.
+func feedbackClusters(cfg *config.Config) accesslog.ClusterSet {
+	var out accesslog.ClusterSet
+	for _, p := range cfg.PoolList() {
+		out = append(out, accesslog.Clusters{Decode: p.Clusters.Decode, Prefill: p.Clusters.Prefill})
+	}
+	return out
+}
+
+// status returns the pools as the status page shows them.
+func (ps poolSet) status() []status.Pool {
+	out := make([]status.Pool, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, status.Pool{Name: p.cfg.Name, Models: p.cfg.Models, Source: p.sched})
+	}
+	return out
+}
+
+// Complete delivers believed feedback (accesslog.Completion.Pool set by
+// the route record) to its pool's scheduler; feedback about no known pool
+// is dropped.
+func (ps poolSet) Complete(_ context.Context, c accesslog.Completion) {
+	if p := ps.byName(c.Pool); p != nil {
+		p.sched.Complete(toFeedback(c))
+	}
+}
+
+// ApplyPicked applies a peer's pick to the scheduler of its pool.
+func (ps poolSet) ApplyPicked(pk scheduler.Picked) {
+	if p := ps.byName(pk.Pool); p != nil {
+		p.sched.ApplyPicked(pk)
+	}
+}
+
+// names lists the pools' names.
+func (ps poolSet) names() []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.cfg.Name)
+	}
+	return out
+}
+
+// setters maps each pool's name to its scheduler, for reloads and
+// Kubernetes discovery.
+func (ps poolSet) setters() map[string]endpointSetter {
+	out := make(map[string]endpointSetter, len(ps))
+	for _, p := range ps {
+		out[p.cfg.Name] = p.sched
+	}
+	return out
+}
