@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,7 +35,7 @@ type reloader struct {
 	path    string
 	log     *zap.Logger
 	scheds  map[string]endpointSetter // by pool name
-	running *config.Config // as started, with the endpoint lists last applied
+	running *config.Config            // as started, with the endpoint lists last applied
 	reloads *prometheus.CounterVec
 }
 
