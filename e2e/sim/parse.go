@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"fmt"
 	"math"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -73,6 +75,11 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 	}
 	req := &inferRequest{route: route, model: servedModel}
 	if m := root.Get("model"); m.Type == gjson.String && m.String() != "" {
+		if opts.vllm && route.isOpenAI() && m.String() != servedModel {
+			// vLLM's OpenAI server serves only its served model names
+			// (SGLang answers whatever the request names).
+			return nil, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", m.String())}
+		}
 		req.model = m.String()
 	}
 	req.stream = root.Get("stream").Bool()

@@ -45,6 +45,9 @@ func TestVLLMRankHeader(t *testing.T) {
 			body:       `{"messages":[{"role":"user","content":"hi"}],"routed_dp_rank":9,"bootstrap_room":"x","bootstrap_host":3}`,
 			wantStatus: 200, wantRank: 0, wantSource: "least_loaded"},
 		{name: "no /generate", path: "/generate", body: `{"text":"hi"}`, wantStatus: 404},
+		{name: "a model it does not serve", path: "/v1/chat/completions",
+			body:       `{"model":"other","messages":[{"role":"user","content":"hi"}]}`,
+			wantStatus: 404, wantBody: `{"error":{"code":404,"message":"The model ` + "`other`" + ` does not exist.","param":null,"type":"NotFoundError"}}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
