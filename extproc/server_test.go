@@ -59,6 +59,14 @@ func client(t testing.TB, picker Picker, maxBody int) extprocv3.ExternalProcesso
 	if fb, ok := picker.(DecodeFallbacker); ok {
 		opts.Fallbacks = fb
 	}
+	return clientFor(t, opts)
+}
+
+// clientFor starts a Server with opts on loopback gRPC and returns a client
+// for it.
+func clientFor(t testing.TB, opts Options) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	maxBody := opts.MaxBodyBytes
 	srv, err := NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
