@@ -316,6 +316,9 @@ type valueSet struct {
 	// the subject ("": the chart's default for the release).
 	sync, subject string
 	natsToken     bool
+	// pools are the pools duet's configuration must hold, in order (none:
+	// no pools section, pd says what the one pool is).
+	pools []poolWant
 }
 
 // defaultSubject is the chart's NATS subject for the release in namespace.
@@ -388,6 +391,35 @@ var valueSets = []valueSet{
 		},
 	},
 	{
+		// Two models: a PD pool discovered from its Services, an
+		// aggregated one listed by URL; the pairs share through NATS.
+		name: "two-pools", files: []string{"two-pools.yaml"}, replicas: 2, envoy: true, auth: "mtls", admin: true,
+		sync: natsURL, natsToken: true, external: []string{natsSecret},
+		pools: []poolWant{{name: "deepseek", pd: true, discovery: true}, {name: "qwen"}},
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Role/inference/duet-endpointslices", "RoleBinding/inference/duet-endpointslices",
+			"NetworkPolicy/duet-system/duet", "PodDisruptionBudget/duet-system/duet",
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token",
+		},
+	},
+	{
+		// Two pools listed by URL, for a gateway outside the chart: no
+		// Kubernetes API access at all.
+		name: "static pools for a gateway", replicas: 1, auth: "token",
+		pools: []poolWant{{name: "a", pd: true}, {name: "b"}},
+		set: []string{"envoy.enabled=false", "replicaCount=1", "auth.mode=token", "auth.adminToken.enabled=false",
+			"networkPolicy.enabled=false", "podDisruptionBudget.enabled=false",
+			"pools[0].name=a", "pools[0].models={model-a}", "pools[0].prefill[0].url=http://a-prefill:30000", "pools[0].decode[0].url=http://a-decode:30000",
+			"pools[1].name=b", "pools[1].models={model-b,model-b-2}", "pools[1].aliases={b}", "pools[1].decode[0].url=http://b:8000", "pools[1].decode[0].dp_size=2",
+			"pools[1].policy.decode=least_tokens", "pools[1].clusters.decode=model_b"},
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"ServiceAccount/duet-system/duet", "Secret/duet-system/duet-token",
+		},
+	},
+	{
 		// One duet for a gateway outside the chart, which needs no NATS,
 		// behind a headless Service too; the gateway sends a generated
 		// token; no status page token, no NetworkPolicy, no budget.
@@ -455,6 +487,7 @@ func TestChart(t *testing.T) {
 		})
 	}
 	t.Run("engine example", func(t *testing.T) { testEngineExample(t, tk, schemas) })
+	t.Run("two-pools engines", func(t *testing.T) { testPoolsEngineExample(t, tk, schemas) })
 	t.Run("nats example", func(t *testing.T) { testNATSExample(t, tk, schemas) })
 	t.Run("notes", func(t *testing.T) { testNotes(t, tk) })
 	t.Run("broken templates fail", func(t *testing.T) { testBrokenTemplates(t, tk, schemas) })
@@ -974,10 +1007,12 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 		t.Fatalf("duet rejects the rendered configuration: %v", err)
 	}
 	cfg := duetConfig(objs)
-	if _, isPD := cfg["prefill"]; isPD != vs.pd && cfg["kubernetes"] == nil {
+	if len(vs.pools) > 0 {
+		checkPoolsConfig(t, vs, cfg)
+	} else if _, isPD := cfg["prefill"]; isPD != vs.pd && cfg["kubernetes"] == nil {
 		t.Errorf("static prefill list present = %v, want %v", isPD, vs.pd)
 	}
-	if k, ok := cfg["kubernetes"].(map[string]any); ok {
+	if k, ok := cfg["kubernetes"].(map[string]any); ok && len(vs.pools) == 0 {
 		if _, isPD := k["prefill"]; isPD != vs.pd {
 			t.Errorf("kubernetes.prefill present = %v, want %v", isPD, vs.pd)
 		}
@@ -1035,13 +1070,16 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 		t.Fatalf("envoy's bootstrap is not where the init container wrote it: %v", err)
 	}
 	bootstrap := string(raw)
-	for _, want := range []string{"duet_decode", fmt.Sprintf("port_value: %d", envoy.Ports[0].ContainerPort)} {
-		if !strings.Contains(bootstrap, want) {
-			t.Errorf("bootstrap lacks %q", want)
-		}
+	if !strings.Contains(bootstrap, fmt.Sprintf("port_value: %d", envoy.Ports[0].ContainerPort)) {
+		t.Errorf("bootstrap lacks Envoy's listener port %d", envoy.Ports[0].ContainerPort)
+	}
+	if len(vs.pools) > 0 {
+		checkPoolsBootstrap(t, vs, cfg, bootstrap)
+	} else if !strings.Contains(bootstrap, "duet_decode") {
+		t.Error("bootstrap lacks the cluster duet_decode")
 	}
 	// With discovery, Envoy resolves the headless Services.
-	if k, ok := cfg["kubernetes"].(map[string]any); ok {
+	if k, ok := cfg["kubernetes"].(map[string]any); ok && len(vs.pools) == 0 {
 		for _, role := range []string{"prefill", "decode"} {
 			pool, ok := k[role].(map[string]any)
 			if !ok {
@@ -1053,7 +1091,7 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 			}
 		}
 	}
-	if strings.Contains(bootstrap, "duet_prefill") != vs.pd {
+	if len(vs.pools) == 0 && strings.Contains(bootstrap, "duet_prefill") != vs.pd {
 		t.Errorf("bootstrap has a prefill cluster = %v, want %v", !vs.pd, vs.pd)
 	}
 	// Envoy's side of auth: its client certificate (mounted), the token.
@@ -1368,6 +1406,19 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"wildcard subject", nil, []string{"sync.nats.url=nats://nats:4222", "sync.nats.unauthenticated=true", "sync.subject=duet.>"}, "at '/sync/subject'"},
 		{"chart-owned sync", nil, []string{"config.sync.nats.url=nats://nats:4222"}, "config.sync: the chart sets it"},
 		{"headless beside envoy", nil, []string{"service.headless=true"}, "service.headless: only with envoy.enabled false"},
+		{"chart-owned pools", nil, []string{"config.pools[0].name=a"}, "config.pools: the chart sets it; use pools"},
+		{"pools with engine lists", []string{"two-pools.yaml"}, []string{"engines.decode[0].url=http://a:1"},
+			"engines.prefill and engines.decode must be empty with pools"},
+		{"pool without models", nil, []string{"pools[0].name=a", "pools[0].decode[0].url=http://a:1"}, "missing property 'models'"},
+		{"pool name not a label", nil, []string{"pools[0].name=Big_Model", "pools[0].models={m}", "pools[0].decode[0].url=http://a:1"},
+			"at '/pools/0/name'"},
+		{"typo in a pool", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].decodes[0].url=http://a:1"},
+			"additional properties 'decodes' not allowed"},
+		{"pool without engines", nil, []string{"pools[0].name=a", "pools[0].models={m}"}, "pools[0].decode must list at least one engine"},
+		{"pool with services and lists", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].decode[0].url=http://a:1",
+			"pools[0].kubernetes.decode.service=a"}, "pools[0] (a): prefill and decode list engines by URL"},
+		{"pool without its decode service", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].kubernetes.decode.port=http"},
+			"pools[0].kubernetes.decode.service is required"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -246,6 +246,14 @@ func testNotes(t *testing.T, tk tools) {
 			wantNot: []string{"share their state over NATS"},
 		},
 		{
+			name: "two pools", files: []string{"two-pools.yaml"},
+			want: []string{"Pools, chosen by the body's model",
+				"deepseek: deepseek-ai/DeepSeek-V3 (aliases deepseek); engines: prefill Service sglang-prefill, decode Service sglang-decode in inference.",
+				"qwen: Qwen/Qwen3-8B (aliases qwen); engines: 2 aggregated engines listed by URL.",
+				"curl -s localhost:8080/v1/models", `"model":"deepseek-ai/DeepSeek-V3"`},
+			wantNot: []string{`"model":"default"`, "Engines: "},
+		},
+		{
 			name: "one duet", set: []string{"replicaCount=1"},
 			want:    []string{"duet replicas: 1, each beside its own Envoy."},
 			wantNot: []string{"share their state over NATS", "routes with its own view"},

@@ -37,6 +37,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* "true" when duet discovers engines through the Kubernetes API (engines.source kubernetes, or, with pools, a pool naming its Services), else "". */}}
+{{- define "duet.discovery" -}}
+{{- if .Values.pools }}
+{{- range .Values.pools }}{{ if .kubernetes }}true{{ end }}{{ end }}
+{{- else if eq .Values.engines.source "kubernetes" }}true{{ end }}
+{{- end }}
+
 {{/* The engines' namespace (source: kubernetes). */}}
 {{- define "duet.engineNamespace" -}}
 {{- .Values.engines.kubernetes.namespace | default .Release.Namespace }}
@@ -183,8 +190,48 @@ engines, then the config values as they are.
 {{- with include "duet.syncConfig" . }}
 {{- $_ := set $cfg "sync" (fromYaml .) }}
 {{- end }}
+{{- if hasKey $cfg "pools" }}
+{{- fail "config.pools: the chart sets it; use pools" }}
+{{- end }}
 {{- $engines := .Values.engines }}
-{{- if eq $engines.source "kubernetes" }}
+{{- if .Values.pools }}
+{{- /* Pools: each names its Services or lists its engines; the engines
+section gives only where and how to watch the Services. */}}
+{{- if or $engines.prefill $engines.decode }}
+{{- fail "engines.prefill and engines.decode must be empty with pools: list each pool's engines under pools[].prefill and pools[].decode, or name its Services under pools[].kubernetes" }}
+{{- end }}
+{{- $pools := list }}
+{{- $discovery := false }}
+{{- range $i, $p := .Values.pools }}
+{{- $q := deepCopy $p }}
+{{- if $q.kubernetes }}
+{{- if or $q.prefill $q.decode }}
+{{- fail (printf "pools[%d] (%s): prefill and decode list engines by URL; with pools[%d].kubernetes its Services list them" $i $q.name $i) }}
+{{- end }}
+{{- $k := $q.kubernetes }}
+{{- if not (and $k.decode $k.decode.service) }}
+{{- fail (printf "pools[%d].kubernetes.decode.service is required: pool %s's decode (or aggregated) engines' Service" $i $q.name) }}
+{{- end }}
+{{- if not (and $k.prefill $k.prefill.service) }}
+{{- $_ := unset $k "prefill" }}
+{{- end }}
+{{- $_ := unset $q "prefill" }}
+{{- $_ := unset $q "decode" }}
+{{- $discovery = true }}
+{{- else if not $q.decode }}
+{{- fail (printf "pools[%d].decode must list at least one engine, or pools[%d].kubernetes name pool %s's Services" $i $i $q.name) }}
+{{- end }}
+{{- $pools = append $pools $q }}
+{{- end }}
+{{- if $discovery }}
+{{- $k := deepCopy $engines.kubernetes }}
+{{- $_ := unset $k "prefill" }}
+{{- $_ := unset $k "decode" }}
+{{- $_ := set $k "namespace" (include "duet.engineNamespace" .) }}
+{{- $_ := set $cfg "kubernetes" $k }}
+{{- end }}
+{{- $_ := set $cfg "pools" $pools }}
+{{- else if eq $engines.source "kubernetes" }}
 {{- if or $engines.prefill $engines.decode }}
 {{- fail "engines.prefill and engines.decode are for source: static; with source: kubernetes the Services in engines.kubernetes list the engines" }}
 {{- end }}

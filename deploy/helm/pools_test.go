@@ -1,0 +1,322 @@
+package helm
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// poolWant is one pool a value set must render: its name, whether it
+// disaggregates prefill and decode, and whether duet discovers its engines
+// from Services (else it lists them by URL).
+type poolWant struct {
+	name          string
+	pd, discovery bool
+}
+
+// poolsHeader is the header on which the bootstrap's routes choose a
+// pool's clusters (duet sets it from the body's model).
+const poolsHeader = "x-duet-pool"
+
+// checkPoolsConfig checks the pools section of duet's rendered
+// configuration against the value set: the pools in order, each with its
+// Services (and no lists) or its lists, PD or not; no top-level engines;
+// and a top-level kubernetes section, without Services of its own, exactly
+// when a pool is discovered.
+func checkPoolsConfig(t *testing.T, vs valueSet, cfg map[string]any) {
+	t.Helper()
+	for _, key := range []string{"prefill", "decode"} {
+		if _, ok := cfg[key]; ok {
+			t.Errorf("duet.yaml has a top-level %s list beside its pools", key)
+		}
+	}
+	pools, _ := cfg["pools"].([]any)
+	if len(pools) != len(vs.pools) {
+		t.Fatalf("duet.yaml has %d pools, want %d", len(pools), len(vs.pools))
+	}
+	discovery := false
+	for i, want := range vs.pools {
+		p, _ := pools[i].(map[string]any)
+		if p["name"] != want.name {
+			t.Errorf("pools[%d].name = %v, want %s", i, p["name"], want.name)
+		}
+		if models, _ := p["models"].([]any); len(models) == 0 {
+			t.Errorf("pools[%d] (%s) serves no model", i, want.name)
+		}
+		k, discovered := p["kubernetes"].(map[string]any)
+		discovery = discovery || discovered
+		if discovered != want.discovery {
+			t.Errorf("pools[%d] (%s): kubernetes set = %v, want %v", i, want.name, discovered, want.discovery)
+		}
+		var pd bool
+		if discovered {
+			_, pd = k["prefill"].(map[string]any)
+			if p["prefill"] != nil || p["decode"] != nil {
+				t.Errorf("pools[%d] (%s) lists engines beside its Services", i, want.name)
+			}
+		} else {
+			pre, _ := p["prefill"].([]any)
+			pd = len(pre) > 0
+		}
+		if pd != want.pd {
+			t.Errorf("pools[%d] (%s): PD = %v, want %v", i, want.name, pd, want.pd)
+		}
+	}
+	k, ok := cfg["kubernetes"].(map[string]any)
+	if ok != discovery {
+		t.Errorf("top-level kubernetes section set = %v, want %v (a pool discovered)", ok, discovery)
+	}
+	for _, role := range []string{"prefill", "decode"} {
+		if _, set := k[role]; set {
+			t.Errorf("kubernetes.%s is set beside pools: each pool names its Services", role)
+		}
+	}
+}
+
+// checkPoolsBootstrap checks Envoy's bootstrap for a value set with pools:
+// one route per pool, matched on x-duet-pool, to the pool's decode cluster;
+// that cluster, and a prefill cluster exactly for a PD pool; and, for a
+// discovered pool, the headless Services' names in its clusters.
+func checkPoolsBootstrap(t *testing.T, vs valueSet, cfg map[string]any, bootstrap string) {
+	t.Helper()
+	var doc map[string]any
+	if err := yaml.Unmarshal([]byte(bootstrap), &doc); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	// Every route (a mapping with match and route), wherever it is.
+	routes := map[string]string{} // pool -> cluster
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			match, okM := v["match"].(map[string]any)
+			route, okR := v["route"].(map[string]any)
+			if okM && okR {
+				headers, _ := match["headers"].([]any)
+				for _, h := range headers {
+					h, _ := h.(map[string]any)
+					sm, _ := h["string_match"].(map[string]any)
+					if h["name"] == poolsHeader && sm["exact"] != nil {
+						cluster, _ := route["cluster"].(string)
+						routes[fmt.Sprint(sm["exact"])] = cluster
+					}
+				}
+			}
+			for _, c := range v {
+				walk(c)
+			}
+		case []any:
+			for _, c := range v {
+				walk(c)
+			}
+		}
+	}
+	walk(doc)
+	clusters := map[string]string{} // name -> its YAML
+	sr, _ := doc["static_resources"].(map[string]any)
+	list, _ := sr["clusters"].([]any)
+	for _, c := range list {
+		c, _ := c.(map[string]any)
+		name, _ := c["name"].(string)
+		data, err := yaml.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clusters[name] = string(data)
+	}
+	var names []string
+	pools, _ := cfg["pools"].([]any)
+	for i, want := range vs.pools {
+		names = append(names, want.name)
+		p, _ := pools[i].(map[string]any)
+		set, _ := p["clusters"].(map[string]any)
+		decode, prefill := "duet_"+want.name+"_decode", "duet_"+want.name+"_prefill"
+		if s, ok := set["decode"].(string); ok {
+			decode = s
+		}
+		if s, ok := set["prefill"].(string); ok {
+			prefill = s
+		}
+		if got := routes[want.name]; got != decode {
+			t.Errorf("pool %s: the route matching %s: %s leads to cluster %q, want %s", want.name, poolsHeader, want.name, got, decode)
+		}
+		if _, ok := clusters[decode]; !ok {
+			t.Errorf("pool %s: no cluster %s", want.name, decode)
+		}
+		if _, ok := clusters[prefill]; ok != want.pd {
+			t.Errorf("pool %s: cluster %s present = %v, want %v", want.name, prefill, ok, want.pd)
+		}
+		k, _ := p["kubernetes"].(map[string]any)
+		top, _ := cfg["kubernetes"].(map[string]any)
+		for role, cluster := range map[string]string{"prefill": prefill, "decode": decode} {
+			svc, ok := k[role].(map[string]any)
+			if !ok {
+				continue
+			}
+			host := fmt.Sprintf("%s.%s.svc.cluster.local", svc["service"], top["namespace"])
+			if !strings.Contains(clusters[cluster], host) {
+				t.Errorf("pool %s: cluster %s does not resolve the %s Service %s", want.name, cluster, role, host)
+			}
+		}
+	}
+	if got := slices.Sorted(maps.Keys(routes)); !slices.Equal(got, slices.Sorted(slices.Values(names))) {
+		t.Errorf("the bootstrap routes the pools %v, want %v", got, names)
+	}
+}
+
+// testPoolsEngineExample: the engines of examples/two-pools.yaml are those
+// of examples/engines.yaml (its discovered pool's Services, with the ports
+// the values name) and of examples/engines-vllm.yaml, which kubeconform
+// validates: a headless Service whose StatefulSet's pods are the URLs the
+// listed pool names (<pod>.<service>.<namespace>.svc.cluster.local), on
+// the pods' HTTP port.
+func testPoolsEngineExample(t *testing.T, tk tools, schemas string) {
+	var values struct {
+		Engines struct{ Kubernetes struct{ Namespace string } }
+		Pools   []struct {
+			Name       string
+			Models     []string
+			Kubernetes *struct {
+				Prefill, Decode *struct{ Service, Port string }
+			}
+			Decode []struct{ URL string }
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join("examples", "two-pools.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatal(err)
+	}
+	ns := values.Engines.Kubernetes.Namespace
+	engines := map[string]object{}
+	for _, f := range []string{"engines.yaml", "engines-vllm.yaml"} {
+		data, err := os.ReadFile(filepath.Join("examples", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "engines-vllm.yaml" {
+			if out, err := kubeconform(t, tk, schemas, string(data)); err != nil {
+				t.Fatal(err)
+			} else if !strings.Contains(out, "Valid: 2,") {
+				t.Fatalf("kubeconform summary:\n%s", out)
+			}
+		}
+		for id, o := range parseObjects(t, string(data)) {
+			engines[id] = o
+		}
+	}
+	type svcSpec struct {
+		Spec struct {
+			ClusterIP string
+			Selector  map[string]string
+			Ports     []struct {
+				Name       string
+				Port       int
+				TargetPort any
+			}
+		}
+	}
+	type stsSpec struct {
+		Spec struct {
+			ServiceName string
+			Replicas    int
+			Template    struct {
+				Metadata struct{ Labels map[string]string }
+				Spec     struct {
+					Containers []struct {
+						Args  []string
+						Ports []struct {
+							Name          string
+							ContainerPort int
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(values.Pools) != 2 {
+		t.Fatalf("two-pools.yaml has %d pools", len(values.Pools))
+	}
+	for _, p := range values.Pools {
+		if k := p.Kubernetes; k != nil {
+			for _, s := range []*struct{ Service, Port string }{k.Prefill, k.Decode} {
+				if s == nil {
+					continue
+				}
+				var svc svcSpec
+				o, ok := engines["Service/"+ns+"/"+s.Service]
+				if !ok {
+					t.Errorf("pool %s: no Service %s/%s in the engine examples", p.Name, ns, s.Service)
+					continue
+				}
+				o.into(t, &svc)
+				if svc.Spec.ClusterIP != "None" || !slices.ContainsFunc(svc.Spec.Ports, func(sp struct {
+					Name       string
+					Port       int
+					TargetPort any
+				}) bool {
+					return sp.Name == s.Port
+				}) {
+					t.Errorf("pool %s: Service %s is not headless with the port %s", p.Name, s.Service, s.Port)
+				}
+				// Its engines serve the pool's first model name.
+				var sts stsSpec
+				engines["StatefulSet/"+ns+"/"+s.Service].into(t, &sts)
+				if cs := sts.Spec.Template.Spec.Containers; len(cs) == 0 || !slices.Contains(cs[0].Args, "--model-path="+p.Models[0]) {
+					t.Errorf("pool %s: the engines of Service %s do not serve %s", p.Name, s.Service, p.Models[0])
+				}
+			}
+			continue
+		}
+		if len(p.Decode) == 0 {
+			t.Fatalf("pool %s lists no engine", p.Name)
+		}
+		for _, e := range p.Decode {
+			host, port, ok := strings.Cut(strings.TrimPrefix(e.URL, "http://"), ":")
+			parts := strings.SplitN(host, ".", 3)
+			if !ok || len(parts) != 3 || parts[2] != ns+".svc.cluster.local" {
+				t.Errorf("pool %s: %s is not <pod>.<service>.%s.svc.cluster.local:<port>", p.Name, e.URL, ns)
+				continue
+			}
+			pod, service := parts[0], parts[1]
+			var svc svcSpec
+			o, ok := engines["Service/"+ns+"/"+service]
+			if !ok {
+				t.Errorf("pool %s: no Service %s/%s in the engine examples", p.Name, ns, service)
+				continue
+			}
+			o.into(t, &svc)
+			var sts stsSpec
+			i := strings.LastIndex(pod, "-")
+			name := pod[:max(i, 0)]
+			ordinal, err := strconv.Atoi(pod[i+1:])
+			engines["StatefulSet/"+ns+"/"+name].into(t, &sts)
+			if err != nil || svc.Spec.ClusterIP != "None" || sts.Spec.ServiceName != service || !subset(svc.Spec.Selector, sts.Spec.Template.Metadata.Labels) ||
+				len(svc.Spec.Selector) == 0 || ordinal >= sts.Spec.Replicas {
+				t.Errorf("pool %s: %s is not a pod of a StatefulSet %s governed by the headless Service %s", p.Name, e.URL, name, service)
+			}
+			c := sts.Spec.Template.Spec.Containers[0]
+			if !slices.ContainsFunc(c.Ports, func(cp struct {
+				Name          string
+				ContainerPort int
+			}) bool {
+				return fmt.Sprint(cp.ContainerPort) == port
+			}) {
+				t.Errorf("pool %s: %s dials port %s, which the pods do not serve (%+v)", p.Name, e.URL, port, c.Ports)
+			}
+			// The engines serve the pool's first model name.
+			if !slices.Contains(c.Args, p.Models[0]) && !slices.Contains(c.Args, "--served-model-name="+p.Models[0]) {
+				t.Errorf("pool %s: the engines %s serve another model than %s (%v)", p.Name, name, p.Models[0], c.Args)
+			}
+		}
+	}
+}
