@@ -134,6 +134,23 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"empty host", func(p *Params) { p.Duet = Address{"", 1} }},
 		{"empty replica host", func(p *Params) { p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"", 9002}} }},
 		{"headless IP", func(p *Params) { p.Headless = true }},
+		{"pools and engines outside them", func(p *Params) { p.Pools = twoPools() }},
+		{"a pool without a name", func(p *Params) {
+			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
+			p.Pools[1].Name = ""
+		}},
+		{"a cluster in two pools", func(p *Params) {
+			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
+			p.Pools[1].DecodeCluster = p.Pools[0].PrefillCluster
+		}},
+		{"a pool's cluster named as duet's", func(p *Params) {
+			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
+			p.Pools[1].DecodeCluster = ClusterDuet
+		}},
+		{"a pool without decode engines", func(p *Params) {
+			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
+			p.Pools[1].Decode = nil
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,6 +160,82 @@ func TestRenderRejectsBadParams(t *testing.T) {
 				t.Fatal("Render accepted bad params")
 			}
 		})
+	}
+}
+
+// twoPools is a PD pool and an aggregated pool.
+func twoPools() []Pool {
+	return []Pool{
+		{Name: "deepseek", DecodeCluster: "duet_deepseek_decode", PrefillCluster: "duet_deepseek_prefill",
+			Prefill: []Address{{"10.0.0.1", 30000}}, Decode: []Address{{"10.0.0.2", 30000}}},
+		{Name: "qwen", DecodeCluster: "duet_qwen_decode", PrefillCluster: "duet_qwen_prefill",
+			Decode: []Address{{"10.0.1.1", 8000}, {"10.0.1.2", 8000}}},
+	}
+}
+
+// With pools, each pool gets a route chosen by x-duet-pool and its own
+// clusters; only the PD pool's route mirrors, and only its decode cluster
+// writes the decode rank into /generate bodies. Envoy loads it.
+func TestRenderPools(t *testing.T) {
+	p := params()
+	p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
+	var buf bytes.Buffer
+	if err := Render(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	hcm := node(t, doc, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	routes := node(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
+	if len(routes) != 2 {
+		t.Fatalf("%d routes, want one per pool", len(routes))
+	}
+	for i, pool := range twoPools() {
+		r := routes[i]
+		match := node(t, r, "match", "headers", 0)
+		if fmt.Sprint(node(t, match, "name")) != contract.HeaderPool || fmt.Sprint(node(t, match, "string_match", "exact")) != pool.Name {
+			t.Errorf("route %d matches %v, want %s: %s", i, match, contract.HeaderPool, pool.Name)
+		}
+		if got := node(t, r, "route", "cluster"); got != pool.DecodeCluster {
+			t.Errorf("route %d goes to %v, want %s", i, got, pool.DecodeCluster)
+		}
+		_, mirrors := node(t, r, "route").(map[string]any)["request_mirror_policies"]
+		if mirrors != pool.PD() {
+			t.Errorf("route %d (%s) mirrors: %v, want %v", i, pool.Name, mirrors, pool.PD())
+		}
+	}
+	clusters := map[string]any{}
+	for _, c := range node(t, doc, "static_resources", "clusters").([]any) {
+		clusters[fmt.Sprint(node(t, c, "name"))] = c
+	}
+	for name, wantLua := range map[string]bool{"duet_deepseek_decode": true, "duet_deepseek_prefill": false, "duet_qwen_decode": false} {
+		c, ok := clusters[name]
+		if !ok {
+			t.Errorf("no cluster %s", name)
+			continue
+		}
+		out, _ := yaml.Marshal(c)
+		if got := strings.Contains(string(out), "envoy.filters.http.lua"); got != wantLua {
+			t.Errorf("cluster %s has the body-rank Lua filter: %v, want %v", name, got, wantLua)
+		}
+	}
+	for _, absent := range []string{"duet_qwen_prefill", "name: duet_decode", "name: duet_prefill"} {
+		if strings.Contains(buf.String(), absent) {
+			t.Errorf("bootstrap has %q", absent)
+		}
+	}
+	tools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "envoy.yaml")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tools.Envoy, "--mode", "validate", "-c", path, "--disable-hot-restart").CombinedOutput(); err != nil {
+		t.Fatalf("envoy rejects the bootstrap: %v\n%s", err, out)
 	}
 }
 

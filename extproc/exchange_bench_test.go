@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // cpuClock measures the CPU time (user and system, every thread) the
@@ -45,14 +47,23 @@ func chatOfSize(n int) []byte {
 // parsing and rewriting, prompt hashing) without the scheduler; the pick is
 // BenchmarkPick in package scheduler.
 func BenchmarkExchange(b *testing.B) {
+	// pd-pools routes by model among four pools (the body's model is the
+	// third pool's): the cost of the pool lookup, the model rewrite aside.
+	var pools []Pool
+	for i, m := range []string{"a", "b", "m", "d"} {
+		pools = append(pools, Pool{Name: fmt.Sprint("pool", i), Models: []string{m}, Picker: &fakePicker{decision: pdPick},
+			PrefillCluster: fmt.Sprint("duet_pool", i, "_prefill")})
+	}
 	for _, mode := range []struct {
 		name string
-		pick *fakePicker
+		opts Options
 	}{
-		{"pd", &fakePicker{decision: pdPick}},
-		{"aggregated", &fakePicker{decision: aggPick}},
+		{"pd", Options{Picker: &fakePicker{decision: pdPick}, PrefillCluster: "duet_prefill"}},
+		{"aggregated", Options{Picker: &fakePicker{decision: aggPick}, PrefillCluster: "duet_prefill"}},
+		{"pd-pools", Options{Pools: pools}},
 	} {
-		c := client(b, mode.pick, 4<<20)
+		mode.opts.MaxBodyBytes, mode.opts.Metrics = 4<<20, NewMetrics(prometheus.NewRegistry())
+		c := clientFor(b, mode.opts)
 		for _, size := range []int{1 << 10, 32 << 10, 256 << 10} {
 			body := chatOfSize(size)
 			b.Run(fmt.Sprintf("%s/%dKiB", mode.name, size>>10), func(b *testing.B) {
