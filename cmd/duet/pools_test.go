@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -72,9 +74,34 @@ func TestPoolSet(t *testing.T) {
 	if ep := single.extproc(); len(ep) != 1 || ep[0].Name != "default" || ep[0].Models != nil {
 		t.Errorf("implicit pool %+v", ep)
 	}
+	// A peer's pick reaches the scheduler of its pool only, and the
+	// request's feedback, stamped with that pool, releases it there.
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"dp_size":2,"disaggregation_mode":"null"}`)
+	}))
+	defer engine.Close()
+	cfg = mustParse(t, strings.Replace(twoPoolsYAML, "http://10.0.1.1:8000", engine.URL, 1))
+	if pools, err = newPools(cfg, scheduler.Config{}, zap.NewNop(), prometheus.NewRegistry()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pools[1].sched.Discover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	hold := scheduler.PickedHold{Role: scheduler.RoleDecode, Target: scheduler.TargetKey{URL: engine.URL, Rank: 1}, Tokens: 100, Work: 100}
+	replicaApplier{pools: pools}.ApplyPicked(scheduler.Picked{RequestID: "r1", Pool: "qwen", Holds: []scheduler.PickedHold{hold}})
+	if ds, qw := pools[0].sched.Status().Reservations, pools[1].sched.Status().Reservations; ds != 0 || qw != 1 {
+		t.Errorf("after qwen's pick: reservations ds %d, qwen %d; want 0, 1", ds, qw)
+	}
 	// Completions and picks of an unknown pool are dropped, not misapplied.
-	pools.Complete(context.Background(), accesslog.Completion{RequestID: "x", Pool: "nope", Leg: accesslog.LegDecode, Failed: true})
-	pools.ApplyPicked(scheduler.Picked{RequestID: "x", Pool: "nope"})
+	pools.Complete(context.Background(), accesslog.Completion{RequestID: "r1", Pool: "nope", Leg: accesslog.LegRequest})
+	pools.ApplyPicked(scheduler.Picked{RequestID: "r2", Pool: "nope", Holds: []scheduler.PickedHold{hold}})
+	if qw := pools[1].sched.Status().Reservations; qw != 1 {
+		t.Errorf("after an unknown pool's events: qwen reservations %d, want 1", qw)
+	}
+	pools.Complete(context.Background(), accesslog.Completion{RequestID: "r1", Pool: "qwen", Leg: accesslog.LegRequest})
+	if qw := pools[1].sched.Status().Reservations; qw != 0 {
+		t.Errorf("after qwen's feedback: qwen reservations %d, want 0", qw)
+	}
 }
 
 // A reload applies each pool's lists to its own scheduler; a pool added
