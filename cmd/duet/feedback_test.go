@@ -40,11 +40,6 @@ func TestToFeedback(t *testing.T) {
 			if got := toFeedback(tt.in); got != tt.want {
 				t.Errorf("toFeedback() = %+v, want %+v", got, tt.want)
 			}
-			var got scheduler.Feedback
-			got = toFeedback(tt.in)
-			if got != tt.want {
-				t.Errorf("toFeedback = %+v, want %+v", got, tt.want)
-			}
 		})
 	}
 }
