@@ -13,10 +13,16 @@
 // (TestCredentials runs its command; TestNATS runs NATS's configuration on
 // a real nats-server).
 //
-// After changing the demo's options or an address in compose.yaml,
-// regenerate the two files with
+// compose.pools.yaml, laid over compose.yaml, serves two models (a PD pool
+// of the demo's engines and an aggregated pool of vLLM-flavoured ones):
+// pools_test.go proves its files, and the tests that check the stack's
+// services, ports, scrape targets, bootstrap and credentials run on both
+// stacks (the variants).
 //
-//	go test ./deploy/compose -run TestConfigs -update
+// After changing the demo's options or an address in compose.yaml,
+// regenerate the files with
+//
+//	go test ./deploy/compose -run 'TestConfigs|TestPoolsConfigs' -update
 package compose
 
 import (
@@ -106,22 +112,51 @@ func composeOptions() harness.Options {
 	return opts
 }
 
-// loadProject loads compose.yaml as `docker compose` does.
-func loadProject(t *testing.T) *types.Project {
+// variant is one way of running the stack: the compose files `docker
+// compose -f ... -f ...` is given, in order.
+type variant struct {
+	name  string
+	files []string
+}
+
+// variants are the stacks the tests check: compose.yaml alone (the demo),
+// and with compose.pools.yaml laid over it (two models, pools_test.go).
+var variants = []variant{
+	{"demo", []string{"compose.yaml"}},
+	{"pools", []string{"compose.yaml", "compose.pools.yaml"}},
+}
+
+// forEachVariant runs f on every variant's project, as a subtest.
+func forEachVariant(t *testing.T, f func(t *testing.T, p *types.Project)) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) { f(t, loadProject(t, v.files...)) })
+	}
+}
+
+// loadProject loads the compose files (default compose.yaml) as `docker
+// compose` does, later files laid over earlier ones.
+func loadProject(t *testing.T, files ...string) *types.Project {
 	t.Helper()
+	if len(files) == 0 {
+		files = []string{"compose.yaml"}
+	}
 	dir, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	details, err := loader.LoadConfigFiles(ctx, []string{filepath.Join(dir, "compose.yaml")}, dir)
-	if err != nil {
-		t.Fatalf("compose.yaml: %v", err)
+	var paths []string
+	for _, f := range files {
+		paths = append(paths, filepath.Join(dir, f))
 	}
-	details.Environment = types.Mapping{} // the file must not depend on the caller's environment
+	ctx := context.Background()
+	details, err := loader.LoadConfigFiles(ctx, paths, dir)
+	if err != nil {
+		t.Fatalf("%v: %v", files, err)
+	}
+	details.Environment = types.Mapping{} // the files must not depend on the caller's environment
 	p, err := loader.LoadWithContext(ctx, *details)
 	if err != nil {
-		t.Fatalf("compose.yaml: %v", err)
+		t.Fatalf("%v: %v", files, err)
 	}
 	return p
 }
@@ -330,6 +365,30 @@ func renderEnvoy(t *testing.T, path string) []byte {
 	return out
 }
 
+// mountedFile returns the file (relative to this directory) that the
+// service mounts at target, or fails the test.
+func mountedFile(t *testing.T, p *types.Project, svc, target string) string {
+	t.Helper()
+	src := mountSource(service(t, p, svc), target)
+	if src == "" {
+		t.Fatalf("%s mounts nothing at %s", svc, target)
+	}
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, src)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		t.Fatalf("%s mounts %s at %s, outside %s", svc, src, target, dir)
+	}
+	return rel
+}
+
+// isEngine reports whether the compose service is a simulated engine.
+func isEngine(name string) bool {
+	return strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") || strings.HasPrefix(name, "vllm-")
+}
+
 // mountSource returns the host path mounted at target, or "".
 func mountSource(s types.ServiceConfig, target string) string {
 	for _, v := range s.Volumes {
@@ -345,8 +404,9 @@ func mountSource(s types.ServiceConfig, target string) string {
 // exist and are read-only, a fixed address inside the subnet. A one-shot
 // service (restart "no", see oneShot) has no health check and no network;
 // the services that wait for it wait for its successful completion.
-func TestServices(t *testing.T) {
-	p := loadProject(t)
+func TestServices(t *testing.T) { forEachVariant(t, testServices) }
+
+func testServices(t *testing.T, p *types.Project) {
 	subnet := projectSubnet(t, p)
 	ips := map[string]string{}
 	for _, name := range p.ServiceNames() {
@@ -435,8 +495,9 @@ func projectSubnet(t *testing.T, p *types.Project) netip.Prefix {
 // TestPorts checks that no host port is published twice, that only loopback
 // is published to, and that each published port and health check names the
 // port its service really listens on.
-func TestPorts(t *testing.T) {
-	p := loadProject(t)
+func TestPorts(t *testing.T) { forEachVariant(t, testPorts) }
+
+func testPorts(t *testing.T, p *types.Project) {
 	listens := map[string][]int{
 		"envoy":      {envoyPort, envoyAdminPort},
 		"prometheus": {prometheusPort},
@@ -447,7 +508,7 @@ func TestPorts(t *testing.T) {
 		listens[name] = []int{duetAdminPort}
 	}
 	for _, name := range p.ServiceNames() {
-		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
+		if isEngine(name) {
 			listens[name] = []int{simPort}
 		}
 	}
@@ -484,12 +545,13 @@ func TestPorts(t *testing.T) {
 		Listen struct{ GRPC, Admin string }
 		Envoy  struct{ Listen, Admin string }
 	}
-	data, err := os.ReadFile("duet.yaml")
+	duetYAML := mountedFile(t, p, duetServices[0], duetConfigPath)
+	data, err := os.ReadFile(duetYAML)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := yaml.Unmarshal(data, &cfg); err != nil {
-		t.Fatalf("duet.yaml: %v", err)
+		t.Fatalf("%s: %v", duetYAML, err)
 	}
 	for field, got := range map[string]string{
 		"listen.grpc": cfg.Listen.GRPC, "listen.admin": cfg.Listen.Admin,
@@ -498,7 +560,7 @@ func TestPorts(t *testing.T) {
 		want := map[string]int{"listen.grpc": duetGRPCPort, "listen.admin": duetAdminPort,
 			"envoy.listen": envoyPort, "envoy.admin": envoyAdminPort}[field]
 		if _, port, _ := net.SplitHostPort(got); port != strconv.Itoa(want) {
-			t.Errorf("duet.yaml %s = %q, want port %d", field, got, want)
+			t.Errorf("%s %s = %q, want port %d", duetYAML, field, got, want)
 		}
 	}
 }
@@ -517,8 +579,9 @@ func TestEnvoyImageVersion(t *testing.T) {
 
 // TestPrometheusTargets checks that Prometheus scrapes duet and every engine
 // at the addresses and ports where they serve /metrics, and Envoy's stats.
-func TestPrometheusTargets(t *testing.T) {
-	p := loadProject(t)
+func TestPrometheusTargets(t *testing.T) { forEachVariant(t, testPrometheusTargets) }
+
+func testPrometheusTargets(t *testing.T, p *types.Project) {
 	var cfg struct {
 		ScrapeConfigs []struct {
 			JobName       string `yaml:"job_name"`
@@ -528,13 +591,14 @@ func TestPrometheusTargets(t *testing.T) {
 			} `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
-	data, err := os.ReadFile("prometheus.yml")
+	file := mountedFile(t, p, "prometheus", "/etc/prometheus/prometheus.yml")
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&cfg); err != nil {
-		t.Fatalf("prometheus.yml: %v", err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	want := map[string]string{ // target -> metrics path
 		hostPort("envoy", envoyAdminPort): "/stats/prometheus",
@@ -543,7 +607,7 @@ func TestPrometheusTargets(t *testing.T) {
 		want[hostPort(name, duetAdminPort)] = ""
 	}
 	for _, name := range p.ServiceNames() {
-		if strings.HasPrefix(name, "prefill-") || strings.HasPrefix(name, "decode-") {
+		if isEngine(name) {
 			want[hostPort(name, simPort)] = ""
 		}
 	}
@@ -552,7 +616,7 @@ func TestPrometheusTargets(t *testing.T) {
 		for _, st := range sc.StaticConfigs {
 			for _, target := range st.Targets {
 				if _, dup := got[target]; dup {
-					t.Errorf("prometheus.yml scrapes %s twice", target)
+					t.Errorf("%s scrapes %s twice", file, target)
 				}
 				got[target] = sc.MetricsPath
 			}
@@ -560,14 +624,14 @@ func TestPrometheusTargets(t *testing.T) {
 	}
 	for target, path := range want {
 		if gotPath, ok := got[target]; !ok {
-			t.Errorf("prometheus.yml does not scrape %s", target)
+			t.Errorf("%s does not scrape %s", file, target)
 		} else if gotPath != path {
-			t.Errorf("prometheus.yml scrapes %s at metrics_path %q, want %q", target, gotPath, path)
+			t.Errorf("%s scrapes %s at metrics_path %q, want %q", file, target, gotPath, path)
 		}
 	}
 	for target := range got {
 		if _, ok := want[target]; !ok {
-			t.Errorf("prometheus.yml scrapes %s, which is not a compose service's metrics port", target)
+			t.Errorf("%s scrapes %s, which is not a compose service's metrics port", file, target)
 		}
 	}
 }
@@ -630,17 +694,20 @@ func TestEnvoyHealthCheck(t *testing.T) {
 // Envoy loads the certificate files the bootstrap names, so it validates a
 // copy whose credentials directory (certsDir in the containers) is one that
 // `duet certs` has just filled; nothing else differs.
-func TestEnvoyValidates(t *testing.T) {
+func TestEnvoyValidates(t *testing.T) { forEachVariant(t, testEnvoyValidates) }
+
+func testEnvoyValidates(t *testing.T, p *types.Project) {
 	tools, err := harness.FindTools()
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile("envoy.yaml")
+	file := mountedFile(t, p, "envoy", envoyConfigPath)
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Contains(data, []byte(certsDir+"/")) {
-		t.Fatalf("envoy.yaml names no file in %s: Envoy does not authenticate to duet", certsDir)
+		t.Fatalf("%s names no file in %s: Envoy does not authenticate to duet", file, certsDir)
 	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -726,8 +793,9 @@ func readYAML(t *testing.T, path string, v any) {
 // Envoy and NATS no more than their own), certificates that chain to one CA
 // under the names duet.yaml verifies, one NATS token for the duets and the
 // server, and keeps them all on a second run.
-func TestCredentials(t *testing.T) {
-	p := loadProject(t)
+func TestCredentials(t *testing.T) { forEachVariant(t, testCredentials) }
+
+func testCredentials(t *testing.T, p *types.Project) {
 	certs, duet, envoy, nats := service(t, p, certsService), service(t, p, duetServices[0]), service(t, p, "envoy"), service(t, p, natsService)
 	if !oneShot(certs) || certs.Image != duet.Image || certs.User != duet.User {
 		t.Errorf("certs: restart %q, image %q, user %q; want a one-shot run of duet's image %q as duet's user %q",
@@ -782,7 +850,7 @@ func TestCredentials(t *testing.T) {
 			} `yaml:"nats"`
 		}
 	}
-	readYAML(t, "duet.yaml", &cfg)
+	readYAML(t, mountedFile(t, p, duetServices[0], duetConfigPath), &cfg)
 	a, e := cfg.Auth, cfg.Envoy.DuetTLS
 	natsToken := cfg.Sync.NATS.TokenFile
 	duetFiles := []string{a.TLS.CertFile, a.TLS.KeyFile, a.TLS.ClientCAFile, a.AdminTokenFile, natsToken}
