@@ -163,6 +163,20 @@ func TestRenderRejectsBadParams(t *testing.T) {
 	}
 }
 
+// renderDoc renders p and decodes the bootstrap.
+func renderDoc(t *testing.T, p Params) (*bytes.Buffer, any) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := Render(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	return &buf, doc
+}
+
 // twoPools is a PD pool and an aggregated pool.
 func twoPools() []Pool {
 	return []Pool{
@@ -179,14 +193,7 @@ func twoPools() []Pool {
 func TestRenderPools(t *testing.T) {
 	p := params()
 	p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
-	var buf bytes.Buffer
-	if err := Render(&buf, p); err != nil {
-		t.Fatal(err)
-	}
-	var doc any
-	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
-		t.Fatal(err)
-	}
+	buf, doc := renderDoc(t, p)
 	hcm := node(t, doc, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
 	routes := node(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
 	if len(routes) != 2 {
@@ -376,14 +383,7 @@ func TestRenderFeedback(t *testing.T) {
 func TestRenderDuetClusters(t *testing.T) {
 	p := params()
 	p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"10.0.1.2", 9002}, {"10.0.1.3", 9102}}
-	var buf bytes.Buffer
-	if err := Render(&buf, p); err != nil {
-		t.Fatal(err)
-	}
-	var doc any
-	if err := yaml.Unmarshal(buf.Bytes(), &doc); err != nil {
-		t.Fatal(err)
-	}
+	_, doc := renderDoc(t, p)
 	clusters := map[string]any{}
 	for _, c := range node(t, doc, "static_resources", "clusters").([]any) {
 		clusters[node(t, c, "name").(string)] = c
