@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,12 +172,25 @@ func withoutEventLogger(cluster any) any {
 // withoutEventLogger): a change to the template that the Istio fragments do
 // not follow fails this test.
 func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
-	boot := renderedBootstrap(t)
+	checkEnvoyFilterMatches(t, renderedBootstrap(t), "envoyfilter.yaml", []string{"duet-inference"})
+}
+
+// checkEnvoyFilterMatches fails unless the EnvoyFilter at path carries
+// exactly what the rendered bootstrap boot has (see
+// TestEnvoyFilterMatchesRenderedBootstrap); routeNames names the
+// VirtualService route whose patch must carry each route of the bootstrap,
+// in the bootstrap's order.
+func checkEnvoyFilterMatches(t *testing.T, boot obj, path string, routeNames []string) {
+	t.Helper()
 	listener := get(t, boot, "static_resources", "listeners", 0).(obj)
 	hcm := get(t, listener, "filter_chains", 0, "filters", 0, "typed_config").(obj)
 	bootFilters := hcm["http_filters"].([]any)
 	router := bootFilters[len(bootFilters)-1].(obj)
-	bootRoute := get(t, hcm, "route_config", "virtual_hosts", 0, "routes", 0).(obj)
+	bootRoutes := get(t, hcm, "route_config", "virtual_hosts", 0, "routes").([]any)
+	if len(bootRoutes) != len(routeNames) {
+		t.Fatalf("the bootstrap has %d routes, %d route names given", len(bootRoutes), len(routeNames))
+	}
+	patchedRoutes := map[string]bool{}
 	bootClusters := map[string]any{}
 	for _, c := range get(t, boot, "static_resources", "clusters").([]any) {
 		bootClusters[c.(obj)["name"].(string)] = c
@@ -188,8 +202,8 @@ func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
 
 	var inserted []any
 	added := map[string]bool{}
-	var sawHCM, sawRouter, sawRoute, sawListener bool
-	for i, p := range envoyFilterPatches(t, "envoyfilter.yaml") {
+	var sawHCM, sawRouter, sawListener bool
+	for i, p := range envoyFilterPatches(t, path) {
 		v := p.Patch.Value
 		switch {
 		case p.ApplyTo == "CLUSTER" && p.Patch.Operation == "ADD":
@@ -248,12 +262,15 @@ func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
 				}
 			}
 		case p.ApplyTo == "HTTP_ROUTE" && p.Patch.Operation == "MERGE":
-			sawRoute = true
-			if name := get(t, p.Match, "routeConfiguration", "vhost", "route", "name"); name != "duet-inference" {
-				t.Errorf("route patch matches %v, want the VirtualService route duet-inference", name)
+			name, _ := get(t, p.Match, "routeConfiguration", "vhost", "route", "name").(string)
+			j := slices.Index(routeNames, name)
+			if j < 0 {
+				t.Errorf("route patch matches %q, want one of the VirtualService routes %v", name, routeNames)
+				continue
 			}
-			if !reflect.DeepEqual(v["route"], bootRoute["route"]) {
-				t.Errorf("route action:\n got %v\nwant %v", v["route"], bootRoute["route"])
+			patchedRoutes[name] = true
+			if want := bootRoutes[j].(obj)["route"]; !reflect.DeepEqual(v["route"], want) {
+				t.Errorf("route %s action:\n got %v\nwant %v", name, v["route"], want)
 			}
 		default:
 			t.Errorf("patch %d: unexpected %s %s", i, p.Patch.Operation, p.ApplyTo)
@@ -267,8 +284,13 @@ func TestEnvoyFilterMatchesRenderedBootstrap(t *testing.T) {
 			t.Errorf("the EnvoyFilter does not add the bootstrap's cluster %s", name)
 		}
 	}
-	if !sawHCM || !sawRouter || !sawRoute || !sawListener {
-		t.Errorf("missing patches: HCM %v, router %v, route %v, listener %v", sawHCM, sawRouter, sawRoute, sawListener)
+	for _, name := range routeNames {
+		if !patchedRoutes[name] {
+			t.Errorf("no patch for the VirtualService route %s", name)
+		}
+	}
+	if !sawHCM || !sawRouter || !sawListener {
+		t.Errorf("missing patches: HCM %v, router %v, listener %v", sawHCM, sawRouter, sawListener)
 	}
 }
 

@@ -416,6 +416,17 @@ func (tr *translation) problems() []string {
 // g).
 func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]string, decodeCluster, prefillCluster string,
 	g gatewayTLS, secrets map[string]any) ([]byte, error) {
+	return tr.bootstrapChecked(addrs, remap, g, secrets, [][2]string{{decodeCluster, prefillCluster}},
+		func(listener any, routes, clusters []any) []string {
+			return patchEffects(listener, routes, clusters, decodeCluster, prefillCluster)
+		})
+}
+
+// bootstrapChecked is bootstrap for engine clusters of any number of pools
+// (decode and prefill cluster names, each pair a pool's), with effects
+// listing what the xDS lacks of the manifests' patches.
+func (tr *translation) bootstrapChecked(addrs harness.Addresses, remap map[string]string, g gatewayTLS, secrets map[string]any,
+	engineClusters [][2]string, effects func(listener any, routes, clusters []any) []string) ([]byte, error) {
 	if len(tr.Xds) != 1 {
 		return nil, fmt.Errorf("xDS for %d gateways, want 1", len(tr.Xds))
 	}
@@ -452,7 +463,7 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 	if len(listeners) != 1 {
 		return nil, fmt.Errorf("%d listeners in the xDS, want 1", len(listeners))
 	}
-	if missing := patchEffects(listeners[0], routes, clusters, decodeCluster, prefillCluster); len(missing) > 0 {
+	if missing := effects(listeners[0], routes, clusters); len(missing) > 0 {
 		return nil, fmt.Errorf("the translation lacks what the manifests ask for (egctl does not report EnvoyPatchPolicy status):\n  %s",
 			strings.Join(missing, "\n  "))
 	}
@@ -509,8 +520,10 @@ func (tr *translation) bootstrap(addrs harness.Addresses, remap map[string]strin
 			cm["loadAssignment"] = la
 		}
 	}
-	if missing := authEffects(listeners[0], clusters, g.hostname, decodeCluster, prefillCluster); len(missing) > 0 {
-		return nil, fmt.Errorf("the translation lacks mutual TLS to duet:\n  %s", strings.Join(missing, "\n  "))
+	for _, pool := range engineClusters {
+		if missing := authEffects(listeners[0], clusters, g.hostname, pool[0], pool[1]); len(missing) > 0 {
+			return nil, fmt.Errorf("the translation lacks mutual TLS to duet:\n  %s", strings.Join(missing, "\n  "))
+		}
 	}
 	static, err := staticSecrets(clusters, secrets)
 	if err != nil {
@@ -580,6 +593,35 @@ func walk(v any, f func(map[string]any)) {
 // configures it. egctl reports no EnvoyPatchPolicy status, so a JSON patch
 // that does not apply shows up here. Field names are protojson's.
 func patchEffects(listener any, routes, clusters []any, decodeCluster, prefillCluster string) []string {
+	missing := listenerEffects(listener)
+	need := func(ok bool, what string) {
+		if !ok {
+			missing = append(missing, what)
+		}
+	}
+	nroutes := 0
+	for _, rc := range routes {
+		for _, vh := range list(get(rc, "virtualHosts")) {
+			for _, r := range list(get(vh, "routes")) {
+				nroutes++
+				name := str(r, "name")
+				mirrors := list(get(r, "route", "requestMirrorPolicies"))
+				need(len(mirrors) == 1 && str(mirrors[0], "clusterHeader") == "x-duet-mirror" && str(mirrors[0], "cluster") == "" &&
+					len(list(get(mirrors[0], "requestHeadersMutations"))) == 2,
+					"route "+name+": the one mirror by cluster_header x-duet-mirror with the prefill rank mutations")
+				need(str(r, "route", "cluster") == decodeCluster, "route "+name+": cluster "+decodeCluster)
+				need(str(r, "route", "timeout") == "0s", "route "+name+": timeout 0s")
+				need(str(r, "route", "retryPolicy", "retryOn") == "connect-failure,reset-before-request", "route "+name+": retry on connect-failure,reset-before-request")
+			}
+		}
+	}
+	need(nroutes > 0, "routes")
+	return append(missing, engineClusterEffects(clusters, decodeCluster, prefillCluster)...)
+}
+
+// listenerEffects lists what the gateway's listener lacks of duet's Envoy
+// contract (patchEffects' listener half).
+func listenerEffects(listener any) []string {
 	var missing []string
 	need := func(ok bool, what string) {
 		if !ok {
@@ -621,25 +663,20 @@ func patchEffects(listener any, routes, clusters []any, decodeCluster, prefillCl
 		need(found, "access log "+l.name+" with buffer_size_bytes 0")
 	}
 	need(get(router, "typedConfig", "upstreamLogOptions") == nil, "router without upstream_log_options (no entry when a leg starts)")
+	return missing
+}
 
-	nroutes := 0
-	for _, rc := range routes {
-		for _, vh := range list(get(rc, "virtualHosts")) {
-			for _, r := range list(get(vh, "routes")) {
-				nroutes++
-				name := str(r, "name")
-				mirrors := list(get(r, "route", "requestMirrorPolicies"))
-				need(len(mirrors) == 1 && str(mirrors[0], "clusterHeader") == "x-duet-mirror" && str(mirrors[0], "cluster") == "" &&
-					len(list(get(mirrors[0], "requestHeadersMutations"))) == 2,
-					"route "+name+": the one mirror by cluster_header x-duet-mirror with the prefill rank mutations")
-				need(str(r, "route", "cluster") == decodeCluster, "route "+name+": cluster "+decodeCluster)
-				need(str(r, "route", "timeout") == "0s", "route "+name+": timeout 0s")
-				need(str(r, "route", "retryPolicy", "retryOn") == "connect-failure,reset-before-request", "route "+name+": retry on connect-failure,reset-before-request")
-			}
+// engineClusterEffects lists what one PD pool's engine clusters lack of
+// duet's Envoy contract (patchEffects' cluster half): override_host on
+// duet's header, the buffer and circuit breakers on both, the body-rank Lua
+// filter on the decode cluster.
+func engineClusterEffects(clusters []any, decodeCluster, prefillCluster string) []string {
+	var missing []string
+	need := func(ok bool, what string) {
+		if !ok {
+			missing = append(missing, what)
 		}
 	}
-	need(nroutes > 0, "routes")
-
 	byName := map[string]any{}
 	for _, c := range clusters {
 		byName[str(c, "name")] = c

@@ -1,0 +1,71 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// configMapText returns the duet.yaml of the ConfigMap in the manifest file
+// at path.
+func configMapText(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var o struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if o.Kind == "ConfigMap" && o.Data["duet.yaml"] != "" {
+			return o.Data["duet.yaml"]
+		}
+	}
+	t.Fatalf("%s has no ConfigMap with duet.yaml", path)
+	return ""
+}
+
+// The duet.yaml of deploy/envoy-gateway/pools loads: two pools found
+// through Kubernetes, a PD one and an aggregated one, each with Envoy
+// Gateway's cluster names for its rule of the one HTTPRoute (the names
+// e2e/envoygateway proves against egctl's translation).
+func TestEnvoyGatewayPoolsConfigMap(t *testing.T) {
+	cfg, err := Parse([]byte(configMapText(t, "../../../../deploy/envoy-gateway/pools/duet.yaml")))
+	if err != nil {
+		t.Fatalf("the ConfigMap's duet.yaml: %v", err)
+	}
+	pools := cfg.PoolList()
+	if len(pools) != 2 {
+		t.Fatalf("%d pools, want 2", len(pools))
+	}
+	for i, want := range []struct {
+		pd              bool
+		decode, prefill string
+	}{
+		{true, "httproute/inference/duet/rule/0", "httproute/inference/duet/rule/0-mirror-0"},
+		{false, "httproute/inference/duet/rule/1", ""},
+	} {
+		p := pools[i]
+		if p.PD() != want.pd || p.Kubernetes == nil {
+			t.Errorf("pool %s: PD %v, Kubernetes %+v; want PD %v through Kubernetes", p.Name, p.PD(), p.Kubernetes, want.pd)
+		}
+		if p.Clusters.Decode != want.decode || (want.prefill != "" && p.Clusters.Prefill != want.prefill) {
+			t.Errorf("pool %s: clusters %+v, want decode %s prefill %s", p.Name, p.Clusters, want.decode, want.prefill)
+		}
+	}
+	if cfg.Listen.GRPC != "0.0.0.0:9002" {
+		t.Errorf("listen.grpc = %q, want 0.0.0.0:9002 (the Service's port)", cfg.Listen.GRPC)
+	}
+}
