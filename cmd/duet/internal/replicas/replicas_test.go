@@ -115,9 +115,9 @@ func TestShare(t *testing.T) {
 		return len(ra.Peers()) == 1 && len(rb.Peers()) == 1
 	})
 
-	ra.Picked(scheduler.Picked{RequestID: "r1", Holds: []scheduler.PickedHold{{Role: scheduler.RoleDecode, Target: scheduler.TargetKey{URL: "http://e:1", Rank: 1}, Tokens: 10, Work: 10}},
+	ra.Picked(scheduler.Picked{RequestID: "r1", Pool: "qwen", Holds: []scheduler.PickedHold{{Role: scheduler.RoleDecode, Target: scheduler.TargetKey{URL: "http://e:1", Rank: 1}, Tokens: 10, Work: 10}},
 		Blocks: []uint64{1, 1 << 63, 0xdeadbeefcafe}, Indexed: []scheduler.TargetKey{{URL: "http://e:1", Rank: 1}}})
-	ra.Record("r1", routed.Route{Decode: "10.0.0.1:1", DecodeRank: 1, PrefillRank: routed.NoRank})
+	ra.Record("r1", routed.Route{Pool: "qwen", Decode: "10.0.0.1:1", DecodeRank: 1, PrefillRank: routed.NoRank})
 	ra.Complete(context.Background(), accesslog.Completion{RequestID: "r1", Leg: accesslog.LegDecode, Upstream: "10.0.0.1:1", DPRank: 1})
 	ra.Complete(context.Background(), accesslog.Completion{RequestID: "forged", Leg: accesslog.LegDecode, Failed: true})
 	ra.Complete(context.Background(), accesslog.Completion{Leg: accesslog.LegRequest, Status: 400}) // no id: not shared
@@ -135,7 +135,8 @@ func TestShare(t *testing.T) {
 	b.mu.Lock()
 	got := b.picked[0]
 	b.mu.Unlock()
-	if got.RequestID != "r1" || len(got.Holds) != 1 || got.Holds[0].Target.Rank != 1 || got.Holds[0].Tokens != 10 ||
+	// The pool travels with the pick (each peer applies it to that pool).
+	if got.RequestID != "r1" || got.Pool != "qwen" || len(got.Holds) != 1 || got.Holds[0].Target.Rank != 1 || got.Holds[0].Tokens != 10 ||
 		fmt.Sprint(got.Blocks) != fmt.Sprint([]uint64{1, 1 << 63, 0xdeadbeefcafe}) || len(got.Indexed) != 1 {
 		t.Errorf("b got pick %+v", got)
 	}
