@@ -50,7 +50,7 @@ func newDiscovery(cfg *config.Config, setters map[string]endpointSetter, env kub
 		opts := kubernetes.Options{
 			Client:     client.Slices,
 			Namespace:  ns,
-			Decode:     kubernetes.Pool{Service: p.Kubernetes.Decode.Service, Port: p.Kubernetes.Decode.Port},
+			Decode:     kubernetes.Pool{Service: p.Kubernetes.Decode.Service, Port: p.Kubernetes.Decode.Port, DPSize: p.Kubernetes.Decode.DPSize},
 			Setter:     setter,
 			Debounce:   k.Debounce,
 			JoinDelay:  max(k.JoinDelay, 0), // -1s: at once
@@ -61,7 +61,7 @@ func newDiscovery(cfg *config.Config, setters map[string]endpointSetter, env kub
 			opts.Registerer = poolRegisterer(reg, p.Name)
 		}
 		if p.Kubernetes.Prefill != nil {
-			opts.Prefill = &kubernetes.Pool{Service: p.Kubernetes.Prefill.Service, Port: p.Kubernetes.Prefill.Port}
+			opts.Prefill = &kubernetes.Pool{Service: p.Kubernetes.Prefill.Service, Port: p.Kubernetes.Prefill.Port, DPSize: p.Kubernetes.Prefill.DPSize}
 		}
 		d, err := kubernetes.New(opts)
 		if err != nil {

@@ -27,6 +27,9 @@ type Pool struct {
 	// number. Empty means the slice's only port (a port named
 	// BootstrapPortName aside), else the one named "http".
 	Port string
+	// DPSize is every engine's DP size when discovery cannot read it from
+	// the engine (vLLM serves no /server_info); 0 means discover only.
+	DPSize int
 }
 
 // engine is one endpoint found in a slice.
@@ -77,6 +80,7 @@ func specs(role scheduler.Role, pool Pool, list []*EndpointSlice) (out []schedul
 				spec: scheduler.EndpointSpec{
 					URL:           "http://" + netip.AddrPortFrom(addr, uint16(port)).String(),
 					BootstrapPort: bootstrap,
+					DPSize:        pool.DPSize,
 				},
 				ipv4: ipv4,
 			}

@@ -72,6 +72,13 @@ func TestSpecs(t *testing.T) {
 			want: []scheduler.EndpointSpec{{URL: "http://10.0.1.1:30000", BootstrapPort: 8998}},
 		},
 		{
+			name: "a configured DP size goes with every engine (vLLM serves no /server_info)",
+			pool: Pool{Service: "d", DPSize: 4},
+			slices: []*discoveryv1.EndpointSlice{slice("d-1", "d", v4,
+				[]discoveryv1.EndpointPort{port("http", 8000)}, readyAt("10.0.0.1", "d-a"), readyAt("10.0.0.2", "d-b"))},
+			want: []scheduler.EndpointSpec{{URL: "http://10.0.0.1:8000", DPSize: 4}, {URL: "http://10.0.0.2:8000", DPSize: 4}},
+		},
+		{
 			name: "decode: a bootstrap port is not read",
 			pool: Pool{Service: "d", Port: "http"},
 			slices: []*discoveryv1.EndpointSlice{slice("d-1", "d", v4,

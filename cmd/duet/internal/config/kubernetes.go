@@ -51,6 +51,10 @@ type KubernetesPool struct {
 	// dials on every address of the headless Service. Only `duet
 	// envoy-config` reads it, and only when Port is not a number.
 	TargetPort int `yaml:"target_port"`
+	// DPSize is each engine's DP size, used only when discovery cannot
+	// read it from the engine (vLLM serves no /server_info); 0 means
+	// discover.
+	DPSize int `yaml:"dp_size"`
 }
 
 // Defaults of the kubernetes section.
@@ -149,6 +153,9 @@ func (p *KubernetesPool) validate(prefix string) []error {
 		errs = append(errs, fmt.Errorf("%s.port: %q is neither a port number nor a port name", prefix, p.Port))
 	case p.Port == BootstrapPortName:
 		errs = append(errs, fmt.Errorf("%s.port: %q names the bootstrap port, not the HTTP port", prefix, p.Port))
+	}
+	if p.DPSize < 0 {
+		errs = append(errs, fmt.Errorf("%s.dp_size: %d must not be negative", prefix, p.DPSize))
 	}
 	if p.TargetPort < 0 || p.TargetPort > 65535 {
 		errs = append(errs, fmt.Errorf("%s.target_port: %d is not a port", prefix, p.TargetPort))
