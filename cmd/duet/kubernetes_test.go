@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -268,5 +270,110 @@ func TestReloadKubernetes(t *testing.T) {
 				t.Errorf("warnings %v, want one naming kubernetes: %v", warns, tt.wantWarning)
 			}
 		})
+	}
+}
+
+// With pools, each pool's Services feed that pool's scheduler only: a PD
+// pool of SGLang engines and an aggregated pool of vLLM engines (no
+// /server_info: the Service's dp_size gives their DP size). duet is ready
+// once one pool can serve, and each pool's discovery metrics carry its
+// label.
+func TestServeKubernetesPools(t *testing.T) {
+	api := kubetest.Start()
+	defer api.Close()
+	kubeconfig, err := api.WriteKubeconfig(t.TempDir(), "inference")
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := func(mode string) *httptest.Server {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/server_info" && mode != "vllm" {
+				fmt.Fprintf(w, `{"dp_size":2,"disaggregation_mode":%q}`, mode)
+				return
+			}
+			http.NotFound(w, r)
+		}))
+		t.Cleanup(s.Close)
+		return s
+	}
+	prefill, decode, vllm := engine("prefill"), engine("decode"), engine("vllm")
+	admin := freeAddr(t)
+	cfg := writeConfig(t, fmt.Sprintf(`listen: {grpc: %q, admin: %q}
+load: {interval: -1s}
+health: {interval: -1s}
+discovery: {timeout: 1s}
+kubernetes: {kubeconfig: %q, debounce: 10ms, join_delay: -1s}
+pools:
+- name: ds
+  models: [deepseek-ai/DeepSeek-V3]
+  kubernetes:
+    prefill: {service: sglang-prefill, port: http}
+    decode: {service: sglang-decode}
+- name: qwen
+  models: [Qwen/Qwen3-8B]
+  kubernetes:
+    decode: {service: vllm, dp_size: 3}
+`, freeAddr(t), admin, kubeconfig))
+	stop := runDuet(cfg)
+	defer func() {
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	ready := func() bool { code, _ := adminGet(admin, "/readyz"); return code == 200 }
+	waitFor("the API server to be called", func() bool { return api.Requests() > 0 })
+	if ready() {
+		t.Fatal("ready without engines")
+	}
+	api.Apply(engineSlice(t, "vllm-a", "vllm", vllm.URL, true))
+	waitFor("ready with the vLLM pool alone", ready)
+
+	api.Apply(engineSlice(t, "sglang-decode-a", "sglang-decode", decode.URL, true))
+	api.Apply(engineSlice(t, "sglang-prefill-a", "sglang-prefill", prefill.URL, true))
+	type pool struct {
+		Name      string
+		Ready     bool
+		Endpoints []struct {
+			URL    string
+			DPSize int `json:"dp_size"`
+		}
+	}
+	var page struct{ Pools []pool }
+	waitFor("both pools ready", func() bool {
+		_, body := adminGet(admin, "/status.json")
+		return json.Unmarshal([]byte(body), &page) == nil && len(page.Pools) == 2 && page.Pools[0].Ready && page.Pools[1].Ready
+	})
+	urls := func(p pool) (out []string) {
+		for _, e := range p.Endpoints {
+			out = append(out, fmt.Sprintf("%s/%d", e.URL, e.DPSize))
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []string{fmt.Sprintf("%s/2", decode.URL), fmt.Sprintf("%s/2", prefill.URL)}
+	slices.Sort(want)
+	if got := urls(page.Pools[0]); !slices.Equal(got, want) {
+		t.Errorf("pool ds has %v, want %v", got, want)
+	}
+	if got := urls(page.Pools[1]); !slices.Equal(got, []string{vllm.URL + "/3"}) {
+		t.Errorf("pool qwen has %v, want %s with DP size 3", got, vllm.URL)
+	}
+	_, metrics := adminGet(admin, "/metrics")
+	for _, want := range []string{
+		`duet_discovery_endpoints{pool="ds",role="prefill",state="scheduled"} 1`,
+		`duet_discovery_endpoints{pool="ds",role="decode",state="scheduled"} 1`,
+		`duet_discovery_endpoints{pool="qwen",role="decode",state="scheduled"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
 	}
 }
