@@ -214,6 +214,19 @@ func TestPools(t *testing.T) {
 		}
 	})
 
+	t.Run("a request without a body to the first pool", func(t *testing.T) {
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		// SGLang's /server_info names its served model; vLLM serves none.
+		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodGet, "/server_info", nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), pdModel) {
+			t.Errorf("GET /server_info: %d %.300s, want the first pool's engine", resp.StatusCode, body)
+		}
+	})
+
 	t.Run("unknown or missing model", func(t *testing.T) {
 		before := simRequests(t, ctx, everySim)
 		for i, body := range [][]byte{modelChat("gpt-17", false), []byte(`{"messages":[{"role":"user","content":"hi"}]}`)} {
