@@ -391,11 +391,12 @@ var valueSets = []valueSet{
 		},
 	},
 	{
-		// Two models: a PD pool discovered from its Services, an
-		// aggregated one listed by URL; the pairs share through NATS.
+		// Two models, each pool discovered from its Services: a PD one
+		// (SGLang) and an aggregated one (vLLM, its DP size given with
+		// its Service); the pairs share through NATS.
 		name: "two-pools", files: []string{"two-pools.yaml"}, replicas: 2, envoy: true, auth: "mtls", admin: true,
 		sync: natsURL, natsToken: true, external: []string{natsSecret},
-		pools: []poolWant{{name: "deepseek", pd: true, discovery: true}, {name: "qwen"}},
+		pools: []poolWant{{name: "deepseek", pd: true, discovery: true}, {name: "qwen", discovery: true, decodeDP: 2}},
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
@@ -1419,6 +1420,10 @@ func testInvalidValues(t *testing.T, tk tools) {
 			"pools[0].kubernetes.decode.service=a"}, "pools[0] (a): prefill and decode list engines by URL"},
 		{"pool without its decode service", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].kubernetes.decode.port=http"},
 			"pools[0].kubernetes.decode.service is required"},
+		{"negative dp_size of a pool's Service", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].kubernetes.decode.service=a",
+			"pools[0].kubernetes.decode.dp_size=-1"}, "at '/pools/0/kubernetes/decode/dp_size'"},
+		{"typo in a pool's Service", nil, []string{"pools[0].name=a", "pools[0].models={m}", "pools[0].kubernetes.decode.service=a",
+			"pools[0].kubernetes.decode.dpsize=2"}, "additional properties 'dpsize' not allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,11 +14,13 @@ import (
 )
 
 // poolWant is one pool a value set must render: its name, whether it
-// disaggregates prefill and decode, and whether duet discovers its engines
-// from Services (else it lists them by URL).
+// disaggregates prefill and decode, whether duet discovers its engines
+// from Services (else it lists them by URL), and for a discovered pool the
+// dp_size of its decode Service (0: read from each engine).
 type poolWant struct {
 	name          string
 	pd, discovery bool
+	decodeDP      int
 }
 
 // poolsHeader is the header on which the bootstrap's routes choose a
@@ -60,6 +62,10 @@ func checkPoolsConfig(t *testing.T, vs valueSet, cfg map[string]any) {
 			_, pd = k["prefill"].(map[string]any)
 			if p["prefill"] != nil || p["decode"] != nil {
 				t.Errorf("pools[%d] (%s) lists engines beside its Services", i, want.name)
+			}
+			decode, _ := k["decode"].(map[string]any)
+			if dp, _ := decode["dp_size"].(int); dp != want.decodeDP {
+				t.Errorf("pools[%d] (%s): kubernetes.decode.dp_size = %v, want %d", i, want.name, decode["dp_size"], want.decodeDP)
 			}
 		} else {
 			pre, _ := p["prefill"].([]any)
@@ -172,21 +178,25 @@ func checkPoolsBootstrap(t *testing.T, vs valueSet, cfg map[string]any, bootstra
 }
 
 // testPoolsEngineExample: the engines of examples/two-pools.yaml are those
-// of examples/engines.yaml (its discovered pool's Services, with the ports
-// the values name) and of examples/engines-vllm.yaml, which kubeconform
-// validates: a headless Service whose StatefulSet's pods are the URLs the
-// listed pool names (<pod>.<service>.<namespace>.svc.cluster.local), on
-// the pods' HTTP port.
+// of examples/engines.yaml and of examples/engines-vllm.yaml, which
+// kubeconform validates: every pool discovers them from a headless Service
+// with the port the values name, whose StatefulSet's engines serve the
+// pool's first model name. A Service's dp_size is its engines' DP size:
+// required for vLLM, which serves no /server_info, and equal to
+// --data-parallel-size (vLLM) or --dp-size (SGLang) wherever it is set.
 func testPoolsEngineExample(t *testing.T, tk tools, schemas string) {
+	type service struct {
+		Service, Port string
+		DPSize        int `yaml:"dp_size"`
+	}
 	var values struct {
 		Engines struct{ Kubernetes struct{ Namespace string } }
 		Pools   []struct {
 			Name       string
 			Models     []string
-			Kubernetes *struct {
-				Prefill, Decode *struct{ Service, Port string }
-			}
-			Decode []struct{ URL string }
+			Kubernetes *struct{ Prefill, Decode *service }
+			Prefill    []any
+			Decode     []any
 		}
 	}
 	raw, err := os.ReadFile(filepath.Join("examples", "two-pools.yaml"))
@@ -228,16 +238,12 @@ func testPoolsEngineExample(t *testing.T, tk tools, schemas string) {
 	type stsSpec struct {
 		Spec struct {
 			ServiceName string
-			Replicas    int
 			Template    struct {
 				Metadata struct{ Labels map[string]string }
 				Spec     struct {
 					Containers []struct {
-						Args  []string
-						Ports []struct {
-							Name          string
-							ContainerPort int
-						}
+						Command []string
+						Args    []string
 					}
 				}
 			}
@@ -247,75 +253,68 @@ func testPoolsEngineExample(t *testing.T, tk tools, schemas string) {
 		t.Fatalf("two-pools.yaml has %d pools", len(values.Pools))
 	}
 	for _, p := range values.Pools {
-		if k := p.Kubernetes; k != nil {
-			for _, s := range []*struct{ Service, Port string }{k.Prefill, k.Decode} {
-				if s == nil {
-					continue
-				}
-				var svc svcSpec
-				o, ok := engines["Service/"+ns+"/"+s.Service]
-				if !ok {
-					t.Errorf("pool %s: no Service %s/%s in the engine examples", p.Name, ns, s.Service)
-					continue
-				}
-				o.into(t, &svc)
-				if svc.Spec.ClusterIP != "None" || !slices.ContainsFunc(svc.Spec.Ports, func(sp struct {
-					Name       string
-					Port       int
-					TargetPort any
-				}) bool {
-					return sp.Name == s.Port
-				}) {
-					t.Errorf("pool %s: Service %s is not headless with the port %s", p.Name, s.Service, s.Port)
-				}
-				// Its engines serve the pool's first model name.
-				var sts stsSpec
-				engines["StatefulSet/"+ns+"/"+s.Service].into(t, &sts)
-				if cs := sts.Spec.Template.Spec.Containers; len(cs) == 0 || !slices.Contains(cs[0].Args, "--model-path="+p.Models[0]) {
-					t.Errorf("pool %s: the engines of Service %s do not serve %s", p.Name, s.Service, p.Models[0])
-				}
-			}
+		k := p.Kubernetes
+		if k == nil || len(p.Prefill) > 0 || len(p.Decode) > 0 {
+			t.Errorf("pool %s lists engines: want it discovered from its Services", p.Name)
 			continue
 		}
-		if len(p.Decode) == 0 {
-			t.Fatalf("pool %s lists no engine", p.Name)
-		}
-		for _, e := range p.Decode {
-			host, port, ok := strings.Cut(strings.TrimPrefix(e.URL, "http://"), ":")
-			parts := strings.SplitN(host, ".", 3)
-			if !ok || len(parts) != 3 || parts[2] != ns+".svc.cluster.local" {
-				t.Errorf("pool %s: %s is not <pod>.<service>.%s.svc.cluster.local:<port>", p.Name, e.URL, ns)
+		for _, s := range []*service{k.Prefill, k.Decode} {
+			if s == nil {
 				continue
 			}
-			pod, service := parts[0], parts[1]
 			var svc svcSpec
-			o, ok := engines["Service/"+ns+"/"+service]
+			o, ok := engines["Service/"+ns+"/"+s.Service]
 			if !ok {
-				t.Errorf("pool %s: no Service %s/%s in the engine examples", p.Name, ns, service)
+				t.Errorf("pool %s: no Service %s/%s in the engine examples", p.Name, ns, s.Service)
 				continue
 			}
 			o.into(t, &svc)
-			var sts stsSpec
-			i := strings.LastIndex(pod, "-")
-			name := pod[:max(i, 0)]
-			ordinal, err := strconv.Atoi(pod[i+1:])
-			engines["StatefulSet/"+ns+"/"+name].into(t, &sts)
-			if err != nil || svc.Spec.ClusterIP != "None" || sts.Spec.ServiceName != service || !subset(svc.Spec.Selector, sts.Spec.Template.Metadata.Labels) ||
-				len(svc.Spec.Selector) == 0 || ordinal >= sts.Spec.Replicas {
-				t.Errorf("pool %s: %s is not a pod of a StatefulSet %s governed by the headless Service %s", p.Name, e.URL, name, service)
-			}
-			c := sts.Spec.Template.Spec.Containers[0]
-			if !slices.ContainsFunc(c.Ports, func(cp struct {
-				Name          string
-				ContainerPort int
+			if svc.Spec.ClusterIP != "None" || !slices.ContainsFunc(svc.Spec.Ports, func(sp struct {
+				Name       string
+				Port       int
+				TargetPort any
 			}) bool {
-				return fmt.Sprint(cp.ContainerPort) == port
+				return sp.Name == s.Port
 			}) {
-				t.Errorf("pool %s: %s dials port %s, which the pods do not serve (%+v)", p.Name, e.URL, port, c.Ports)
+				t.Errorf("pool %s: Service %s is not headless with the port %s", p.Name, s.Service, s.Port)
 			}
-			// The engines serve the pool's first model name.
-			if !slices.Contains(c.Args, p.Models[0]) && !slices.Contains(c.Args, "--served-model-name="+p.Models[0]) {
-				t.Errorf("pool %s: the engines %s serve another model than %s (%v)", p.Name, name, p.Models[0], c.Args)
+			var sts stsSpec
+			engines["StatefulSet/"+ns+"/"+s.Service].into(t, &sts)
+			if sts.Spec.ServiceName != s.Service || len(svc.Spec.Selector) == 0 || !subset(svc.Spec.Selector, sts.Spec.Template.Metadata.Labels) {
+				t.Errorf("pool %s: Service %s does not select the pods of StatefulSet %s", p.Name, s.Service, s.Service)
+			}
+			cs := sts.Spec.Template.Spec.Containers
+			if len(cs) == 0 {
+				t.Errorf("pool %s: StatefulSet %s has no container", p.Name, s.Service)
+				continue
+			}
+			c := cs[0]
+			vllm := slices.Equal(c.Command, []string{"vllm", "serve"})
+			// Its engines serve the pool's first model name: SGLang's
+			// --model-path, vLLM's positional model or either's
+			// --served-model-name.
+			if !slices.Contains(c.Args, "--model-path="+p.Models[0]) && !slices.Contains(c.Args, "--served-model-name="+p.Models[0]) &&
+				!(vllm && slices.Contains(c.Args, p.Models[0])) {
+				t.Errorf("pool %s: the engines of Service %s do not serve %s (%v)", p.Name, s.Service, p.Models[0], c.Args)
+			}
+			// Their DP size, as the Service gives it to duet.
+			flag := "--dp-size="
+			if vllm {
+				flag = "--data-parallel-size="
+			}
+			dp := 1
+			for _, a := range c.Args {
+				if v, ok := strings.CutPrefix(a, flag); ok {
+					if dp, err = strconv.Atoi(v); err != nil {
+						t.Errorf("pool %s: engines of Service %s: %s", p.Name, s.Service, a)
+					}
+				}
+			}
+			switch {
+			case vllm && s.DPSize == 0:
+				t.Errorf("pool %s: Service %s has vLLM engines (no /server_info) but no dp_size: the pool would never be ready", p.Name, s.Service)
+			case s.DPSize != 0 && s.DPSize != dp:
+				t.Errorf("pool %s: Service %s has dp_size %d, but its engines run %s%d", p.Name, s.Service, s.DPSize, flag, dp)
 			}
 		}
 	}

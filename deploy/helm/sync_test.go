@@ -249,7 +249,7 @@ func testNotes(t *testing.T, tk tools) {
 			name: "two pools", files: []string{"two-pools.yaml"},
 			want: []string{"Pools, chosen by the body's model",
 				"deepseek: deepseek-ai/DeepSeek-V3 (aliases deepseek); engines: prefill Service sglang-prefill, decode Service sglang-decode in inference.",
-				"qwen: Qwen/Qwen3-8B (aliases qwen); engines: 2 aggregated engines listed by URL.",
+				"qwen: Qwen/Qwen3-8B (aliases qwen); engines: decode Service vllm in inference.",
 				"curl -s localhost:8080/v1/models", `"model":"deepseek-ai/DeepSeek-V3"`},
 			wantNot: []string{`"model":"default"`, "Engines: "},
 		},

@@ -35,6 +35,7 @@ type istioPool struct {
 		} `yaml:"prefill"`
 		Decode struct {
 			Service string `yaml:"service"`
+			DPSize  int    `yaml:"dp_size"`
 		} `yaml:"decode"`
 	} `yaml:"kubernetes"`
 }
@@ -63,6 +64,11 @@ func readPools(t *testing.T) []istioPool {
 	}
 	if len(cfg.Pools) != 2 || !cfg.Pools[0].pd() || cfg.Pools[1].pd() {
 		t.Fatalf("%s: want a PD pool, then an aggregated one", poolsDuetConfig)
+	}
+	// The aggregated pool's vLLM engines serve no /server_info: without its
+	// Service's dp_size the pool would never become ready.
+	if q := cfg.Pools[1]; q.Kubernetes.Decode.DPSize < 1 {
+		t.Fatalf("%s: pool %s (vLLM): Service %s has no dp_size", poolsDuetConfig, q.Name, q.Kubernetes.Decode.Service)
 	}
 	return cfg.Pools
 }

@@ -92,14 +92,17 @@ type poolSpec struct {
 	Models     []string `yaml:"models"`
 	Aliases    []string `yaml:"aliases"`
 	Kubernetes struct {
-		Prefill *struct {
-			Service string `yaml:"service"`
-		} `yaml:"prefill"`
-		Decode *struct {
-			Service string `yaml:"service"`
-		} `yaml:"decode"`
+		Prefill *poolService `yaml:"prefill"`
+		Decode  *poolService `yaml:"decode"`
 	} `yaml:"kubernetes"`
 	Clusters struct{ Decode, Prefill string } `yaml:"clusters"`
+}
+
+// poolService is a pool's Service for one role: its name and the DP size
+// duet gives every engine found behind it (0: read from the engine).
+type poolService struct {
+	Service string `yaml:"service"`
+	DPSize  int    `yaml:"dp_size"`
 }
 
 func (p poolSpec) pd() bool { return p.Kubernetes.Prefill != nil }
@@ -451,7 +454,8 @@ func placeholderAddrs(creds harness.Credentials) harness.Addresses {
 // every pool's Services are the HTTPRoute's backends (a PD pool's prefill
 // Service its mirror) in the rule whose cluster the pool names; and the
 // resources together are the single-pool example's plus the entry rule's
-// HTTPRouteFilter.
+// HTTPRouteFilter. The aggregated (vLLM) pool's Service gives its engines'
+// dp_size.
 func TestPoolsManifests(t *testing.T) {
 	single, err := loadManifests()
 	if err != nil {
@@ -559,6 +563,11 @@ func TestPoolsManifests(t *testing.T) {
 		case !p.pd() && len(mirrors) > 0:
 			t.Errorf("aggregated pool %s: its rule mirrors to %v", p.Name, mirrors)
 		}
+		// The aggregated pool's vLLM engines serve no /server_info: without
+		// its Service's dp_size the pool would never become ready.
+		if !p.pd() && p.Kubernetes.Decode.DPSize < 1 {
+			t.Errorf("aggregated (vLLM) pool %s: Service %s has dp_size %d, want its engines' DP size", p.Name, p.Kubernetes.Decode.Service, p.Kubernetes.Decode.DPSize)
+		}
 	}
 }
 
@@ -655,13 +664,12 @@ func (ps *poolsStack) all() []*harness.Sim {
 
 // poolDuetConfig is the ConfigMap's duet.yaml made to run on loopback:
 // listen addresses and credential files of the test, each pool's engines
-// listed instead of found through Kubernetes, no NATS (one replica), and
-// load scrapes and discovery as the harness runs them. vLLM serves no
-// /server_info, so the vLLM engines' DP size (vllmDP, by engine URL) is
-// listed with them: Kubernetes discovery has no field for it yet, which is
-// why the list replaces it here and not only because the test has no
-// cluster.
-func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials, engines map[string]map[string][]string, vllmDP map[string]int) ([]byte, error) {
+// listed instead of found through Kubernetes (the test has no API server),
+// no NATS (one replica), and load scrapes and discovery as the harness runs
+// them. Each listed engine carries its Service's dp_size from the manifest,
+// as discovery would give it to every engine of that Service: the vLLM
+// engines serve no /server_info, so theirs comes from there alone.
+func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials, engines map[string]map[string][]string) ([]byte, error) {
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(str(find(objs, "ConfigMap", duetService), "data", "duet.yaml")), &cfg); err != nil {
 		return nil, err
@@ -679,12 +687,14 @@ func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials
 	delete(cfg, "kubernetes")
 	for _, p := range list(cfg["pools"]) {
 		m := p.(map[string]any)
+		services, _ := m["kubernetes"].(map[string]any)
 		delete(m, "kubernetes")
 		for role, urls := range engines[str(m, "name")] {
+			dp, _ := get(services, role, "dp_size").(int)
 			var eps []any
 			for _, u := range urls {
 				ep := map[string]any{"url": u}
-				if dp := vllmDP[u]; dp > 0 {
+				if dp > 0 {
 					ep["dp_size"] = dp
 				}
 				eps = append(eps, ep)
@@ -697,7 +707,8 @@ func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials
 
 // startPools runs the two-pool example: for pool deepseek (PD) two SGLang
 // prefill engines (dp 2 and dp 4) and two SGLang decode engines (dp 2),
-// for pool qwen (aggregated) two vLLM engines (dp 2), each serving its
+// for pool qwen (aggregated) two vLLM engines (the dp_size of its Service in
+// the manifest, 2), each serving its
 // pool's first model name; duet; and Envoy on the translation.
 func startPools(t *testing.T) *poolsStack {
 	t.Helper()
@@ -732,7 +743,6 @@ func startPools(t *testing.T) *poolsStack {
 	})
 	byService := map[string][]string{}         // Service: engine URLs
 	byPool := map[string]map[string][]string{} // pool: role: engine URLs
-	vllmDP := map[string]int{}                 // vLLM engine URL: DP size
 	for _, p := range pools {
 		ps.sims[p.Name] = map[string][]*harness.Sim{}
 		byPool[p.Name] = map[string][]string{}
@@ -751,9 +761,14 @@ func startPools(t *testing.T) *poolsStack {
 				engines = append(engines, engine{"decode", "decode", p.Kubernetes.Decode.Service, harness.SimSpec{DPSize: 2, Args: model}})
 			}
 		} else {
+			// vLLM engines with the DP size the manifest gives their Service.
+			dp := p.Kubernetes.Decode.DPSize
+			if dp < 1 {
+				t.Fatalf("pool %s: Service %s has no dp_size; its vLLM engines serve no /server_info", p.Name, p.Kubernetes.Decode.Service)
+			}
 			for range 2 {
 				engines = append(engines, engine{"decode", "null", p.Kubernetes.Decode.Service,
-					harness.SimSpec{DPSize: 2, Args: append([]string{"--flavor", "vllm"}, model...)}})
+					harness.SimSpec{DPSize: dp, Args: append([]string{"--flavor", "vllm"}, model...)}})
 			}
 		}
 		for i, e := range engines {
@@ -767,9 +782,6 @@ func startPools(t *testing.T) *poolsStack {
 			ps.sims[p.Name][e.role] = append(ps.sims[p.Name][e.role], sim)
 			byService[e.service] = append(byService[e.service], sim.URL)
 			byPool[p.Name][e.role] = append(byPool[p.Name][e.role], sim.URL)
-			if slices.Contains(e.spec.Args, "vllm") {
-				vllmDP[sim.URL] = e.spec.DPSize
-			}
 		}
 	}
 	ports, err := harness.FreePorts(4)
@@ -782,7 +794,7 @@ func startPools(t *testing.T) *poolsStack {
 		t.Fatal(err)
 	}
 	addrs := harness.Addresses{DuetGRPC: hp(ports[0]), DuetAdmin: hp(ports[1]), EnvoyListen: hp(ports[2]), EnvoyAdmin: hp(ports[3]), Credentials: creds}
-	cfg, err := poolDuetConfig(objs, addrs.DuetGRPC, addrs.DuetAdmin, creds, byPool, vllmDP)
+	cfg, err := poolDuetConfig(objs, addrs.DuetGRPC, addrs.DuetAdmin, creds, byPool)
 	if err != nil {
 		t.Fatal(err)
 	}
