@@ -59,29 +59,40 @@ func engineSlice(t *testing.T, name, service, url string, ready bool) *discovery
 	}
 }
 
+// startAPI starts an in-memory API server and writes a kubeconfig for it
+// (namespace inference).
+func startAPI(t *testing.T) (*kubetest.APIServer, string) {
+	t.Helper()
+	api := kubetest.Start()
+	t.Cleanup(api.Close)
+	kubeconfig, err := api.WriteKubeconfig(t.TempDir(), "inference")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api, kubeconfig
+}
+
+// testEngine is an engine that serves /server_info with DP size 2 in the
+// given disaggregation mode, or, with mode "vllm", none (as vLLM).
+func testEngine(t *testing.T, mode string) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/server_info" && mode != "vllm" {
+			fmt.Fprintf(w, `{"dp_size":2,"disaggregation_mode":%q}`, mode)
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
 // duet serves with a kubernetes section against an API server reached
 // through a kubeconfig: not ready until the EndpointSlices list both pools,
 // ready then, and not ready again when the decode pool empties; the
 // discovery metrics are on /metrics.
 func TestServeKubernetes(t *testing.T) {
-	api := kubetest.Start()
-	defer api.Close()
-	kubeconfig, err := api.WriteKubeconfig(t.TempDir(), "inference")
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine := func(mode string) *httptest.Server {
-		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/server_info" {
-				fmt.Fprintf(w, `{"dp_size":2,"disaggregation_mode":%q}`, mode)
-				return
-			}
-			http.NotFound(w, r)
-		}))
-		t.Cleanup(s.Close)
-		return s
-	}
-	prefill, decode := engine("prefill"), engine("decode")
+	api, kubeconfig := startAPI(t)
+	prefill, decode := testEngine(t, "prefill"), testEngine(t, "decode")
 	admin := freeAddr(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: {grpc: %q, admin: %q}
 load: {interval: -1s}
@@ -279,24 +290,8 @@ func TestReloadKubernetes(t *testing.T) {
 // once one pool can serve, and each pool's discovery metrics carry its
 // label.
 func TestServeKubernetesPools(t *testing.T) {
-	api := kubetest.Start()
-	defer api.Close()
-	kubeconfig, err := api.WriteKubeconfig(t.TempDir(), "inference")
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine := func(mode string) *httptest.Server {
-		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/server_info" && mode != "vllm" {
-				fmt.Fprintf(w, `{"dp_size":2,"disaggregation_mode":%q}`, mode)
-				return
-			}
-			http.NotFound(w, r)
-		}))
-		t.Cleanup(s.Close)
-		return s
-	}
-	prefill, decode, vllm := engine("prefill"), engine("decode"), engine("vllm")
+	api, kubeconfig := startAPI(t)
+	prefill, decode, vllm := testEngine(t, "prefill"), testEngine(t, "decode"), testEngine(t, "vllm")
 	admin := freeAddr(t)
 	cfg := writeConfig(t, fmt.Sprintf(`listen: {grpc: %q, admin: %q}
 load: {interval: -1s}
