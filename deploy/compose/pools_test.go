@@ -276,33 +276,7 @@ func checkPoolRoutes(t *testing.T, bootstrap []byte) {
 	if err := yaml.Unmarshal(bootstrap, &doc); err != nil {
 		t.Fatalf("%s: %v", poolsEnvoyYAML, err)
 	}
-	routes := map[string]string{} // pool -> cluster
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			match, okM := v["match"].(map[string]any)
-			route, okR := v["route"].(map[string]any)
-			if okM && okR {
-				headers, _ := match["headers"].([]any)
-				for _, h := range headers {
-					h, _ := h.(map[string]any)
-					sm, _ := h["string_match"].(map[string]any)
-					if h["name"] == "x-duet-pool" && sm["exact"] != nil {
-						routes[fmt.Sprint(sm["exact"])], _ = route["cluster"].(string)
-					}
-				}
-			}
-			for _, c := range v {
-				walk(c)
-			}
-		case []any:
-			for _, c := range v {
-				walk(c)
-			}
-		}
-	}
-	walk(doc)
+	routes := harness.HeaderRoutes(doc, "x-duet-pool") // pool -> cluster
 	clusters := map[string]bool{}
 	sr, _ := doc["static_resources"].(map[string]any)
 	list, _ := sr["clusters"].([]any)

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/e2e/harness"
 )
 
 // poolWant is one pool a value set must render: its name, whether it
@@ -96,36 +98,8 @@ func checkPoolsBootstrap(t *testing.T, vs valueSet, cfg map[string]any, bootstra
 	if err := yaml.Unmarshal([]byte(bootstrap), &doc); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	// Every route (a mapping with match and route), wherever it is.
-	routes := map[string]string{} // pool -> cluster
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			match, okM := v["match"].(map[string]any)
-			route, okR := v["route"].(map[string]any)
-			if okM && okR {
-				headers, _ := match["headers"].([]any)
-				for _, h := range headers {
-					h, _ := h.(map[string]any)
-					sm, _ := h["string_match"].(map[string]any)
-					if h["name"] == poolsHeader && sm["exact"] != nil {
-						cluster, _ := route["cluster"].(string)
-						routes[fmt.Sprint(sm["exact"])] = cluster
-					}
-				}
-			}
-			for _, c := range v {
-				walk(c)
-			}
-		case []any:
-			for _, c := range v {
-				walk(c)
-			}
-		}
-	}
-	walk(doc)
-	clusters := map[string]string{} // name -> its YAML
+	routes := harness.HeaderRoutes(doc, poolsHeader) // pool -> cluster
+	clusters := map[string]string{}                  // name -> its YAML
 	sr, _ := doc["static_resources"].(map[string]any)
 	list, _ := sr["clusters"].([]any)
 	for _, c := range list {

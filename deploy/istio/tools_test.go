@@ -403,6 +403,13 @@ func TestIstioGeneratedGatewayLoadsInEnvoy(t *testing.T) {
 		t.Errorf("route retry policy %v, want exactly duet's (connect failures, once)", rp)
 	}
 
+	loadsInEnvoy(t, envoyTools.Envoy, boot, "Istio's gateway configuration")
+}
+
+// loadsInEnvoy fails t unless the Envoy binary envoy loads boot (what
+// names it in the failure) in validate mode.
+func loadsInEnvoy(t *testing.T, envoy string, boot map[string]any, what string) {
+	t.Helper()
 	data, err := json.Marshal(boot)
 	if err != nil {
 		t.Fatal(err)
@@ -411,9 +418,9 @@ func TestIstioGeneratedGatewayLoadsInEnvoy(t *testing.T) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(envoyTools.Envoy, "--mode", "validate", "-c", path, "--disable-hot-restart").CombinedOutput()
+	out, err := exec.Command(envoy, "--mode", "validate", "-c", path, "--disable-hot-restart").CombinedOutput()
 	if err != nil {
-		t.Fatalf("Envoy rejects Istio's gateway configuration: %v\n%s", err, out)
+		t.Fatalf("Envoy rejects %s: %v\n%s", what, err, out)
 	}
 }
 

@@ -335,16 +335,23 @@ func TestMissingCredentialsFailClosed(t *testing.T) {
 // that translate the manifests without running a stack.
 func translateSetup(t *testing.T) (egctl string, creds harness.Credentials) {
 	t.Helper()
+	egctl, tools := findTools(t)
+	creds, err := harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return egctl, creds
+}
+
+// findTools finds egctl and the binaries the harness runs.
+func findTools(t *testing.T) (egctl string, tools harness.Tools) {
+	t.Helper()
 	egctl, err := egctlPath()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tools, err := harness.FindTools()
-	if err != nil {
+	if tools, err = harness.FindTools(); err != nil {
 		t.Fatal(err)
 	}
-	if creds, err = harness.MakeCredentials(context.Background(), tools.Duet, filepath.Join(t.TempDir(), "credentials")); err != nil {
-		t.Fatal(err)
-	}
-	return egctl, creds
+	return egctl, tools
 }

@@ -187,28 +187,11 @@ func gatewayBootstrap(ctx context.Context, egctl, dir string, objs []object, add
 	if err != nil {
 		return nil, err
 	}
-	g, err := readGatewayTLS(objs)
+	tr, g, secrets, err := translateWhole(ctx, egctl, dir, objs, creds, "the manifests", func(extra []object) ([]byte, error) {
+		return translationInput(objs, extra, addrs)
+	})
 	if err != nil {
 		return nil, err
-	}
-	extra, err := credentialObjects(g, creds)
-	if err != nil {
-		return nil, err
-	}
-	secrets, err := sdsSecrets(g, creds)
-	if err != nil {
-		return nil, err
-	}
-	input, err := translationInput(objs, extra, addrs)
-	if err != nil {
-		return nil, err
-	}
-	tr, err := translate(ctx, egctl, dir, input)
-	if err != nil {
-		return nil, err
-	}
-	if p := tr.problems(); len(p) > 0 {
-		return nil, fmt.Errorf("Envoy Gateway did not take the manifests whole:\n  %s", strings.Join(p, "\n  "))
 	}
 	// The ext_proc cluster sheds past envoy.max_routing_requests
 	// (policies.yaml's backendSettings.circuitBreaker).

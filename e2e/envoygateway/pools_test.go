@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -64,26 +63,22 @@ func loadPoolManifests() ([]object, error) {
 	for _, f := range poolsManifests {
 		files = append(files, filepath.Join(poolsDir, f))
 	}
-	var objs []object
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		dec := yaml.NewDecoder(bytes.NewReader(data))
-		for {
-			var o object
-			if err := dec.Decode(&o); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				return nil, fmt.Errorf("%s: %w", f, err)
-			}
-			if o != nil {
-				objs = append(objs, o)
-			}
-		}
+	return decodeManifests(files)
+}
+
+// loadPools reads the two-pool example's resources (loadPoolManifests) and
+// the pools of duet's ConfigMap among them (duetPools).
+func loadPools(t *testing.T) ([]object, []poolSpec) {
+	t.Helper()
+	objs, err := loadPoolManifests()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return objs, nil
+	pools, err := duetPools(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs, pools
 }
 
 // poolSpec is one pool of duet's ConfigMap, as the tests read it.
@@ -181,15 +176,7 @@ func poolsTranslationInput(objs, extra []object, pods map[string][]string) ([]by
 			}
 		}
 	}
-	var out []object
-	for _, o := range objs {
-		switch o["kind"] {
-		case "Deployment", "ServiceAccount", "Role", "RoleBinding":
-			continue
-		}
-		out = append(out, o)
-	}
-	out = append(out, extra...)
+	out := egctlObjects(objs, extra)
 	services := slices.Sorted(func(yield func(string) bool) {
 		for s := range pods {
 			if !yield(s) {
@@ -201,17 +188,7 @@ func poolsTranslationInput(objs, extra []object, pods map[string][]string) ([]by
 		if !swapped[name] {
 			return nil, fmt.Errorf("HTTPRoute duet does not send or mirror to Service %s", name)
 		}
-		var eps []any
-		for _, pod := range pods[name] {
-			host, port, _ := net.SplitHostPort(pod)
-			n, _ := strconv.Atoi(port)
-			eps = append(eps, object{"ip": object{"address": host, "port": n}})
-		}
-		out = append(out, object{
-			"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "Backend",
-			"metadata": object{"name": name, "namespace": namespace},
-			"spec":     object{"endpoints": eps},
-		})
+		out = append(out, podBackend(name, pods[name]))
 	}
 	svc := find(objs, "Service", duetService)
 	spec, ok := get(svc, "spec").(map[string]any)
@@ -219,17 +196,7 @@ func poolsTranslationInput(objs, extra []object, pods map[string][]string) ([]by
 		return nil, errors.New("no Service duet")
 	}
 	spec["clusterIP"] = duetClusterIP
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	for _, o := range out {
-		if err := enc.Encode(o); err != nil {
-			return nil, err
-		}
-	}
-	if err := enc.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return marshalYAML(out...)
 }
 
 // poolPods gives the engines (base URLs) of each Service placeholder pod
@@ -394,32 +361,15 @@ func poolsBootstrap(ctx context.Context, egctl, dir string, objs []object, addrs
 	if err != nil {
 		return nil, err
 	}
-	g, err := readGatewayTLS(objs)
-	if err != nil {
-		return nil, err
-	}
-	extra, err := credentialObjects(g, addrs.Credentials)
-	if err != nil {
-		return nil, err
-	}
-	secrets, err := sdsSecrets(g, addrs.Credentials)
-	if err != nil {
-		return nil, err
-	}
 	pods, remap, err := poolPods(engines)
 	if err != nil {
 		return nil, err
 	}
-	input, err := poolsTranslationInput(objs, extra, pods)
+	tr, g, secrets, err := translateWhole(ctx, egctl, dir, objs, addrs.Credentials, "the two-pool manifests", func(extra []object) ([]byte, error) {
+		return poolsTranslationInput(objs, extra, pods)
+	})
 	if err != nil {
 		return nil, err
-	}
-	tr, err := translate(ctx, egctl, dir, input)
-	if err != nil {
-		return nil, err
-	}
-	if p := tr.problems(); len(p) > 0 {
-		return nil, fmt.Errorf("Envoy Gateway did not take the two-pool manifests whole:\n  %s", strings.Join(p, "\n  "))
 	}
 	return tr.bootstrapChecked(addrs, remap, g, secrets, engineClusters(pools), func(listener any, routes, clusters []any) []string {
 		return poolEffects(listener, routes, clusters, pools)
@@ -584,14 +534,7 @@ func TestPoolsTranslation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := loadPoolManifests()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pools, err := duetPools(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs, pools := loadPools(t)
 	dir := t.TempDir()
 	boot, err := poolsBootstrap(context.Background(), egctl, dir, objs, placeholderAddrs(creds), placeholderEngines(pools))
 	if err != nil {
@@ -712,22 +655,8 @@ func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials
 // pool's first model name; duet; and Envoy on the translation.
 func startPools(t *testing.T) *poolsStack {
 	t.Helper()
-	egctl, err := egctlPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := harness.FindTools()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := loadPoolManifests()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pools, err := duetPools(objs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	egctl, tools := findTools(t)
+	objs, pools := loadPools(t)
 	dir := keptDir(t, "duet-envoygateway-pools-")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -78,6 +78,11 @@ func loadManifestsIn(dir string) ([]object, error) {
 		return nil, fmt.Errorf("no manifests in %s", dir)
 	}
 	sort.Strings(files)
+	return decodeManifests(files)
+}
+
+// decodeManifests reads every resource of files, in order.
+func decodeManifests(files []string) ([]object, error) {
 	var objs []object
 	for _, f := range files {
 		data, err := os.ReadFile(f)
@@ -100,12 +105,14 @@ func loadManifestsIn(dir string) ([]object, error) {
 	return objs, nil
 }
 
-// marshalYAML renders one resource as YAML.
-func marshalYAML(o object) ([]byte, error) {
+// marshalYAML renders resources as one YAML stream, in order.
+func marshalYAML(objs ...object) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
-	if err := enc.Encode(o); err != nil {
-		return nil, err
+	for _, o := range objs {
+		if err := enc.Encode(o); err != nil {
+			return nil, err
+		}
 	}
 	if err := enc.Close(); err != nil {
 		return nil, err
@@ -232,6 +239,19 @@ func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, er
 	}
 	spec["clusterIP"] = duetClusterIP
 
+	out := egctlObjects(objs, extra)
+	for _, b := range []struct {
+		name string
+		pods []string
+	}{{decodeService, podAddresses(decodeService, addrs.Decode)}, {prefillService, podAddresses(prefillService, addrs.Prefill)}} {
+		out = append(out, podBackend(b.name, b.pods))
+	}
+	return marshalYAML(out...)
+}
+
+// egctlObjects are objs without the Deployment's plumbing (which egctl
+// ignores), then extra.
+func egctlObjects(objs, extra []object) []object {
 	var out []object
 	for _, o := range objs {
 		switch o["kind"] {
@@ -240,34 +260,23 @@ func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, er
 		}
 		out = append(out, o)
 	}
-	out = append(out, extra...)
-	for _, b := range []struct {
-		name string
-		pods []string
-	}{{decodeService, podAddresses(decodeService, addrs.Decode)}, {prefillService, podAddresses(prefillService, addrs.Prefill)}} {
-		var eps []any
-		for _, pod := range b.pods {
-			host, port, _ := net.SplitHostPort(pod)
-			n, _ := strconv.Atoi(port)
-			eps = append(eps, object{"ip": object{"address": host, "port": n}})
-		}
-		out = append(out, object{
-			"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "Backend",
-			"metadata": object{"name": b.name, "namespace": namespace},
-			"spec":     object{"endpoints": eps},
-		})
+	return append(out, extra...)
+}
+
+// podBackend is the Backend name that lists pods ("ip:port") as its
+// endpoints, in place of the Service name.
+func podBackend(name string, pods []string) object {
+	var eps []any
+	for _, pod := range pods {
+		host, port, _ := net.SplitHostPort(pod)
+		n, _ := strconv.Atoi(port)
+		eps = append(eps, object{"ip": object{"address": host, "port": n}})
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	for _, o := range out {
-		if err := enc.Encode(o); err != nil {
-			return nil, err
-		}
+	return object{
+		"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "Backend",
+		"metadata": object{"name": name, "namespace": namespace},
+		"spec":     object{"endpoints": eps},
 	}
-	if err := enc.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }
 
 // podAddresses gives each engine of a role a placeholder pod address,
@@ -343,6 +352,40 @@ func translate(ctx context.Context, egctl, dir string, input []byte) (*translati
 		return nil, fmt.Errorf("egctl x translate output: %w", err)
 	}
 	return &tr, nil
+}
+
+// translateWhole fills in Envoy's side of mutual TLS with duet from creds
+// (the gateway's half that objs give, readGatewayTLS), translates the
+// input that input makes of objs' credential objects, and fails unless
+// Envoy Gateway takes what (the manifests it names) whole. It returns the
+// translation with the gateway's TLS and the secrets its clusters name
+// over SDS.
+func translateWhole(ctx context.Context, egctl, dir string, objs []object, creds harness.Credentials, what string,
+	input func(extra []object) ([]byte, error)) (*translation, gatewayTLS, map[string]any, error) {
+	g, err := readGatewayTLS(objs)
+	if err != nil {
+		return nil, g, nil, err
+	}
+	extra, err := credentialObjects(g, creds)
+	if err != nil {
+		return nil, g, nil, err
+	}
+	secrets, err := sdsSecrets(g, creds)
+	if err != nil {
+		return nil, g, nil, err
+	}
+	in, err := input(extra)
+	if err != nil {
+		return nil, g, nil, err
+	}
+	tr, err := translate(ctx, egctl, dir, in)
+	if err != nil {
+		return nil, g, nil, err
+	}
+	if p := tr.problems(); len(p) > 0 {
+		return nil, g, nil, fmt.Errorf("Envoy Gateway did not take %s whole:\n  %s", what, strings.Join(p, "\n  "))
+	}
+	return tr, g, secrets, nil
 }
 
 // problems lists every condition of the translated resources that is not

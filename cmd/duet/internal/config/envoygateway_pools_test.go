@@ -1,41 +1,6 @@
 package config
 
-import (
-	"bytes"
-	"errors"
-	"io"
-	"os"
-	"testing"
-
-	"gopkg.in/yaml.v3"
-)
-
-// configMapText returns the duet.yaml of the ConfigMap in the manifest file
-// at path.
-func configMapText(t *testing.T, path string) string {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	for {
-		var o struct {
-			Kind string            `yaml:"kind"`
-			Data map[string]string `yaml:"data"`
-		}
-		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if o.Kind == "ConfigMap" && o.Data["duet.yaml"] != "" {
-			return o.Data["duet.yaml"]
-		}
-	}
-	t.Fatalf("%s has no ConfigMap with duet.yaml", path)
-	return ""
-}
+import "testing"
 
 // The duet.yaml of deploy/envoy-gateway/pools loads: two pools found
 // through Kubernetes, a PD one and an aggregated one, each with Envoy

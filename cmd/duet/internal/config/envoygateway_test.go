@@ -10,15 +10,14 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// The duet.yaml that deploy/envoy-gateway's ConfigMap carries loads, with
-// Kubernetes discovery and Envoy Gateway's cluster names (the names
-// e2e/envoygateway proves against egctl's translation).
-func TestEnvoyGatewayConfigMap(t *testing.T) {
-	data, err := os.ReadFile("../../../../deploy/envoy-gateway/duet.yaml")
+// configMapText returns the duet.yaml of the ConfigMap in the manifest file
+// at path.
+func configMapText(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var text string
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for {
 		var o struct {
@@ -30,14 +29,19 @@ func TestEnvoyGatewayConfigMap(t *testing.T) {
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		if o.Kind == "ConfigMap" {
-			text = o.Data["duet.yaml"]
+		if o.Kind == "ConfigMap" && o.Data["duet.yaml"] != "" {
+			return o.Data["duet.yaml"]
 		}
 	}
-	if text == "" {
-		t.Fatal("deploy/envoy-gateway/duet.yaml has no ConfigMap with duet.yaml")
-	}
-	cfg, err := Parse([]byte(text))
+	t.Fatalf("%s has no ConfigMap with duet.yaml", path)
+	return ""
+}
+
+// The duet.yaml that deploy/envoy-gateway's ConfigMap carries loads, with
+// Kubernetes discovery and Envoy Gateway's cluster names (the names
+// e2e/envoygateway proves against egctl's translation).
+func TestEnvoyGatewayConfigMap(t *testing.T) {
+	cfg, err := Parse([]byte(configMapText(t, "../../../../deploy/envoy-gateway/duet.yaml")))
 	if err != nil {
 		t.Fatalf("the ConfigMap's duet.yaml: %v", err)
 	}
