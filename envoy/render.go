@@ -354,6 +354,10 @@ func (p Params) enginePools() []Pool {
 		Headless: p.Headless}}
 }
 
+// plainName reports whether a pool or cluster name is non-empty and can
+// stand unquoted in the bootstrap's YAML (flow mappings included).
+func plainName(s string) bool { return s != "" && !strings.ContainsAny(s, " \"'\n{}[]#:,") }
+
 // Render writes the Envoy bootstrap YAML for p to w.
 func Render(w io.Writer, p Params) error {
 	if len(p.Pools) > 0 && (len(p.Prefill) > 0 || len(p.Decode) > 0 || p.Headless) {
@@ -366,11 +370,11 @@ func Render(w io.Writer, p Params) error {
 		if len(pool.Decode) == 0 {
 			return fmt.Errorf("render envoy bootstrap: no decode endpoints in pool %q", pool.Name)
 		}
-		if len(p.Pools) > 0 && (pool.Name == "" || strings.ContainsAny(pool.Name, " \"'\n{}[]#:,")) {
+		if len(p.Pools) > 0 && !plainName(pool.Name) {
 			return fmt.Errorf("render envoy bootstrap: bad pool name %q", pool.Name)
 		}
 		for _, c := range []string{pool.DecodeCluster, pool.PrefillCluster} {
-			if c == "" || clusters[c] || strings.ContainsAny(c, " \"'\n{}[]#:,") {
+			if !plainName(c) || clusters[c] {
 				return fmt.Errorf("render envoy bootstrap: pool %q: cluster name %q is empty, taken or not plain", pool.Name, c)
 			}
 			clusters[c] = true

@@ -45,6 +45,8 @@ type pools struct {
 	models []byte
 	// created is the models' creation time in it (duet's start).
 	created int64
+	// served lists the served model names, for errors.
+	served string
 }
 
 // newPools checks the pools and indexes them by model name. Either one pool
@@ -81,6 +83,11 @@ func newPools(list []Pool, created time.Time) (*pools, error) {
 		return nil, errors.New("extproc: with several pools, every pool must name its models")
 	}
 	ps.created = created.Unix()
+	var served []string
+	for _, p := range ps.list {
+		served = append(served, p.Models...)
+	}
+	ps.served = strings.Join(served, ", ")
 	ps.byModel = map[string]*Pool{}
 	ps.aliases = map[string]string{}
 	type modelObject struct {
@@ -120,8 +127,16 @@ func newPools(list []Pool, created time.Time) (*pools, error) {
 // single pool takes them all).
 func (ps *pools) byModelName() bool { return ps.byModel != nil }
 
-// errModelNotFound is a model no pool serves, or a missing one.
-var errModelNotFound = errors.New("model not found")
+// modelNotFoundError is a model no pool serves, or a missing one (model
+// ""); served lists the models the gateway serves.
+type modelNotFoundError struct{ model, served string }
+
+func (e *modelNotFoundError) Error() string {
+	if e.model == "" {
+		return "the request names no model; this gateway serves " + e.served
+	}
+	return fmt.Sprintf("the model `%s` does not exist; this gateway serves %s", truncate(e.model, 200), e.served)
+}
 
 // forBody returns the pool of an inference request, and the model name to
 // write into its body ("" to leave the body's model as it is).
@@ -135,7 +150,7 @@ func (ps *pools) forBody(route Route, body *Body) (*Pool, string, error) {
 			// SGLang's /generate takes no model: one pool serves them all.
 			return ps.list[0], "", nil
 		}
-		return nil, "", fmt.Errorf("%w: the request names no model; this gateway serves %s", errModelNotFound, ps.names())
+		return nil, "", &modelNotFoundError{served: ps.served}
 	}
 	if model.Type != gjson.String {
 		return nil, "", fmt.Errorf("%w: model must be a string", errBadBody)
@@ -143,7 +158,7 @@ func (ps *pools) forBody(route Route, body *Body) (*Pool, string, error) {
 	name := model.String()
 	p, ok := ps.byModel[name]
 	if !ok {
-		return nil, "", fmt.Errorf("%w: the model `%s` does not exist; this gateway serves %s", errModelNotFound, truncate(name, 200), ps.names())
+		return nil, "", &modelNotFoundError{model: name, served: ps.served}
 	}
 	return p, ps.aliases[name], nil
 }
@@ -151,15 +166,6 @@ func (ps *pools) forBody(route Route, body *Body) (*Pool, string, error) {
 // forOther returns the pool of a request that is not an inference request
 // (no body to read a model from): the first pool.
 func (ps *pools) forOther() *Pool { return ps.list[0] }
-
-// names lists the served model names for error messages.
-func (ps *pools) names() string {
-	var out []string
-	for _, p := range ps.list {
-		out = append(out, p.Models...)
-	}
-	return strings.Join(out, ", ")
-}
 
 // truncate shortens s to at most n bytes for messages.
 func truncate(s string, n int) string {
@@ -194,7 +200,7 @@ func (ps *pools) answerModels(model string, one bool) *extprocv3.ProcessingRespo
 	if one {
 		p, ok := ps.byModel[model]
 		if !ok {
-			return modelNotFound(fmt.Sprintf("the model `%s` does not exist; this gateway serves %s", truncate(model, 200), ps.names()))
+			return modelNotFound(&modelNotFoundError{model: model, served: ps.served})
 		}
 		body, _ = json.Marshal(map[string]any{"id": model, "object": "model", "created": ps.created, "owned_by": p.Name})
 	}
@@ -203,9 +209,9 @@ func (ps *pools) answerModels(model string, one bool) *extprocv3.ProcessingRespo
 
 // modelNotFound is OpenAI's answer to a model it does not serve: 404 with
 // code model_not_found and param model.
-func modelNotFound(message string) *extprocv3.ProcessingResponse {
+func modelNotFound(err *modelNotFoundError) *extprocv3.ProcessingResponse {
 	param := "model"
 	return errorResponse(http.StatusNotFound, "model_not_found", openAIErrorBody{
-		Message: message, Type: "invalid_request_error", Param: &param, Code: "model_not_found",
+		Message: err.Error(), Type: "invalid_request_error", Param: &param, Code: "model_not_found",
 	})
 }

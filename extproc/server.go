@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -305,10 +304,8 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		if err == nil {
 			pool, model, err = s.pools.forBody(req.route, body)
 		}
-		if errors.Is(err, errModelNotFound) {
-			s.count(req, "model_not_found")
-			s.log.Info("rejected", zap.String("path", req.path), zap.Int("status", http.StatusNotFound), zap.String("reason", err.Error()))
-			return modelNotFound(strings.TrimPrefix(err.Error(), errModelNotFound.Error()+": "))
+		if notFound := (*modelNotFoundError)(nil); errors.As(err, &notFound) {
+			return s.refuse(req, http.StatusNotFound, "model_not_found", err.Error(), modelNotFound(notFound))
 		}
 		if err != nil {
 			return s.reject(req, http.StatusBadRequest, "invalid_body", err.Error())
@@ -443,9 +440,15 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 }
 
 func (s *Server) reject(req *request, code int, details, message string) *extprocv3.ProcessingResponse {
+	return s.refuse(req, code, details, message, immediateError(code, details, message))
+}
+
+// refuse counts and logs a request duet answers itself with resp, an
+// error of status code.
+func (s *Server) refuse(req *request, code int, details, message string, resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
 	s.count(req, details)
 	s.log.Info("rejected", zap.String("path", req.path), zap.Int("status", code), zap.String("reason", message))
-	return immediateError(code, details, message)
+	return resp
 }
 
 func (s *Server) count(req *request, outcome string) {

@@ -75,14 +75,14 @@ func (ps poolSet) Ready() bool {
 	if len(ps) == 1 {
 		return ps[0].sched.Ready()
 	}
-	any := false
+	serving := false
 	for _, p := range ps {
 		if !p.sched.Settled() {
 			return false
 		}
-		any = any || p.sched.Ready()
+		serving = serving || p.sched.Ready()
 	}
-	return any
+	return serving
 }
 
 // extproc returns the pools as the ext_proc server routes to them. A

@@ -125,7 +125,7 @@ func TestReloadPools(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.InfoLevel)
-			ds, qwen := &pdSetter{pd: true}, &pdSetter{}
+			ds, qwen := &fakeSetter{pd: true}, &fakeSetter{}
 			r := newReloader(writeConfig(t, tt.file), mustParse(t, twoPoolsYAML), map[string]endpointSetter{"ds": ds, "qwen": qwen}, zap.New(core), nil)
 			if got := r.reload(context.Background()); got != tt.want {
 				t.Fatalf("reload = %q, want %q", got, tt.want)
@@ -147,11 +147,3 @@ func TestReloadPools(t *testing.T) {
 		})
 	}
 }
-
-// pdSetter is a fakeSetter that says whether its pool is PD.
-type pdSetter struct {
-	fakeSetter
-	pd bool
-}
-
-func (s *pdSetter) PD() bool { return s.pd }

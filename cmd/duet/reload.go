@@ -24,6 +24,8 @@ const (
 // pool's scheduler.
 type endpointSetter interface {
 	SetEndpoints(ctx context.Context, prefill, decode []scheduler.EndpointSpec) error
+	// PD reports whether the pool disaggregates prefill and decode.
+	PD() bool
 }
 
 // reloader applies the configuration file again on SIGHUP. Only the
@@ -91,8 +93,10 @@ func (r *reloader) reload(ctx context.Context) string {
 		if !ok {
 			continue
 		}
-		if pd, ok := sched.(interface{ PD() bool }); ok && pd.PD() != p.PD() {
-			return r.reject(log, fmt.Errorf("pool %s: switching between PD and aggregated needs a restart", p.Name))
+		if sched.PD() != p.PD() {
+			// Refused before any pool is changed (each scheduler refuses it
+			// too, but only once the pools before it were applied).
+			return r.reject(log, fmt.Errorf("pool %s: %w", p.Name, scheduler.ErrModeChange))
 		}
 		apply = append(apply, p)
 	}
@@ -151,16 +155,7 @@ func restartFields(running, next *config.Config) []string {
 	var out []string
 	// Each pool's lists are live too: compare the rest of the pools.
 	cmp := *next
-	cmp.Pools = make([]config.Pool, len(next.Pools))
-	for i, p := range next.Pools {
-		if i < len(running.Pools) && running.Pools[i].Name == p.Name {
-			p.Prefill, p.Decode = running.Pools[i].Prefill, running.Pools[i].Decode
-		}
-		cmp.Pools[i] = p
-	}
-	if len(running.Pools) == 0 && len(next.Pools) == 0 {
-		cmp.Pools = nil
-	}
+	cmp.Pools = withLists(next.Pools, running.Pools)
 	v, w := reflect.ValueOf(running).Elem(), reflect.ValueOf(&cmp).Elem()
 	t := v.Type()
 	for i := range t.NumField() {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -91,7 +92,10 @@ type fakeSetter struct {
 	calls           int
 	prefill, decode []scheduler.EndpointSpec
 	err             error
+	pd              bool // what PD reports
 }
+
+func (f *fakeSetter) PD() bool { return f.pd }
 
 func (f *fakeSetter) SetEndpoints(_ context.Context, prefill, decode []scheduler.EndpointSpec) error {
 	f.calls++
@@ -130,6 +134,11 @@ func TestReload(t *testing.T) {
 		{name: "unknown field", file: baseConfig + "colour: blue\n", want: reloadInvalid, wantError: "colour"},
 		{name: "missing file", want: reloadInvalid, wantError: "read config"},
 		{
+			name: "lists the scheduler refuses", want: reloadInvalid, wantError: "two URLs name one engine",
+			file:   strings.Replace(baseConfig, `decode: [`, `decode: [{url: "http://10.0.0.9:30000"}, `, 1),
+			setErr: errors.New("scheduler: two URLs name one engine"),
+		},
+		{
 			name: "mode change", want: reloadInvalid, wantError: "mode",
 			file:   strings.Replace(baseConfig, `prefill: [{url: "http://10.0.0.1:30000"}]`, "", 1),
 			setErr: fmt.Errorf("scheduler: %w", scheduler.ErrModeChange),
@@ -144,8 +153,8 @@ func TestReload(t *testing.T) {
 				t.Fatal(err)
 			}
 			core, logs := observer.New(zapcore.InfoLevel)
-			set := &fakeSetter{err: tt.setErr}
 			running := mustParse(t, baseConfig)
+			set := &fakeSetter{err: tt.setErr, pd: running.PoolList()[0].PD()}
 			reg := prometheus.NewRegistry()
 			r := newReloader(path, running, map[string]endpointSetter{"default": set}, zap.New(core), reg)
 

@@ -134,10 +134,12 @@ func (c *Config) validatePools() []error {
 		if len(p.Models) == 0 {
 			errs = append(errs, fmt.Errorf("%s.models: at least one model name is required", field))
 		}
-		for k, list := range [][]string{p.Models, p.Aliases} {
-			kind := []string{"models", "aliases"}[k]
-			for j, m := range list {
-				f := fmt.Sprintf("%s.%s[%d]", field, kind, j)
+		for _, names := range []struct {
+			key  string
+			list []string
+		}{{"models", p.Models}, {"aliases", p.Aliases}} {
+			for j, m := range names.list {
+				f := fmt.Sprintf("%s.%s[%d]", field, names.key, j)
 				if m == "" {
 					errs = append(errs, fmt.Errorf("%s: is empty", f))
 					continue
