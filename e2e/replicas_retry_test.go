@@ -70,7 +70,7 @@ func TestStreamsRetriedOnAnotherReplica(t *testing.T) {
 				}
 			}
 			stats, err := harness.EnvoyCounters(context.Background(), s.EnvoyAdminURL,
-				`^(cluster\.duet_extproc\.(upstream_rq_retry|upstream_rq_retry_success|upstream_cx_connect_fail)|access_logs\.grpc_access_log\.logs_written)$`)
+				`^(cluster\.duet_extproc\.(upstream_rq_retry|upstream_rq_retry_success|upstream_cx_connect_fail)|cluster\.duet_feedback\.upstream_cx_connect_fail|access_logs\.grpc_access_log\.logs_written)$`)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,10 +99,19 @@ func TestStreamsRetriedOnAnotherReplica(t *testing.T) {
 			// the retry policies) some are lost with the refused streams.
 			written := float64(stats["access_logs.grpc_access_log.logs_written"])
 			got := func() float64 { return s.ReplicaMetric(0, "duet_feedback_entries_total", nil) }
-			if tc.retry {
+			switch {
+			case tc.retry:
 				harness.WaitFor(t, 10*time.Second, "every access-log entry on the live replica", func() bool { return got() == written })
-			} else if time.Sleep(time.Second); got() >= written {
-				t.Errorf("the live replica got all %v access-log entries without the retry policies", written)
+			case stats["cluster.duet_feedback.upstream_cx_connect_fail"] == 0:
+				// Envoy keeps an access-log stream for its life (claim 30):
+				// when each opened on the live replica at once, no entry
+				// could be lost, and there is nothing to compare.
+				t.Logf("no access-log stream was opened on the dead replica in this run")
+			default:
+				if time.Sleep(time.Second); got() >= written {
+					t.Errorf("the live replica got all %v access-log entries although %d access-log connections to the dead replica failed without the retry policies",
+						written, stats["cluster.duet_feedback.upstream_cx_connect_fail"])
+				}
 			}
 			t.Logf("access-log entries: %v written by Envoy, %v received by the live replica", written, got())
 		})
