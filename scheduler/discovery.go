@@ -39,6 +39,7 @@ type member struct {
 	knownDP     int      // values of the last successful discovery
 	knownPort   int
 	knownSource string
+	knownCache  DecodeCache
 	warnedDP    int    // discovered DP size already warned about
 	warnedPort  int    // discovered bootstrap port already warned about
 	warnedMode  string // disaggregation_mode already warned about
@@ -49,6 +50,7 @@ type serverInfo struct {
 	dpSize        int
 	bootstrapPort int    // 0 if not reported
 	mode          string // disaggregation_mode; "" if not reported
+	decodeCache   DecodeCache
 }
 
 // probe is what one discovery round learned about one endpoint, before it is
@@ -182,8 +184,37 @@ func parseServerInfo(body []byte, prefill bool) (serverInfo, error) {
 		}
 		info.bootstrapPort = n
 	}
+	if !prefill {
+		info.decodeCache = parseDecodeCache(root)
+	}
 	return info, nil
 }
+
+// parseDecodeCache reads a decode engine's radix cache settings: SGLang's
+// server_info lists its server arguments, among them
+// disaggregation_decode_enable_radix_cache and, for the host tier,
+// enable_hierarchical_cache with hicache_ratio (SGLang's default 2). Values
+// of other types, or absent, mean no cache.
+func parseDecodeCache(root gjson.Result) DecodeCache {
+	if root.Get("disaggregation_decode_enable_radix_cache").Type != gjson.True {
+		return DecodeCache{}
+	}
+	dc := DecodeCache{Radix: true}
+	if root.Get("enable_hierarchical_cache").Type == gjson.True {
+		dc.HostRatio = defaultHostRatio
+		if r := root.Get("hicache_ratio"); r.Type == gjson.Number && r.Num > 0 && r.Num <= maxHostRatio {
+			dc.HostRatio = r.Num
+		}
+	}
+	return dc
+}
+
+// Host tier ratios: SGLang's default --hicache-ratio, and the largest ratio
+// believed (a larger one would only grow the prefix index's bound).
+const (
+	defaultHostRatio = 2
+	maxHostRatio     = 64
+)
 
 // intValue returns r as an int if it is a JSON number holding an integer in
 // [lo, hi].
@@ -216,15 +247,16 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 
 	var dp, port int
 	var source string
+	var cache DecodeCache
 	switch {
 	case p.infoErr == nil:
 		s.checkDiscovered(log, m, p.info)
 		m.known = true
-		m.knownDP, m.knownPort, m.knownSource = p.info.dpSize, p.info.bootstrapPort, p.source
-		dp, port, source = p.info.dpSize, p.info.bootstrapPort, p.source
+		m.knownDP, m.knownPort, m.knownSource, m.knownCache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
+		dp, port, source, cache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 	case m.known:
 		errs = append(errs, p.infoErr)
-		dp, port, source = m.knownDP, m.knownPort, m.knownSource
+		dp, port, source, cache = m.knownDP, m.knownPort, m.knownSource, m.knownCache
 	case m.spec.DPSize > 0:
 		errs = append(errs, p.infoErr)
 		dp, source = m.spec.DPSize, sourceConfig
@@ -241,7 +273,7 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	} else {
 		port = 0
 	}
-	ep.DPSize, ep.BootstrapPort, ep.Source = dp, port, source
+	ep.DPSize, ep.BootstrapPort, ep.Source, ep.DecodeCache = dp, port, source, cache
 	ep.Ready = dp > 0 && p.resolveErr == nil
 	err := errors.Join(errs...)
 	ep.LastError = ""
@@ -293,6 +325,9 @@ func (s *Scheduler) logTransition(log *zap.Logger, old, ep Endpoint) {
 	if ep.Role == RolePrefill {
 		fields = append(fields, zap.Int("bootstrap_port", ep.BootstrapPort))
 	}
+	if ep.DecodeCache.Radix {
+		fields = append(fields, zap.Bool("decode_radix_cache", true), zap.Float64("host_cache_ratio", ep.DecodeCache.HostRatio))
+	}
 	if ep.LastError != "" {
 		fields = append(fields, zap.String("error", ep.LastError))
 	}
@@ -303,7 +338,7 @@ func (s *Scheduler) logTransition(log *zap.Logger, old, ep Endpoint) {
 		log.Warn("endpoint not ready", fields...)
 	case ep.LastError != "" && ep.LastError != old.LastError:
 		log.Warn("endpoint discovery failed", fields...)
-	case ep.Ready && (ep.Address != old.Address || ep.DPSize != old.DPSize || ep.BootstrapPort != old.BootstrapPort):
+	case ep.Ready && (ep.Address != old.Address || ep.DPSize != old.DPSize || ep.BootstrapPort != old.BootstrapPort || ep.DecodeCache != old.DecodeCache):
 		log.Info("endpoint changed", fields...)
 	case ep.LastError == "" && old.LastError != "":
 		log.Info("endpoint discovery recovered", fields...)

@@ -447,3 +447,36 @@ func TestDiscoverCanceled(t *testing.T) {
 		t.Errorf("a canceled round changed the endpoint: %+v", ep)
 	}
 }
+
+// TestParseDecodeCache checks which server_info fields turn on duet's
+// decode-cache affinity: SGLang's decode radix cache flag, and the host
+// tier's ratio with enable_hierarchical_cache.
+func TestParseDecodeCache(t *testing.T) {
+	tests := []struct {
+		name    string
+		body    string
+		prefill bool
+		want    DecodeCache
+	}{
+		{"absent", `{"dp_size":2}`, false, DecodeCache{}},
+		{"off", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":false}`, false, DecodeCache{}},
+		{"a string is not a flag", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":"true"}`, false, DecodeCache{}},
+		{"on", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":true,"enable_hierarchical_cache":false,"hicache_ratio":2.0}`, false, DecodeCache{Radix: true}},
+		{"host tier, SGLang's default ratio", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":true,"enable_hierarchical_cache":true}`, false, DecodeCache{Radix: true, HostRatio: 2}},
+		{"host tier, its ratio", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":true,"enable_hierarchical_cache":true,"hicache_ratio":4}`, false, DecodeCache{Radix: true, HostRatio: 4}},
+		{"host tier, absurd ratio", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":true,"enable_hierarchical_cache":true,"hicache_ratio":1e9}`, false, DecodeCache{Radix: true, HostRatio: 2}},
+		{"host tier without the radix cache", `{"dp_size":2,"enable_hierarchical_cache":true}`, false, DecodeCache{}},
+		{"prefill engines have none", `{"dp_size":2,"disaggregation_decode_enable_radix_cache":true}`, true, DecodeCache{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			info, err := parseServerInfo([]byte(tt.body), tt.prefill)
+			if err != nil {
+				t.Fatalf("parseServerInfo: %v", err)
+			}
+			if info.decodeCache != tt.want {
+				t.Errorf("decode cache = %+v, want %+v", info.decodeCache, tt.want)
+			}
+		})
+	}
+}

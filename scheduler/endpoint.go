@@ -60,10 +60,31 @@ type Endpoint struct {
 	// "get_server_info" or "config"; empty while unknown. After a failed
 	// discovery round it still names the source of the values in use.
 	Source string
+	// DecodeCache is what the engine's own prefix cache holds for a decode
+	// leg, as its /server_info reports it: the zero value (no cache) for
+	// prefill engines and for decode engines started without SGLang's
+	// --disaggregation-decode-enable-radix-cache.
+	DecodeCache DecodeCache
 	// Ready reports whether the endpoint may be scheduled.
 	Ready bool
 	// LastError is the error of the last discovery round, if any.
 	LastError string
+}
+
+// DecodeCache describes a decode engine's radix cache (SGLang's decode-side
+// radix cache). With it, each DP rank matches a request against the prompts
+// and answers it served before, allocates only the pages beyond the match,
+// and has the prefill engine send only those: a decode leg on the rank that
+// served the conversation's last turn receives a small delta instead of the
+// whole history's KV.
+type DecodeCache struct {
+	// Radix reports that the engine runs the decode radix cache
+	// (disaggregation_decode_enable_radix_cache).
+	Radix bool
+	// HostRatio is the size of the host-memory tier (hierarchical cache:
+	// enable_hierarchical_cache with the radix cache) as a multiple of the
+	// GPU pool (hicache_ratio); 0 without one.
+	HostRatio float64
 }
 
 // Target is one (endpoint, DP rank) pair: the unit the policies choose.

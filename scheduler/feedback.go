@@ -23,14 +23,27 @@ type Feedback struct {
 	// PromptTokens is the engine-reported prompt length (usage), 0 when
 	// not reported.
 	PromptTokens int64
+	// CompletionTokens is the engine-reported answer length (usage) of
+	// the whole request, 0 when not reported. A decode engine with a
+	// decode radix cache keeps the answer on the rank that served it, and
+	// the next turn's prompt starts with it. Usage's cached_tokens is never
+	// read: SGLang's decode radix cache has reported it above prompt_tokens
+	// (prefill and decode hits added up).
+	CompletionTokens int64
 }
 
 // Complete records feedback: it ends the request's reservations for the
 // leg (or all of them), counts failures per target, feeds passive health
 // (see docs/scheduling.md) and corrects the token estimate with the
-// engine-reported prompt length. A leg whose Address and Rank name no known
+// engine-reported prompt length; a whole request's answer length extends
+// what its decode target's cache is believed to hold. A leg whose Address and Rank name no known
 // target is ignored for health.
 func (s *Scheduler) Complete(f Feedback) {
+	if f.Role == "" && f.CompletionTokens > 0 && !f.Failed {
+		if end, prompt, ok := s.ledger.turnEndOf(f.RequestID); ok {
+			s.turnEnds.answered(end, prompt, f.CompletionTokens)
+		}
+	}
 	model, promptBytes, ok := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)
 	if ok && f.PromptTokens > 0 {
 		s.tokens.Observe(model, promptBytes, f.PromptTokens)

@@ -105,6 +105,11 @@ type reservation struct {
 	// legs remember each role's target until its leg is reported to
 	// legEnded, even after a covering scrape ended the hold.
 	legs []legRecord
+	// end is where the request's prompt ended on a decode target with a
+	// decode radix cache, and endTokens the prompt's tokens (turnEnds);
+	// nil otherwise.
+	end       *turnEnd
+	endTokens int64
 }
 
 // legRecord is one leg of a reservation, kept for LegReport.
@@ -284,6 +289,25 @@ func (l *ledger) drop(h *hold, now time.Time) {
 	if len(res.holds) == 0 && res.emptySince.IsZero() {
 		res.emptySince = now
 	}
+}
+
+// setTurnEnd records where request id's prompt of tokens ended on its
+// decode target. Caller holds mu.
+func (l *ledger) setTurnEnd(id string, end *turnEnd, tokens int64) {
+	if res, ok := l.requests[id]; ok {
+		res.end, res.endTokens = end, tokens
+	}
+}
+
+// turnEndOf returns request id's turn end and prompt tokens, if it has one.
+func (l *ledger) turnEndOf(id string) (turnEnd, int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	res, ok := l.requests[id]
+	if !ok || res.end == nil {
+		return turnEnd{}, 0, false
+	}
+	return *res.end, res.endTokens, true
 }
 
 // rankLoad is one rank's numbers from a scrape, already keyed.

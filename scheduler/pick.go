@@ -59,15 +59,21 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	// Only roles whose policy reads prefix matches use the index.
 	prefillIndexed := pd && readsPrefix(s.prefillPolicy)
 	decodeIndexed := readsPrefix(s.decodePolicy)
+	// Decode engines with a decode radix cache are indexed for a policy
+	// that reads them, and only while the pool has one.
+	decodeCache := !decodeIndexed && !req.DecodeOnly && snap.decode.decodeCache && readsDecodeCache(s.decodePolicy)
 	var matches []prefixMatch
 	var perBlock float64
-	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed) {
+	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed || decodeCache) {
 		n := float64(len(req.Blocks))
 		perBlock = s.tokensPerBlock(req)
 		s.index.Match(req.Blocks, func(key TargetKey, matched int) {
 			cached := min(int64(float64(matched)*perBlock), req.PromptTokens-1)
-			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n, tokens: max(cached, 0)})
+			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n, tokens: max(cached, 0), blocks: matched})
 		})
+		if decodeCache {
+			s.extendToTurnEnds(req, matches)
+		}
 	}
 
 	var d Decision
@@ -119,14 +125,25 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: decodeTokens}
-	indexed := [2]bool{prefillIndexed, decodeIndexed}
+	indexed := [2]bool{prefillIndexed, decodeIndexed || decodeCache && d.Decode.Endpoint.DecodeCache.Radix}
+	var end *turnEnd
+	if indexed[1] && decodeCache && len(req.Blocks) > 0 && req.Items <= 1 {
+		end = &turnEnd{target: chosen[1].key, block: req.Blocks[len(req.Blocks)-1]}
+		s.ledger.setTurnEnd(id, end, req.PromptTokens)
+	}
 	var picked Picked
 	if s.onPicked != nil {
 		picked = s.picked(id, req, chosen, indexed)
+		if end != nil {
+			picked.TurnEnd = &PickedTurnEnd{Target: end.target, Block: end.block, Tokens: req.PromptTokens}
+		}
 	}
 	s.ledger.mu.Unlock()
 	if s.onPicked != nil {
 		s.onPicked(picked)
+	}
+	if end != nil {
+		s.turnEnds.put(*end, req.PromptTokens)
 	}
 
 	for i, ts := range chosen {
@@ -170,11 +187,32 @@ func (s *Scheduler) outputTokens(req *Request) int {
 }
 
 // prefixMatch is one target's share of the request's prompt blocks that the
-// prefix index believes it caches, and the same in tokens.
+// prefix index believes it caches, and the same in tokens and blocks.
 type prefixMatch struct {
 	key      TargetKey
 	fraction float64
 	tokens   int64
+	blocks   int
+}
+
+// extendToTurnEnds raises each match that ends where an earlier turn routed
+// to the same target ended to what that turn left in the target's cache:
+// its whole prompt (beyond the hashed blocks) and, once reported, its
+// answer (see turnEnds). At most the prompt less one token counts, as
+// everywhere: the engine always computes the last token.
+func (s *Scheduler) extendToTurnEnds(req *Request, matches []prefixMatch) {
+	if req.Items > 1 {
+		return
+	}
+	for i := range matches {
+		m := &matches[i]
+		if m.blocks == 0 {
+			continue
+		}
+		if n, ok := s.turnEnds.lookup(turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}); ok {
+			m.tokens = max(m.tokens, min(n, req.PromptTokens-1))
+		}
+	}
 }
 
 // tokensPerBlock is the estimated prompt tokens one hashed block stands

@@ -77,8 +77,12 @@ type Candidate struct {
 	// duet's prefix index believes are cached on this target.
 	Prefix float64
 	// CachedTokens is Prefix in tokens: the estimated prompt tokens the
-	// target would not have to compute. Only the hashed part of a prompt
-	// (see prefix.DefaultMaxBlocks) can count.
+	// target would not have to compute (prefill) or receive (a decode
+	// engine with a decode radix cache). Only the hashed part of a prompt
+	// (see prefix.DefaultMaxBlocks) can count, except on a decode target
+	// that served an earlier turn of the conversation: there it is what
+	// that turn left in the rank's cache, its prompt and its answer (see
+	// DecodeCacheReader).
 	CachedTokens int64
 	// IndexedTokens is how much the prefix index believes the target's
 	// cache holds in all, over every prompt routed there, in tokens; with
@@ -116,6 +120,26 @@ type PrefixReader interface {
 func readsPrefix(p Policy) bool {
 	r, ok := p.(PrefixReader)
 	return ok && r.ReadsPrefix()
+}
+
+// DecodeCacheReader is implemented by decode policies that read the prefix
+// a decode engine's own radix cache holds (SGLang's decode-side radix cache,
+// Endpoint.DecodeCache). The scheduler then indexes the prompts it sends to
+// such engines, and the answers they generated, and fills
+// Candidate.CachedTokens of their targets; targets of engines without the
+// cache get none. While no decode engine has the cache nothing is indexed
+// or matched for the decode role, so such a policy costs what it did
+// without the cache.
+type DecodeCacheReader interface {
+	// ReadsDecodeCache reports whether the policy reads the decode
+	// engines' cached prefixes.
+	ReadsDecodeCache() bool
+}
+
+// readsDecodeCache reports whether p reads decode engines' cached prefixes.
+func readsDecodeCache(p Policy) bool {
+	r, ok := p.(DecodeCacheReader)
+	return ok && r.ReadsDecodeCache()
 }
 
 // LegObserver is implemented by policies that learn from the legs placed
@@ -168,6 +192,9 @@ type PolicySpec struct {
 	Weights map[string]float64
 	// Seed seeds random and power_of_two; 0 means a random seed.
 	Seed uint64
+	// IgnoreDecodeCache makes least_cost price decode targets by load
+	// alone, as it did before it read decode engines' radix caches.
+	IgnoreDecodeCache bool
 	// Role is the role the policy serves; the scheduler sets it. Policies
 	// that price a role's own costs (least_cost) read it.
 	Role Role

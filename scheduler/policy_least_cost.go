@@ -59,9 +59,28 @@ import (
 // and overflow (after beyond the rank's KV capacity) is what must drain
 // before the engine can admit the request at all.
 //
+// A decode engine with a decode radix cache (SGLang's
+// --disaggregation-decode-enable-radix-cache, Endpoint.DecodeCache) matches
+// each request against the prompts and answers its rank served before and
+// has the prefill send only the KV beyond the match. On such a target the
+// price is lower by what the match saves:
+//
+//	cost -= decodeCacheWeight × cached
+//
+// cached (Candidate.CachedTokens) is the prefix duet believes the rank
+// holds, an earlier turn's prompt and answer included: tokens whose KV is
+// neither transferred nor allocated again. One token of it weighs as one
+// token of the rank's load (decodeCacheWeight): a conversation stays on its
+// rank until that rank carries about half its history more than another,
+// and moves then. Without the cache on any engine, cached is 0 and the price
+// is the load price above, bit for bit.
+//
 // Decode ties go to the candidate with fewer tokens, then to the earliest.
 type leastCost struct {
 	role Role
+	// ignoreDecodeCache prices decode by load alone
+	// (PolicySpec.IgnoreDecodeCache).
+	ignoreDecodeCache bool
 	// reuse is the learned share of prompt tokens that is reusable.
 	reuse float64
 	// engineMax is decode scratch: the heaviest rank's tokens per engine.
@@ -81,10 +100,13 @@ const (
 	// decodeOverflowWeight prices KV beyond a decode rank's capacity: it
 	// must drain before the request is admitted.
 	decodeOverflowWeight = 4
+	// decodeCacheWeight is the decode price of one token a decode target's
+	// radix cache holds, in tokens of the rank's load.
+	decodeCacheWeight = 1
 )
 
 func newLeastCost(spec PolicySpec) (Policy, error) {
-	return &leastCost{role: spec.Role, engineMax: map[*Endpoint]int64{}}, nil
+	return &leastCost{role: spec.Role, ignoreDecodeCache: spec.IgnoreDecodeCache, engineMax: map[*Endpoint]int64{}}, nil
 }
 
 // Name implements Policy.
@@ -93,6 +115,10 @@ func (*leastCost) Name() string { return policyLeastCost }
 // ReadsPrefix implements PrefixReader: the prefill price reads the cached
 // prefix; the decode price does not (decode receives the whole KV).
 func (p *leastCost) ReadsPrefix() bool { return p.role != RoleDecode }
+
+// ReadsDecodeCache implements DecodeCacheReader: the decode price reads the
+// prefix a decode engine's own radix cache holds.
+func (p *leastCost) ReadsDecodeCache() bool { return p.role == RoleDecode && !p.ignoreDecodeCache }
 
 // Pick implements Policy.
 func (p *leastCost) Pick(_ context.Context, req *Request, cands []Candidate) (int, error) {
@@ -169,6 +195,9 @@ func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
 		cost := max(after, p.engineMax[c.Endpoint]) + after
 		if c.Load.Capacity > 0 && after > c.Load.Capacity {
 			cost += decodeOverflowWeight * (after - c.Load.Capacity)
+		}
+		if c.Endpoint.DecodeCache.Radix && !p.ignoreDecodeCache {
+			cost -= decodeCacheWeight * c.CachedTokens
 		}
 		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
 			best, bestCost = i, cost

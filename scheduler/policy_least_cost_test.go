@@ -202,3 +202,49 @@ func TestLeastCostDecode(t *testing.T) {
 		t.Error("decode least_cost reads prefixes: the decode index would be kept for nothing")
 	}
 }
+
+// TestLeastCostDecodeCache checks the decode price on engines with a decode
+// radix cache: a rank holding the conversation keeps it while its extra
+// load is below what the cache saves, and loses it beyond; the same
+// candidates on engines without the cache (or with ignore_decode_cache)
+// are priced by load alone.
+func TestLeastCostDecodeCache(t *testing.T) {
+	radix := func(url string) *Endpoint {
+		return &Endpoint{Role: RoleDecode, URL: url, DecodeCache: DecodeCache{Radix: true}}
+	}
+	plain := func(url string) *Endpoint { return &Endpoint{Role: RoleDecode, URL: url} }
+	cand := func(ep *Endpoint, tokens, cached int64) Candidate {
+		return Candidate{Target: Target{Endpoint: ep, Rank: 0}, CachedTokens: cached, Load: Load{Tokens: tokens, Capacity: 400000, Fresh: true}}
+	}
+	// A 40k-token turn; rank a holds 36k of it. Separate engines, so that
+	// the price is 2×after - cached: a wins while 2×(load_a - load_b) < 36k.
+	tests := []struct {
+		name   string
+		a, b   *Endpoint
+		loadA  int64
+		ignore bool
+		want   int
+	}{
+		{"cache wins over a little more load", radix("http://a"), radix("http://b"), 10000, false, 0},
+		{"load wins past half the cached prefix", radix("http://a"), radix("http://b"), 20000, false, 1},
+		{"no decode cache: load alone", plain("http://a"), plain("http://b"), 10000, false, 1},
+		{"ignore_decode_cache: load alone", radix("http://a"), radix("http://b"), 10000, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RoleDecode, IgnoreDecodeCache: tt.ignore})
+			cands := []Candidate{cand(tt.a, tt.loadA, 36000), cand(tt.b, 0, 0)}
+			if got := mustPick(t, p, &Request{PromptTokens: 40000, MaxTokens: 300}, cands); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
+	}
+	if !mustPolicy(t, PolicySpec{Name: "least_cost", Role: RoleDecode}).(DecodeCacheReader).ReadsDecodeCache() {
+		t.Error("decode least_cost does not read decode caches")
+	}
+	for _, spec := range []PolicySpec{{Name: "least_cost", Role: RolePrefill}, {Name: "least_cost", Role: RoleDecode, IgnoreDecodeCache: true}} {
+		if mustPolicy(t, spec).(DecodeCacheReader).ReadsDecodeCache() {
+			t.Errorf("%+v reads decode caches", spec)
+		}
+	}
+}

@@ -27,6 +27,17 @@ type Picked struct {
 	// whose prefix index got them.
 	Blocks  []uint64    `json:"blocks,omitempty"`
 	Indexed []TargetKey `json:"indexed,omitempty"`
+	// TurnEnd is where the prompt ended on a decode target with a decode
+	// radix cache; nil otherwise.
+	TurnEnd *PickedTurnEnd `json:"turn_end,omitempty"`
+}
+
+// PickedTurnEnd is where a prompt ended on a decode target with a decode
+// radix cache: its last hashed block, and its tokens.
+type PickedTurnEnd struct {
+	Target TargetKey `json:"target"`
+	Block  uint64    `json:"block"`
+	Tokens int64     `json:"tokens"`
 }
 
 // PickedHold is one reservation of a pick.
@@ -64,7 +75,17 @@ func (s *Scheduler) ApplyPicked(p Picked) {
 			indexed = append(indexed, ts)
 		}
 	}
+	var end *turnEnd
+	if e := p.TurnEnd; e != nil {
+		if _, ok := l.targets[e.Target]; ok {
+			end = &turnEnd{target: e.Target, block: e.Block}
+			l.setTurnEnd(p.RequestID, end, e.Tokens)
+		}
+	}
 	l.mu.Unlock()
+	if end != nil {
+		s.turnEnds.put(*end, p.TurnEnd.Tokens)
+	}
 	if len(p.Blocks) == 0 {
 		return
 	}

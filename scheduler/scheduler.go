@@ -193,6 +193,9 @@ type Scheduler struct {
 	tokens      *TokenEstimator
 	hasher      prefix.Hasher
 	index       *prefix.Index[TargetKey]
+	// turnEnds extends the index's matches on decode targets with a
+	// decode radix cache to the earlier turns' whole prompts and answers.
+	turnEnds *turnEnds
 	// prefixIgnoreCapacity is PrefixConfig.IgnoreCapacity.
 	prefixIgnoreCapacity bool
 	scraper              *load.Scraper
@@ -299,6 +302,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 	s.hasher = prefix.Hasher{BlockBytes: cfg.Prefix.BlockBytes, BlockTokens: cfg.Prefix.BlockTokens}
 	s.index = prefix.NewIndex[TargetKey](cfg.Prefix.MaxBlocksPerTarget)
+	s.turnEnds = newTurnEnds()
 	s.prefixIgnoreCapacity = cfg.Prefix.IgnoreCapacity
 	s.scraper = load.NewScraper(s.client, s.loadCfg.Timeout)
 	s.scraper.SetClock(s.now)
@@ -400,7 +404,7 @@ func newMember(role Role, spec EndpointSpec) (*member, error) {
 // publish makes the members' current states the snapshot picks use. The
 // caller holds discoverMu or is New.
 func (s *Scheduler) publish() {
-	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.health, s.index.Remove))
+	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.health, s.forgetPrefixes))
 }
 
 // states returns the members' current states. The caller holds discoverMu
@@ -509,4 +513,11 @@ func (s *Scheduler) PD() bool { return s.pd }
 // first, then decode, each in configuration order.
 func (s *Scheduler) Endpoints() []Endpoint {
 	return slices.Clone(s.snap.Load().endpoints)
+}
+
+// forgetPrefixes drops what the prefix index and the turn ends hold for a
+// target that left the pools.
+func (s *Scheduler) forgetPrefixes(key TargetKey) {
+	s.index.Remove(key)
+	s.turnEnds.forget(key)
 }

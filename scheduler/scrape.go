@@ -96,7 +96,7 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 		ranks = []rankLoad{engineLoad(ep, ranks)}
 	}
 	s.ledger.observe(ranks, rep.StartedAt, rep.FinishedAt)
-	s.boundPrefixes(ep.Role, ranks)
+	s.boundPrefixes(ep, ranks)
 }
 
 // boundPrefixes bounds each scraped rank's entry in the prefix index by the
@@ -104,22 +104,28 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 // cache must have evicted it: an index that believes more than the engine
 // holds sends requests after prefixes that are gone. Roles whose policy
 // reads no prefix are not indexed, and PrefixConfig.IgnoreCapacity keeps
-// only MaxBlocksPerTarget.
-func (s *Scheduler) boundPrefixes(role Role, ranks []rankLoad) {
+// only MaxBlocksPerTarget. A decode engine with a host tier (hierarchical
+// cache) keeps (1 + its host ratio) times its KV capacity.
+func (s *Scheduler) boundPrefixes(ep *Endpoint, ranks []rankLoad) {
 	if s.prefixIgnoreCapacity {
 		return
 	}
 	policy := s.decodePolicy
-	if role == RolePrefill {
+	if ep.Role == RolePrefill {
 		policy = s.prefillPolicy
 	}
-	if !readsPrefix(policy) {
+	decodeCache := ep.Role == RoleDecode && ep.DecodeCache.Radix && readsDecodeCache(policy)
+	if !readsPrefix(policy) && !decodeCache {
 		return
+	}
+	scale := 1.0
+	if decodeCache {
+		scale += ep.DecodeCache.HostRatio
 	}
 	perBlock := float64(orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)) / s.tokens.Ratio("")
 	for _, r := range ranks {
 		if r.capacity > 0 && perBlock > 0 {
-			s.ledger.setIndexed(r.key, s.index.SetBound(r.key, int(float64(r.capacity)/perBlock)))
+			s.ledger.setIndexed(r.key, s.index.SetBound(r.key, int(scale*float64(r.capacity)/perBlock)))
 		}
 	}
 }

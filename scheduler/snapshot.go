@@ -33,6 +33,9 @@ type pool struct {
 	targets []Target
 	states  []*targetState    // states[i] is targets[i]'s ledger entry
 	index   map[TargetKey]int // target key -> position in targets
+	// decodeCache reports that some target's engine runs a decode radix
+	// cache (Endpoint.DecodeCache).
+	decodeCache bool
 }
 
 // newSnapshot builds a snapshot from the endpoints' states (it copies eps),
@@ -98,6 +101,7 @@ func newPool(targets []Target, l *ledger, m *metrics, h *health) pool {
 		}
 		p.states[i] = ts
 		p.index[key] = i
+		p.decodeCache = p.decodeCache || t.Endpoint.DecodeCache.Radix
 	}
 	return p
 }

@@ -18,7 +18,7 @@ import (
 // target is the host Envoy reached and the rank header the leg carried.
 func toFeedback(c accesslog.Completion) scheduler.Feedback {
 	f := scheduler.Feedback{RequestID: c.RequestID, Failed: c.Failed, Unreachable: c.Unreachable,
-		PromptTokens: c.PromptTokens, Rank: scheduler.NoRank}
+		PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, Rank: scheduler.NoRank}
 	switch c.Leg {
 	case accesslog.LegDecode:
 		f.Role = scheduler.RoleDecode

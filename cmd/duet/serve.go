@@ -392,13 +392,14 @@ func schedulerConfig(cfg *config.Config, p config.Pool) scheduler.Config {
 
 func policySpec(p config.PolicySpec) scheduler.PolicySpec {
 	return scheduler.PolicySpec{
-		Name:             p.Name,
-		CacheThreshold:   p.CacheThreshold,
-		BalanceAbsTokens: p.BalanceAbsTokens,
-		BalanceRel:       p.BalanceRel,
-		LoadFactor:       p.LoadFactor,
-		Weights:          p.Weights,
-		Seed:             p.Seed,
+		Name:              p.Name,
+		CacheThreshold:    p.CacheThreshold,
+		BalanceAbsTokens:  p.BalanceAbsTokens,
+		BalanceRel:        p.BalanceRel,
+		LoadFactor:        p.LoadFactor,
+		Weights:           p.Weights,
+		Seed:              p.Seed,
+		IgnoreDecodeCache: p.IgnoreDecodeCache,
 	}
 }
 

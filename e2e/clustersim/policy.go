@@ -11,13 +11,14 @@ import (
 // policySection is one role's policy as duet's configuration writes it: a
 // name alone, or a mapping with parameters (docs/configuration.md).
 type policySection struct {
-	Name             string             `yaml:"name"`
-	CacheThreshold   float64            `yaml:"cache_threshold"`
-	BalanceAbsTokens int64              `yaml:"balance_abs_tokens"`
-	BalanceRel       float64            `yaml:"balance_rel"`
-	LoadFactor       float64            `yaml:"load_factor"`
-	Weights          map[string]float64 `yaml:"weights"`
-	Seed             uint64             `yaml:"seed"`
+	Name              string             `yaml:"name"`
+	CacheThreshold    float64            `yaml:"cache_threshold"`
+	BalanceAbsTokens  int64              `yaml:"balance_abs_tokens"`
+	BalanceRel        float64            `yaml:"balance_rel"`
+	LoadFactor        float64            `yaml:"load_factor"`
+	Weights           map[string]float64 `yaml:"weights"`
+	Seed              uint64             `yaml:"seed"`
+	IgnoreDecodeCache bool               `yaml:"ignore_decode_cache"`
 }
 
 // policySpec parses a bench.Policy section (YAML flow form, e.g.
@@ -36,5 +37,6 @@ func policySpec(section string) (scheduler.PolicySpec, error) {
 	return scheduler.PolicySpec{
 		Name: p.Name, CacheThreshold: p.CacheThreshold, BalanceAbsTokens: p.BalanceAbsTokens,
 		BalanceRel: p.BalanceRel, LoadFactor: p.LoadFactor, Weights: p.Weights, Seed: p.Seed,
+		IgnoreDecodeCache: p.IgnoreDecodeCache,
 	}, nil
 }

@@ -165,6 +165,9 @@ type PolicySpec struct {
 	Weights map[string]float64 `yaml:"weights"`
 	// Seed (random, power_of_two): 0 means random.
 	Seed uint64 `yaml:"seed"`
+	// IgnoreDecodeCache (least_cost, decode): price decode targets by load
+	// alone, ignoring what a decode engine's radix cache holds.
+	IgnoreDecodeCache bool `yaml:"ignore_decode_cache"`
 }
 
 // UnmarshalYAML accepts a bare policy name or a mapping; unknown keys in
