@@ -110,7 +110,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		chosen[0] = snap.prefill.states[i]
 		chosen[0].picked++
 		s.ledger.reserveWork(chosen[0], id, RolePrefill, prefillTokens, prefillTokens-c.CachedTokens, now, req.Model, len(req.Prompt))
-		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: prefillTokens}
+		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: prefillTokens}
 	}
 	i, c, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
 	if err != nil {
@@ -124,7 +124,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	chosen[1] = snap.decode.states[i]
 	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
-	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, tokens: decodeTokens}
+	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: decodeTokens}
 	indexed := [2]bool{prefillIndexed, decodeIndexed || decodeCache && d.Decode.Endpoint.DecodeCache.Radix}
 	var end *turnEnd
 	if indexed[1] && decodeCache && len(req.Blocks) > 0 && req.Items <= 1 {

@@ -125,6 +125,10 @@ type ChoiceStatus struct {
 	// Prefix is the fraction of the prompt's blocks the prefix index
 	// believed the chosen target cached.
 	Prefix float64
+	// CachedTokens is the prompt tokens duet believed the chosen target
+	// caches (Candidate.CachedTokens): on a decode engine with a decode
+	// radix cache, earlier turns' answers included.
+	CachedTokens int64
 	// Tokens is what the pick reserved on the target (0 for requests that
 	// are not inference).
 	Tokens int64
@@ -152,6 +156,7 @@ type choice struct {
 	candidates int
 	load       int64
 	prefix     float64
+	cached     int64
 	tokens     int64
 }
 
@@ -327,6 +332,6 @@ func (s *Scheduler) decisionView(e decisionEntry) DecisionStatus {
 func choiceView(c choice, policy string) *ChoiceStatus {
 	return &ChoiceStatus{
 		URL: c.target.Endpoint.URL, Target: c.target.String(), Rank: c.target.Rank,
-		Policy: policy, Candidates: c.candidates, LoadTokens: c.load, Prefix: c.prefix, Tokens: c.tokens,
+		Policy: policy, Candidates: c.candidates, LoadTokens: c.load, Prefix: c.prefix, CachedTokens: c.cached, Tokens: c.tokens,
 	}
 }

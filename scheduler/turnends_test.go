@@ -13,7 +13,7 @@ type candidateSpy struct {
 	cands [][]Candidate
 }
 
-func (*candidateSpy) Name() string          { return "spy" }
+func (*candidateSpy) Name() string           { return "spy" }
 func (*candidateSpy) ReadsDecodeCache() bool { return true }
 func (p *candidateSpy) Pick(_ context.Context, _ *Request, cands []Candidate) (int, error) {
 	p.cands = append(p.cands, append([]Candidate(nil), cands...))

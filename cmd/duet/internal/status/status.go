@@ -249,6 +249,11 @@ type Endpoint struct {
 	BootstrapPort int `json:"bootstrap_port"`
 	// Source names where DPSize and BootstrapPort came from.
 	Source string `json:"source"`
+	// DecodeCache is a decode engine's own prefix cache, as its
+	// /server_info reports it: "radix" (SGLang's decode radix cache),
+	// "radix+host" (with its host-memory tier), or "off"; empty for
+	// prefill engines.
+	DecodeCache string `json:"decode_cache,omitempty"`
 	// LastError is the last discovery error, if any.
 	LastError string `json:"last_error,omitempty"`
 	// Health is the endpoint's own health (all its ranks).
@@ -335,6 +340,10 @@ type Choice struct {
 	// Prefix is the share of the prompt the prefix index believed cached
 	// on the chosen rank (0 to 1).
 	Prefix float64 `json:"prefix"`
+	// CachedTokens is the prompt tokens duet believed the chosen rank
+	// caches; on a decode engine with a decode radix cache, earlier
+	// turns' answers included.
+	CachedTokens int64 `json:"cached_tokens"`
 	// Tokens is what duet reserved there for the request.
 	Tokens int64 `json:"tokens"`
 }
@@ -454,6 +463,7 @@ func endpointOf(es scheduler.EndpointStatus, now time.Time, rates map[targetID]f
 	}
 	if ep.Role != scheduler.RolePrefill {
 		e.BootstrapPort = 0
+		e.DecodeCache = decodeCacheOf(ep.DecodeCache)
 	}
 	for _, t := range es.Targets {
 		r := Rank{
@@ -567,6 +577,17 @@ func decisionOf(d scheduler.DecisionStatus) Decision {
 	}
 }
 
+// decodeCacheOf names a decode engine's cache for the page.
+func decodeCacheOf(dc scheduler.DecodeCache) string {
+	switch {
+	case dc.Radix && dc.HostRatio > 0:
+		return "radix+host"
+	case dc.Radix:
+		return "radix"
+	}
+	return "off"
+}
+
 // choiceOf converts one role's choice; nil stays nil.
 func choiceOf(c *scheduler.ChoiceStatus) *Choice {
 	if c == nil {
@@ -574,6 +595,6 @@ func choiceOf(c *scheduler.ChoiceStatus) *Choice {
 	}
 	return &Choice{
 		Target: c.Target, URL: c.URL, Rank: rankOf(c.Rank), Policy: c.Policy,
-		Candidates: c.Candidates, LoadTokens: c.LoadTokens, Prefix: c.Prefix, Tokens: c.Tokens,
+		Candidates: c.Candidates, LoadTokens: c.LoadTokens, Prefix: c.Prefix, CachedTokens: c.CachedTokens, Tokens: c.Tokens,
 	}
 }

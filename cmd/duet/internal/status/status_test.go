@@ -59,7 +59,8 @@ func pdStatus() scheduler.Status {
 				Targets:  []scheduler.TargetStatus{target("10.0.0.1:1/dp0", 0, 100, 50, 4), target("10.0.0.1:1/dp1", 1, 100, 50, 4)},
 			},
 			{
-				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:1", Address: "10.0.1.1:1", BootstrapPort: 8998, DPSize: 2, Source: "server_info", Ready: true},
+				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:1", Address: "10.0.1.1:1", BootstrapPort: 8998, DPSize: 2, Source: "server_info", Ready: true,
+					DecodeCache: scheduler.DecodeCache{Radix: true, HostRatio: 2}},
 				Health:   healthy(),
 				Targets:  []scheduler.TargetStatus{target("10.0.1.1:1/dp0", 0, 300, 0, 2), target("10.0.1.1:1/dp1", 1, 100, 0, 2)},
 			},
@@ -111,6 +112,11 @@ func TestPage(t *testing.T) {
 			if p.Endpoints[1].BootstrapPort != 0 {
 				t.Errorf("decode endpoint shows bootstrap port %d", p.Endpoints[1].BootstrapPort)
 			}
+			for i, want := range []string{"", "radix+host", "off"} {
+				if got := p.Endpoints[i].DecodeCache; got != want {
+					t.Errorf("endpoint %d: decode_cache %q, want %q", i, got, want)
+				}
+			}
 			r := pre.Ranks[1]
 			if *r.Rank != 1 || r.Target != "10.0.0.1:1/dp1" || r.Tokens != 150 || r.ScrapedTokens != 100 || r.ReservedTokens != 50 ||
 				r.CapacityTokens != 100000 || r.Running != 1 || r.Waiting != 2 || !r.LoadFresh || *r.LoadAgeSeconds != 0.5 ||
@@ -123,8 +129,8 @@ func TestPage(t *testing.T) {
 		}},
 		{"decisions", nil, func(t *testing.T, p Page) {
 			want := `[{"time":"2026-11-23T12:00:00Z","request_id":"r2","path":"/v1/chat/completions","model":"m",` +
-				`"prefill":{"target":"10.0.0.1:1/dp1","url":"http://p:1","rank":1,"policy":"round_robin","candidates":2,"load_tokens":10,"prefix":0,"tokens":50},` +
-				`"decode":{"target":"10.0.1.2:1/dp-","url":"http://d:2","rank":null,"policy":"least_tokens","candidates":3,"load_tokens":20,"prefix":0.5,"tokens":306}},` +
+				`"prefill":{"target":"10.0.0.1:1/dp1","url":"http://p:1","rank":1,"policy":"round_robin","candidates":2,"load_tokens":10,"prefix":0,"cached_tokens":0,"tokens":50},` +
+				`"decode":{"target":"10.0.1.2:1/dp-","url":"http://d:2","rank":null,"policy":"least_tokens","candidates":3,"load_tokens":20,"prefix":0.5,"cached_tokens":0,"tokens":306}},` +
 				`{"time":"2026-11-23T11:59:59Z","request_id":"r1","path":"/generate","prefill":null,"decode":null,"error":"scheduler: pick decode: no ready endpoint"}]`
 			if got, _ := json.Marshal(p.Decisions); string(got) != want {
 				t.Errorf("decisions = %s\nwant %s", got, want)
