@@ -6,14 +6,20 @@
 // times faster than wall time, --flavor vllm imitates vLLM and the
 // --fault-* flags inject faults (--fault-hang, --fault-loads,
 // --fault-error-rate, --fault-die-after, --fault-slow-scrape-ms and the
-// spikes).
+// spikes). A decode given --disaggregation-decode-enable-radix-cache
+// caches finished requests and asks its prefill for the KV beyond its
+// match only; --enable-hierarchical-cache (--hicache-ratio,
+// --hicache-load-gbps) adds its host tier, and
+// --sim-double-count-cached-tokens reproduces SGLang issue #25972.
 //
 // Besides SGLang's routes (/generate, /v1/chat/completions,
 // /v1/completions, /v1/responses, /abort_request, /health,
 // /health_generate, /server_info, /v1/loads, /metrics) it serves a
 // test-inspection API: GET/DELETE /sim/requests (the request records),
 // GET/POST /sim/faults (the faults in force; POST changes them at
-// runtime) and GET /sim/stats (abort counters and the rids in flight).
+// runtime) and GET /sim/stats (abort counters and the rids in flight); a
+// prefill's bootstrap server also takes POST /sim/kv_prefix (a decode's
+// cached prefix of a room).
 // See package github.com/duet-router/duet/e2e/sim and its MODEL.md.
 package main
 
@@ -109,6 +115,17 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.LegacyServerInfo, "legacy-server-info", false, "serve only /get_server_info (404 on /server_info), like old SGLang")
 	fs.IntVar(&o.cfg.StreamInterval, "stream-interval", 1, "streaming chunk every N tokens, like SGLang's --stream-interval (first token at once)")
 	fs.IntVar(&o.cfg.MaxRecords, "max-records", sim.DefaultMaxRecords, "request records kept for GET /sim/requests (oldest dropped first)")
+	fs.BoolVar(&o.cfg.DecodeRadixCache, "disaggregation-decode-enable-radix-cache", false,
+		"decode: keep a radix cache of finished requests (prompt and answer), match new requests at preallocation and ask "+
+			"the prefill for the KV beyond the match only (engine model; otherwise only reported in /server_info)")
+	fs.BoolVar(&o.cfg.HierarchicalCache, "enable-hierarchical-cache", false,
+		"decode with --disaggregation-decode-enable-radix-cache: keep blocks evicted from the GPU in a host tier, loaded back on a hit")
+	fs.Float64Var(&o.cfg.HiCacheRatio, "hicache-ratio", sim.DefaultHiCacheRatio, "host tier size as a multiple of the device KV pool")
+	fs.Float64Var(&o.cfg.HiCacheLoadGBps, "hicache-load-gbps", sim.DefaultHiCacheLoadGBps,
+		"host-to-device load-back bandwidth of the host tier in GB/s (10^9 bytes/s)")
+	fs.BoolVar(&o.cfg.DoubleCountCachedTokens, "sim-double-count-cached-tokens", false,
+		"decode with the radix cache: report cached_tokens as the prefill's hit plus the decode's match (SGLang issue #25972) "+
+			"instead of the larger of the two")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return o, err

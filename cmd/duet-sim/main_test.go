@@ -96,6 +96,33 @@ func TestParseFlags(t *testing.T) {
 				t.Fatalf("loads %q", o.cfg.Faults.Loads)
 			}
 		}},
+		{name: "decode radix cache flags", args: []string{"--mode", "decode", "--profile", "dense-8b-h100",
+			"--disaggregation-decode-enable-radix-cache", "--enable-hierarchical-cache", "--hicache-ratio", "3",
+			"--hicache-load-gbps", "12.5", "--sim-double-count-cached-tokens"},
+			check: func(t *testing.T, o options) {
+				c := o.cfg
+				if !c.DecodeRadixCache || !c.HierarchicalCache || c.HiCacheRatio != 3 || c.HiCacheLoadGBps != 12.5 || !c.DoubleCountCachedTokens {
+					t.Fatalf("parsed %+v", c)
+				}
+				s, err := sim.New(c, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+			}},
+		{name: "decode radix cache defaults", args: nil, check: func(t *testing.T, o options) {
+			c := o.cfg
+			if c.DecodeRadixCache || c.HierarchicalCache || c.HiCacheRatio != 2 || c.HiCacheLoadGBps != 25 || c.DoubleCountCachedTokens {
+				t.Fatalf("parsed %+v", c)
+			}
+		}},
+		{name: "host tier alone is a config error", args: []string{"--mode", "decode", "--enable-hierarchical-cache"},
+			check: func(t *testing.T, o options) {
+				_, err := sim.New(o.cfg, nil)
+				if err == nil || !strings.Contains(err.Error(), "--enable-hierarchical-cache requires --disaggregation-decode-enable-radix-cache") {
+					t.Fatalf("err %v", err)
+				}
+			}},
 		{name: "bad loads fault", args: []string{"--fault-loads", "slow"}, wantErr: "invalid loads fault"},
 		{name: "bad flavor", args: []string{"--flavor", "tgi"}, wantErr: "invalid flavor"},
 		{name: "negative spike", args: []string{"--fault-spike-ms", "-1"}, wantErr: "must not be negative"},

@@ -33,7 +33,7 @@ func TestToFeedback(t *testing.T) {
 		{"whole request with usage",
 			accesslog.Completion{RequestID: "r", Leg: accesslog.LegRequest, Upstream: "10.0.0.2:30000", DPRank: 1,
 				DecodeTarget: "10.0.0.2:30000/dp1", PrefillTarget: "10.0.0.1:30000/dp0", PromptTokens: 9, CompletionTokens: 8},
-			scheduler.Feedback{RequestID: "r", Rank: scheduler.NoRank, PromptTokens: 9}},
+			scheduler.Feedback{RequestID: "r", Rank: scheduler.NoRank, PromptTokens: 9, CompletionTokens: 8}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

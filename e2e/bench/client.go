@@ -28,6 +28,8 @@ type ChatRequest struct {
 	// Stream asks for a streaming response (with usage in the last chunk);
 	// only streamed requests show their time to first token.
 	Stream bool
+	// Seed is the sampling seed (OpenAI's seed); 0 sends none.
+	Seed int64
 }
 
 // Body renders the request, with ignore_eos so that the engine generates
@@ -42,6 +44,9 @@ func (r ChatRequest) Body() ([]byte, error) {
 	}
 	if r.Stream {
 		m["stream_options"] = map[string]any{"include_usage": true}
+	}
+	if r.Seed != 0 {
+		m["seed"] = r.Seed
 	}
 	return json.Marshal(m)
 }

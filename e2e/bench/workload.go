@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"time"
+
+	"github.com/duet-router/duet/e2e/sim"
 )
 
 // Workload names.
@@ -28,12 +30,16 @@ const (
 	// distinct system prompts than one DP rank's prefix cache holds (see
 	// CachePressureParams).
 	WorkloadCachePressure = "multiturn_pressure"
+	// WorkloadAgentic is long-context agent sessions: each starts from a
+	// context of its own and grows by tool output and answers, turn after
+	// turn, to tens of thousands of tokens (see AgenticParams).
+	WorkloadAgentic = "agentic"
 )
 
 // Workloads lists the workload names in report order.
 var Workloads = []string{
 	WorkloadVariable, WorkloadMultiTurn, WorkloadBursty,
-	WorkloadPrefillBound, WorkloadHeavyTail, WorkloadCachePressure,
+	WorkloadPrefillBound, WorkloadHeavyTail, WorkloadCachePressure, WorkloadAgentic,
 }
 
 // charsPerToken is the text size of one token: every generated word is three
@@ -47,8 +53,14 @@ type Turn struct {
 	User string
 	// Assistant is the reply the session appends to its history after this
 	// turn. It is planned (OutputTokens long), not taken from the response,
-	// so that every policy replays identical prompts.
+	// so that every policy replays identical prompts. With a Seed it is
+	// the reply duet-sim generates for the turn (sim.ReplyText), as a
+	// client sends back the model's answer: an engine that caches its
+	// answers (SGLang's decode radix cache) then finds it in the next
+	// turn's prompt.
 	Assistant string
+	// Seed is the request's sampling seed (the body's seed); 0 sends none.
+	Seed int64
 	// PromptTokens is the planned size of the whole prompt (system prompt,
 	// history and User).
 	PromptTokens int
@@ -158,6 +170,10 @@ type MultiTurnParams struct {
 	// Think is the mean model-time think time between turns, exponential
 	// (default 2s).
 	Think time.Duration
+	// EngineAnswers makes each turn's reply the engine's own answer (a
+	// seed per turn, see Turn.Seed), as clients send back what the model
+	// said; off, replies are drawn text (the workload as first published).
+	EngineAnswers bool
 }
 
 // BurstyParams shape the bursty mix.
@@ -208,6 +224,68 @@ type CachePressureParams struct {
 	// Think is the mean model-time think time between turns, exponential
 	// (default 2s, as in MultiTurnParams).
 	Think time.Duration
+	// EngineAnswers is as in MultiTurnParams.
+	EngineAnswers bool
+}
+
+// AgenticParams shape the agentic workload: long-context agent sessions.
+// Each session shares one of a few system prompts (tool definitions),
+// starts with a context of its own (a repository, a document, earlier
+// conversation), and grows by a tool result and an answer per turn. The
+// defaults give histories of about 20k to 60k tokens, of which about 90 %
+// is the previous turn's prompt and answer, and answers of a few hundred
+// tokens: the shape of coding agents, where a decode engine that caches
+// its answers holds all but the last tool result of the next prompt.
+type AgenticParams struct {
+	// Systems is the number of distinct system prompts (default 4).
+	Systems int
+	// System is the system prompts' token range (default 1500-2500).
+	System IntRange
+	// Context is the session's first message, its own (default
+	// 16000-30000 tokens).
+	Context IntRange
+	// Step is each later turn's new input, a tool result (default
+	// 1500-4000 tokens).
+	Step IntRange
+	// Answer is each turn's output (default 100-600 tokens).
+	Answer IntRange
+	// MaxHistory ends a session before a turn would take its history
+	// beyond it (default 60000 tokens).
+	MaxHistory int
+	// MaxTurns bounds a session's turns (default 16).
+	MaxTurns int
+	// Think is the mean model-time pause between a response and the next
+	// turn (the tool's run time), exponential (default 2s).
+	Think time.Duration
+}
+
+// withDefaults fills zero fields.
+func (p AgenticParams) withDefaults() AgenticParams {
+	if p.Systems == 0 {
+		p.Systems = 4
+	}
+	if p.System == (IntRange{}) {
+		p.System = IntRange{1500, 2500}
+	}
+	if p.Context == (IntRange{}) {
+		p.Context = IntRange{16000, 30000}
+	}
+	if p.Step == (IntRange{}) {
+		p.Step = IntRange{1500, 4000}
+	}
+	if p.Answer == (IntRange{}) {
+		p.Answer = IntRange{100, 600}
+	}
+	if p.MaxHistory == 0 {
+		p.MaxHistory = 60000
+	}
+	if p.MaxTurns == 0 {
+		p.MaxTurns = 16
+	}
+	if p.Think == 0 {
+		p.Think = 2 * time.Second
+	}
+	return p
 }
 
 // withDefaults fills zero fields.
@@ -299,6 +377,8 @@ type Params struct {
 	HeavyTail HeavyTailParams
 	// CachePressure shapes the multiturn_pressure workload.
 	CachePressure CachePressureParams
+	// Agentic shapes the agentic workload.
+	Agentic AgenticParams
 	// StreamFraction is the share of sessions that stream, drawn per
 	// session independently of everything else, so that it changes no
 	// arrival and no prompt (0 means 1: every session streams).
@@ -356,6 +436,15 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 		for i, at := range PoissonArrivals(rng, rate, window) {
 			w.Sessions = append(w.Sessions, conversation(rng, i, at, systems, mp))
 		}
+	case WorkloadAgentic:
+		ap := p.Agentic.withDefaults()
+		systems := make([]string, ap.Systems)
+		for i := range systems {
+			systems[i] = Text(rng, ap.System.sample(rng))
+		}
+		for i, at := range PoissonArrivals(rng, rate, window) {
+			w.Sessions = append(w.Sessions, agentSession(rng, i, at, systems, ap))
+		}
 	default:
 		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(Workloads, ", "))
 	}
@@ -400,19 +489,64 @@ func systemPrompts(rng *rand.Rand, p MultiTurnParams) []string {
 }
 
 // conversation is one multi-turn session on a random shared system prompt.
+// With p.EngineAnswers each turn carries a seed and its reply is the
+// engine's for that seed (seededTurn).
 func conversation(rng *rand.Rand, id int, at time.Duration, systems []string, p MultiTurnParams) Session {
 	s := Session{ID: id, Start: at, System: systems[rng.IntN(len(systems))]}
 	history := len(s.System) / charsPerToken
 	for range p.Turns.sample(rng) {
 		q, a := p.Question.sample(rng), p.Answer.sample(rng)
 		history += q
-		s.Turns = append(s.Turns, Turn{
+		turn := Turn{
 			User:         Text(rng, q),
 			Assistant:    Text(rng, a),
 			PromptTokens: history,
 			OutputTokens: a,
 			Think:        time.Duration(rng.ExpFloat64() * float64(p.Think)),
-		})
+		}
+		if p.EngineAnswers {
+			turn = seededTurn(turn, len(s.Turns))
+		}
+		s.Turns = append(s.Turns, turn)
+		history += a
+	}
+	return s
+}
+
+// seededTurn gives turn k of a session a seed drawn from its user text
+// (not from the workload's generator, whose sequence stays as it was) and
+// makes its Assistant the reply duet-sim generates for that seed, of the
+// same length.
+func seededTurn(t Turn, k int) Turn {
+	t.Seed = int64(stringSeed(t.User)>>1) + int64(k) + 1
+	t.Assistant = sim.ReplyText(t.Seed, t.OutputTokens)
+	return t
+}
+
+// agentSession is one long-context agent session: a shared system prompt
+// (the tools' definitions), a context of its own, then turns that each add
+// a tool result and get an answer, until the history reaches MaxHistory.
+func agentSession(rng *rand.Rand, id int, at time.Duration, systems []string, p AgenticParams) Session {
+	s := Session{ID: id, Start: at, System: systems[rng.IntN(len(systems))]}
+	history := len(s.System) / charsPerToken
+	first := true
+	for len(s.Turns) < p.MaxTurns {
+		q := p.Step.sample(rng)
+		if first {
+			q = p.Context.sample(rng)
+		}
+		a := p.Answer.sample(rng)
+		if !first && history+q+a > p.MaxHistory {
+			break
+		}
+		first = false
+		history += q
+		s.Turns = append(s.Turns, seededTurn(Turn{
+			User:         Text(rng, q),
+			PromptTokens: history,
+			OutputTokens: a,
+			Think:        time.Duration(rng.ExpFloat64() * float64(p.Think)),
+		}, len(s.Turns)))
 		history += a
 	}
 	return s
@@ -493,6 +627,8 @@ func MeanOutputTokens(name string, p Params) float64 {
 		return clampedLognormalMean(hp.OutputMu, hp.OutputSigma, hp.Output)
 	case WorkloadCachePressure:
 		return p.CachePressure.multiTurn().Answer.mean()
+	case WorkloadAgentic:
+		return p.Agentic.withDefaults().Answer.mean()
 	}
 	return p.Variable.withDefaults().Output.mean()
 }
@@ -508,6 +644,11 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 		return bp.SingleFraction + (1-bp.SingleFraction)*bp.MultiTurn.Turns.mean()
 	case WorkloadCachePressure:
 		return p.CachePressure.multiTurn().Turns.mean()
+	case WorkloadAgentic:
+		// About (MaxHistory - System - Context) / (Step + Answer) turns
+		// after the first.
+		ap := p.Agentic.withDefaults()
+		return 1 + max(0, float64(ap.MaxHistory)-ap.System.mean()-ap.Context.mean())/(ap.Step.mean()+ap.Answer.mean())
 	}
 	// Independent requests (variable, prefill_bound, heavy_tail).
 	return 1
@@ -531,5 +672,7 @@ func QuickParams() Params {
 			Prompt: IntRange{16, 2000}, Output: IntRange{2, 40}},
 		CachePressure: CachePressureParams{Systems: 40, System: m.System, Turns: m.Turns,
 			Question: m.Question, Answer: m.Answer, Think: m.Think},
+		Agentic: AgenticParams{Systems: 2, System: IntRange{100, 200}, Context: IntRange{1600, 3000},
+			Step: IntRange{150, 400}, Answer: IntRange{10, 60}, MaxHistory: 6000, Think: m.Think},
 	}
 }

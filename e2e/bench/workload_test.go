@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/duet-router/duet/e2e/sim"
 )
 
 // Equal arguments give equal workloads; another seed gives others.
@@ -530,5 +532,53 @@ func TestWorkloadCachePressureExceedsRankCache(t *testing.T) {
 					len(distinct), tokens, rankKVTokens, exceeds, tc.exceeds)
 			}
 		})
+	}
+}
+
+// The agentic workload has the shape its doc promises: histories of 20k to
+// 60k tokens, about 90 % of each later turn's prompt being the previous
+// turn's prompt and answer, answers of hundreds of tokens, and replies that
+// are the engine's own (a seed per turn, sim.ReplyText).
+func TestWorkloadAgenticShape(t *testing.T) {
+	w, err := Generate(WorkloadAgentic, 0.1, 10*time.Minute, 3, Params{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Sessions) < 30 {
+		t.Fatalf("%d sessions", len(w.Sessions))
+	}
+	var reused, later float64
+	maxHistory := 0
+	for _, s := range w.Sessions {
+		if len(s.Turns) < 2 {
+			t.Errorf("session %d has %d turns", s.ID, len(s.Turns))
+		}
+		for k, turn := range s.Turns {
+			if turn.Seed == 0 || turn.Assistant != sim.ReplyText(turn.Seed, turn.OutputTokens) {
+				t.Fatalf("session %d turn %d: the reply is not the engine's for its seed", s.ID, k)
+			}
+			if turn.OutputTokens < 100 || turn.OutputTokens > 600 {
+				t.Errorf("answer of %d tokens", turn.OutputTokens)
+			}
+			if k == 0 {
+				if turn.PromptTokens < 17000 || turn.PromptTokens > 33000 {
+					t.Errorf("first prompt of %d tokens", turn.PromptTokens)
+				}
+				continue
+			}
+			prev := s.Turns[k-1]
+			reused += float64(prev.PromptTokens + prev.OutputTokens)
+			later += float64(turn.PromptTokens)
+			maxHistory = max(maxHistory, turn.PromptTokens+turn.OutputTokens)
+		}
+	}
+	if maxHistory > 60000 || maxHistory < 50000 {
+		t.Errorf("longest history %d tokens, want up to 60000", maxHistory)
+	}
+	if share := reused / later; share < 0.85 || share > 0.95 {
+		t.Errorf("%.2f of later prompts is the previous turn, want about 0.9", share)
+	}
+	if got, want := MeanRequestsPerSession(WorkloadAgentic, Params{}), float64(w.Requests())/float64(len(w.Sessions)); math.Abs(got-want) > 0.25*want {
+		t.Errorf("MeanRequestsPerSession = %.1f, generated %.1f", got, want)
 	}
 }

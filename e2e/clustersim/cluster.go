@@ -27,6 +27,14 @@ type Engine struct {
 	DPSize int
 	// MaxTotalTokens is each rank's KV capacity; 0 takes the profile's.
 	MaxTotalTokens int
+	// DecodeRadixCache runs a decode engine with SGLang's decode radix
+	// cache (--disaggregation-decode-enable-radix-cache), and
+	// HierarchicalCache adds its host-memory tier
+	// (--enable-hierarchical-cache); both are ignored on other engines.
+	DecodeRadixCache, HierarchicalCache bool
+	// KVTransferGBps is the prefill engines' KV transfer bandwidth; 0
+	// takes the profile's.
+	KVTransferGBps float64
 }
 
 // Uniform returns a cluster of p prefill and d decode engines of profile,
@@ -52,12 +60,22 @@ func (c Cluster) String() string {
 		same := true
 		for _, e := range es {
 			dps = append(dps, fmt.Sprint(e.DPSize))
-			same = same && e == es[0]
+			same = same && e.DPSize == es[0].DPSize
+		}
+		extra := ""
+		if es[0].DecodeRadixCache && role == "decode" {
+			extra += ", decode radix cache"
+			if es[0].HierarchicalCache {
+				extra += " with host tier"
+			}
+		}
+		if es[0].KVTransferGBps > 0 && role == "prefill" {
+			extra += fmt.Sprintf(", KV transfer %g GB/s", es[0].KVTransferGBps)
 		}
 		if same {
-			return fmt.Sprintf("%d %s × dp %d", len(es), role, es[0].DPSize)
+			return fmt.Sprintf("%d %s × dp %d%s", len(es), role, es[0].DPSize, extra)
 		}
-		return fmt.Sprintf("%d %s (dp %s)", len(es), role, strings.Join(dps, ", "))
+		return fmt.Sprintf("%d %s (dp %s)%s", len(es), role, strings.Join(dps, ", "), extra)
 	}
 	if len(c.Prefill) == 0 {
 		return part("aggregated", c.Decode)
@@ -91,7 +109,11 @@ func newEngine(role scheduler.Role, i int, spec Engine, aggregated bool) (*engin
 	case aggregated:
 		mode = sim.ModeNull
 	}
-	m, err := sim.NewModel(sim.Config{Mode: mode, Profile: spec.Profile, DPSize: spec.DPSize, MaxTotalTokens: spec.MaxTotalTokens})
+	cfg := sim.Config{Mode: mode, Profile: spec.Profile, DPSize: spec.DPSize, MaxTotalTokens: spec.MaxTotalTokens, KVTransferGBps: spec.KVTransferGBps}
+	if mode == sim.ModeDecode {
+		cfg.DecodeRadixCache, cfg.HierarchicalCache = spec.DecodeRadixCache, spec.HierarchicalCache
+	}
+	m, err := sim.NewModel(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s engine %d: %w", role, i, err)
 	}

@@ -44,7 +44,7 @@ func Prepare(w bench.Workload, model string, blockTokens int) (*Prepared, error)
 		p.turns[i] = make([]preparedTurn, len(s.Turns))
 		for k, turn := range s.Turns {
 			msgs := append(history, bench.Message{Role: "user", Content: turn.User})
-			body, err := bench.ChatRequest{Model: model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream}.Body()
+			body, err := bench.ChatRequest{Model: model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream, Seed: turn.Seed}.Body()
 			if err != nil {
 				return nil, fmt.Errorf("session %d turn %d: %w", s.ID, k, err)
 			}

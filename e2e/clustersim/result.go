@@ -23,6 +23,11 @@ type Request struct {
 	// HitBound is the part of the prompt that a cache holding every prompt
 	// sent before it, on every rank, would hold: no routing can hit more.
 	HitBound int
+	// DecodeCached is the part of the prompt the decode rank's radix cache
+	// held (its KV was not transferred), and DecodeBound what a decode
+	// cache holding every earlier prompt and answer would hold; both 0
+	// without a decode radix cache.
+	DecodeCached, DecodeBound int
 	// OutputTokens is the number of tokens generated.
 	OutputTokens int
 	// TTFT is the time to the first token, E2E to the last; TPOT is the
@@ -88,6 +93,7 @@ func (r *run) result() *Result {
 		out := Request{
 			Session: q.session, Turn: q.turn, Arrival: q.arrival,
 			PromptTokens: q.turnInfo.prompt.Tokens, CachedTokens: q.cached, HitBound: q.bound, OutputTokens: q.generated, Err: q.err,
+			DecodeCached: q.decodeCached, DecodeBound: q.decodeBound,
 		}
 		if q.pEng != nil {
 			out.Prefill = rankName("p", q.pEng, q.pRank)
@@ -180,6 +186,10 @@ type Summary struct {
 	// HitBound is the hit rate of a cache that holds every earlier prompt
 	// on every rank (Request.HitBound): an upper bound for any routing.
 	HitBound float64
+	// DecodeHitRate is the decode radix caches' matched tokens / prompt
+	// tokens, and DecodeHitBound the same for a decode cache holding every
+	// earlier prompt and answer (0 without decode radix caches).
+	DecodeHitRate, DecodeHitBound float64
 	// PrefillShareImbalance is max/mean of PrefillWork.
 	PrefillShareImbalance float64
 	// PrefillImbalance and DecodeImbalance are the Result's.
@@ -195,7 +205,7 @@ type Summary struct {
 func (res *Result) Summarize() Summary {
 	var s Summary
 	var ttft, tpot, e2e []float64
-	var prompt, cached, bound, output float64
+	var prompt, cached, bound, output, decodeCached, decodeBound float64
 	for _, q := range res.Requests {
 		if !res.measured(q.Arrival) {
 			continue
@@ -216,6 +226,8 @@ func (res *Result) Summarize() Summary {
 		cached += float64(q.CachedTokens)
 		bound += float64(q.HitBound)
 		output += float64(q.OutputTokens)
+		decodeCached += float64(q.DecodeCached)
+		decodeBound += float64(q.DecodeBound)
 	}
 	slices.Sort(ttft)
 	finite := ttft[:len(ttft)-s.Failed]
@@ -227,6 +239,8 @@ func (res *Result) Summarize() Summary {
 	if prompt > 0 {
 		s.HitRate = cached / prompt
 		s.HitBound = bound / prompt
+		s.DecodeHitRate = decodeCached / prompt
+		s.DecodeHitBound = decodeBound / prompt
 	}
 	if v, ok := maxOverMean(res.PrefillWork); ok {
 		s.PrefillShareImbalance = v

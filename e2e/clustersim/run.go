@@ -137,8 +137,9 @@ type run struct {
 	nextSample time.Duration
 	samples    []sample
 	// seen holds every block hash of every prompt sent so far, for the
-	// hit-rate bound.
-	seen map[uint64]struct{}
+	// hit-rate bound; seenDecode every block a decode radix cache held at
+	// the end of a request (prompts and answers), for the decode bound.
+	seen, seenDecode map[uint64]struct{}
 }
 
 // request is one request in flight or done.
@@ -159,9 +160,14 @@ type request struct {
 	doneAt        time.Duration
 	cached        int
 	bound         int // tokens a cache holding every earlier prompt would hit
-	generated     int
-	err           string
-	finished      bool
+	// decodeCached is what the decode radix cache matched at
+	// preallocation; decodeBound what a decode cache holding every
+	// earlier prompt and answer would (both 0 without the cache).
+	decodeCached, decodeBound int
+	prefixSent                bool // the decode's match was given to the prefill
+	generated                 int
+	err                       string
+	finished                  bool
 }
 
 // newRun builds the engines, the scheduler and the first arrivals.
@@ -184,7 +190,7 @@ func newRun(cfg Config) (*run, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{},
+	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{}, seenDecode: map[uint64]struct{}{},
 		feedbackTo: rand.New(rand.NewPCG(cfg.Seed, 0x66656564))}
 	r.end = cfg.Workload.Workload.Window + cfg.Drain
 	aggregated := len(cfg.Cluster.Prefill) == 0
@@ -388,6 +394,7 @@ func (r *run) dispatch(ctx context.Context, s, k int) {
 		id: "s" + strconv.Itoa(s) + "t" + strconv.Itoa(k), session: s, turn: k,
 		arrival: r.now, turnInfo: turn, pLegRank: scheduler.NoRank, dLegRank: scheduler.NoRank,
 	}
+	q.decodeBound = r.decodeBound(turn.prompt)
 	q.bound = r.hitBound(turn.prompt)
 	if n := len(r.scheds); n > 0 {
 		q.replica = len(r.requests) % n // round robin over the replicas
@@ -418,6 +425,54 @@ func (r *run) dispatch(ctx context.Context, s, k int) {
 	}
 	it.Tag = q
 	q.dItem = it
+	r.sendDecodePrefix(q)
+}
+
+// sendDecodePrefix tells q's prefill, once q's decode leg has
+// preallocated, what the decode radix cache matched: the prefill then
+// sends only the KV beyond it (SGLang's decode_prefix_len).
+func (r *run) sendDecodePrefix(q *request) {
+	if q.prefixSent || q.pItem == nil || q.dItem == nil || q.dItem.State() != sim.ItemTransfer {
+		return
+	}
+	q.prefixSent = true
+	q.decodeCached = q.dItem.DecodePrefix()
+	if q.decodeCached > 0 {
+		q.pEng.model.SetDecodePrefix(r.now, q.pItem, q.decodeCached)
+	}
+}
+
+// decodeBound returns how many of prompt's tokens a decode cache holding
+// every prompt and answer that decode engines cached before would hit,
+// capped as the engine caps a hit; 0 when no decode engine caches.
+func (r *run) decodeBound(prompt sim.Prompt) int {
+	if len(r.seenDecode) == 0 && !r.decodeCaches() {
+		return 0
+	}
+	matched := 0
+	for _, h := range prompt.Blocks {
+		_, inDecode := r.seenDecode[h]
+		_, inPrompts := r.seen[h]
+		if !inDecode && !inPrompts {
+			break
+		}
+		matched++
+	}
+	bt := r.cfg.Workload.blockTokens
+	if bt <= 0 {
+		return 0
+	}
+	return min(matched, (prompt.Tokens-1)/bt) * bt
+}
+
+// decodeCaches reports whether any decode engine runs a decode radix cache.
+func (r *run) decodeCaches() bool {
+	for _, e := range r.cfg.Cluster.Decode {
+		if e.DecodeRadixCache {
+			return len(r.cfg.Cluster.Prefill) > 0
+		}
+	}
+	return false
 }
 
 // hitBound returns how many of prompt's tokens a cache holding every
@@ -505,6 +560,7 @@ func (r *run) onChange(e *engine, it *sim.Item) {
 	}
 	// The decode (or aggregated) leg.
 	if q.pItem != nil && it.State() == sim.ItemTransfer {
+		r.sendDecodePrefix(q)
 		r.deliver(q)
 	}
 	if q.firstAt == 0 && it.FirstTokenAt() > 0 {
@@ -537,6 +593,9 @@ func (r *run) finish(q *request, it *sim.Item) {
 	q.generated = it.Generated()
 	if it.Aborted() {
 		q.err = "aborted"
+	}
+	for _, h := range it.CachedBlocks() {
+		r.seenDecode[h] = struct{}{}
 	}
 	r.feedback(q, scheduler.RoleDecode, q.dEng, q.dLegRank, it.Aborted())
 	r.feedback(q, "", nil, scheduler.NoRank, it.Aborted())
@@ -580,6 +639,12 @@ func (r *run) feedback(q *request, role scheduler.Role, e *engine, rank int, fai
 	if e != nil {
 		f.Address = e.addr
 		f.PromptTokens = int64(q.turnInfo.prompt.Tokens)
+	}
+	if role == "" && r.decodeCaches() {
+		// The whole request's usage, as Envoy's access log reports it;
+		// only a decode radix cache reads the answer's length (given
+		// here only where one runs, so that other runs stay as they were).
+		f.CompletionTokens = int64(q.generated)
 	}
 	if r.cfg.Share {
 		for _, s := range r.scheds {

@@ -45,6 +45,7 @@ func (s *Server) bootstrapHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /query_dp_ranks", s.handleQueryDPRanks)
 	mux.HandleFunc("GET /sim/kv", s.handleKVStatus)
+	mux.HandleFunc("POST /sim/kv_prefix", s.handleKVPrefix)
 	return mux
 }
 

@@ -113,7 +113,13 @@ const (
 	DefaultMaxModelLen        = 131072
 	DefaultMaxRecords         = 10000
 	DefaultHealthTimeout      = 20 * time.Second
-	defaultMaxNewTokens       = 16
+	// DefaultHiCacheRatio is SGLang's --hicache-ratio default: the host
+	// KV pool is twice the device pool.
+	DefaultHiCacheRatio = 2.0
+	// DefaultHiCacheLoadGBps is the host-to-device load-back bandwidth of
+	// the decode's host tier (an assumption: PCIe Gen5 x16 in practice).
+	DefaultHiCacheLoadGBps = 25.0
+	defaultMaxNewTokens    = 16
 )
 
 // Config configures a simulated server. Zero values take the defaults
@@ -196,6 +202,30 @@ type Config struct {
 	Flavor Flavor
 	// Faults configures fault injection.
 	Faults Faults
+
+	// DecodeRadixCache is SGLang's
+	// --disaggregation-decode-enable-radix-cache: a decode server keeps a
+	// per-rank radix cache of finished requests (prompt and answer),
+	// matches each new request against it at preallocation, and asks its
+	// prefill for the KV beyond the match only. It acts on a decode server
+	// of the engine model; elsewhere it is only reported in /server_info.
+	DecodeRadixCache bool
+	// HierarchicalCache is --enable-hierarchical-cache on such a decode
+	// (decode HiCache): blocks evicted from the GPU tier stay in a host
+	// tier, and a match that continues there loads them back before the
+	// request decodes. It requires DecodeRadixCache.
+	HierarchicalCache bool
+	// HiCacheRatio is --hicache-ratio: the host tier holds this many times
+	// the device KV pool. Default 2.
+	HiCacheRatio float64
+	// HiCacheLoadGBps is the host-to-device load-back bandwidth in GB/s
+	// (10^9 bytes per second). Default 25 (an assumption).
+	HiCacheLoadGBps float64
+	// DoubleCountCachedTokens reproduces SGLang issue #25972 on a decode
+	// with DecodeRadixCache: the reported cached_tokens is the prefill's
+	// hit plus the decode's match (it can exceed the prompt) instead of
+	// the larger of the two.
+	DoubleCountCachedTokens bool
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -259,6 +289,12 @@ func (c Config) withDefaults() Config {
 	if c.Faults.Loads == "" {
 		c.Faults.Loads = LoadsOK
 	}
+	if c.HiCacheRatio == 0 {
+		c.HiCacheRatio = DefaultHiCacheRatio
+	}
+	if c.HiCacheLoadGBps == 0 {
+		c.HiCacheLoadGBps = DefaultHiCacheLoadGBps
+	}
 	return c
 }
 
@@ -311,6 +347,23 @@ func (c Config) validate() error {
 	if c.HealthTimeout < 0 {
 		errs = append(errs, fmt.Errorf("health timeout must not be negative, got %s", c.HealthTimeout))
 	}
+	errs = append(errs, c.validateCache()...)
 	errs = append(errs, c.Faults.validate()...)
 	return errors.Join(errs...)
+}
+
+// validateCache checks the decode radix cache and host tier settings.
+func (c Config) validateCache() []error {
+	var errs []error
+	if c.HierarchicalCache && !c.DecodeRadixCache {
+		errs = append(errs, errors.New(
+			"--enable-hierarchical-cache requires --disaggregation-decode-enable-radix-cache (the simulator models the host tier of a decode's radix cache only)"))
+	}
+	if !(c.HiCacheRatio > 0) || math.IsInf(c.HiCacheRatio, 0) {
+		errs = append(errs, fmt.Errorf("hicache-ratio must be > 0, got %v", c.HiCacheRatio))
+	}
+	if !(c.HiCacheLoadGBps > 0) || math.IsInf(c.HiCacheLoadGBps, 0) {
+		errs = append(errs, fmt.Errorf("hicache-load-gbps must be > 0, got %v", c.HiCacheLoadGBps))
+	}
+	return errs
 }

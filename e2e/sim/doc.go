@@ -30,6 +30,19 @@
 // and a PD KV transfer time. Overload then shows as queueing (TTFT) and
 // slow steps (TPOT), and the loads and metrics report the model's numbers.
 // MODEL.md documents the formulas, parameters, sources and simplifications.
+//
+// A decode server with Config.DecodeRadixCache
+// (--disaggregation-decode-enable-radix-cache) keeps SGLang's decode-side
+// radix cache in the engine model: finished requests leave their prompt and
+// answer cached, preallocation matches and pins the cached prefix, and the
+// decode tells its prefill the matched length (POST /sim/kv_prefix on the
+// prefill's bootstrap server), which then sends only the KV beyond it.
+// Config.HierarchicalCache adds the host tier (evicted blocks kept in host
+// memory and loaded back on a hit), and Config.DoubleCountCachedTokens
+// reproduces SGLang's double-counted cached_tokens (issue #25972). A body
+// with an integer seed (sampling_params.sampling_seed on /generate) gets
+// ReplyText(seed, n) as its answer, so a client can send the exact answer
+// back in its next turn.
 // Model exposes the same engine model without HTTP or a clock, for callers
 // that drive it in virtual time (the cluster simulator, e2e/clustersim);
 // ParsePrompt parses a body as a server does.

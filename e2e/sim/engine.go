@@ -66,6 +66,24 @@ type engineRequest struct {
 	chain     []*cacheBlock
 	readyAt   time.Duration
 
+	// tail and seed give the answer's cache blocks (decode radix cache).
+	tail HashTail
+	seed *int64
+	// decodePrefix is, on a decode with the radix cache, the tokens
+	// matched in its cache at preallocation (GPU and host tiers); on a
+	// prefill, the decode's match as the decode told it (prefixSet).
+	decodePrefix int
+	prefixSet    bool
+	// hostHit is the host-tier part of a decode's decodePrefix, loaded
+	// back to the GPU until loadDoneAt.
+	hostHit    int
+	loadDoneAt time.Duration
+	// sent is, on a prefill, the tokens whose KV was transferred.
+	sent int
+	// cachedBlocks are the block hashes a decode with the radix cache
+	// left in its cache when it finished (prompt and answer).
+	cachedBlocks []uint64
+
 	admittedAt   time.Duration
 	firstTokenAt time.Duration
 	doneAt       time.Duration
@@ -113,7 +131,9 @@ type engineRank struct {
 	ready      []*engineRequest
 	transfer   int
 
-	cache   *prefixCache
+	cache *prefixCache
+	// host is the decode radix cache's host tier (nil without it).
+	host    *hostCache
 	private int
 	growth  int
 	plan    rankStep
@@ -187,6 +207,13 @@ type engineParams struct {
 	maxRunning int
 	chunk      int
 	gbps       float64
+	// decodeRadix: a decode server with the decode radix cache
+	// (--disaggregation-decode-enable-radix-cache).
+	decodeRadix bool
+	// hostBlocks > 0 gives each rank a host tier of that many blocks
+	// (--enable-hierarchical-cache), loaded back at loadGBps.
+	hostBlocks int
+	loadGBps   float64
 }
 
 // engineCore is the model of one server's DP ranks.
@@ -203,7 +230,11 @@ type engineCore struct {
 func newEngineCore(p engineParams) *engineCore {
 	c := &engineCore{p: p}
 	for i := 0; i < p.dpSize; i++ {
-		c.ranks = append(c.ranks, &engineRank{idx: i, cache: newPrefixCache(p.prof.BlockSize)})
+		r := &engineRank{idx: i, cache: newPrefixCache(p.prof.BlockSize)}
+		if p.decodeRadix && p.hostBlocks > 0 {
+			r.host = newHostCache(p.hostBlocks)
+		}
+		c.ranks = append(c.ranks, r)
 	}
 	if p.lockstep {
 		g := &stepGroup{ranks: c.ranks, wakeAt: never}
@@ -228,6 +259,9 @@ type requestSpec struct {
 	prompt int
 	blocks []uint64
 	maxNew int
+	// tail and seed give the answer's blocks (decode radix cache).
+	tail HashTail
+	seed *int64
 }
 
 // submit queues a request on its rank at time t. A prompt that can never
@@ -245,6 +279,7 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 	q := &engineRequest{
 		id: c.seq, kind: spec.kind, rank: spec.rank, prompt: spec.prompt, blocks: spec.blocks,
 		maxNew: min(spec.maxNew, c.p.capacity-spec.prompt), arrived: t, notify: make(chan struct{}, 1),
+		tail: spec.tail, seed: spec.seed,
 	}
 	if q.kind == kindPrefill {
 		q.maxNew = 1
@@ -260,7 +295,9 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 }
 
 // kvArrived moves a decode request whose KV arrived to the ready list; it
-// joins the decode batch at its group's next step.
+// joins the decode batch at its group's first step once it is ready: at
+// t, or when its host-tier blocks are loaded back if that is later. The
+// ready list stays sorted by readiness.
 func (c *engineCore) kvArrived(q *engineRequest, t time.Duration) {
 	if q.state != stTransfer {
 		return
@@ -268,8 +305,12 @@ func (c *engineCore) kvArrived(q *engineRequest, t time.Duration) {
 	r := c.ranks[q.rank]
 	r.transfer--
 	q.state = stReady
-	q.readyAt = t
-	r.ready = append(r.ready, q)
+	q.readyAt = max(t, q.loadDoneAt)
+	i := len(r.ready)
+	for i > 0 && r.ready[i-1].readyAt > q.readyAt {
+		i--
+	}
+	r.ready = slices.Insert(r.ready, i, q)
 	c.unstall(r.group, t)
 }
 
@@ -358,8 +399,13 @@ func (c *engineCore) admit(r *engineRank, q *engineRequest, t time.Duration) boo
 
 // admitPrealloc preallocates KV for queued decode requests, first come
 // first served: the whole prompt (the KV the prefill will send) and a
-// reservation for the output.
+// reservation for the output. With the decode radix cache the cached
+// prefix is matched and pinned instead (preallocRadix).
 func (c *engineCore) admitPrealloc(r *engineRank, t time.Duration) {
+	if c.p.decodeRadix {
+		c.admitPreallocRadix(r, t)
+		return
+	}
 	for len(r.waiting) > 0 {
 		q := r.waiting[0]
 		need := q.prompt + q.maxNew
@@ -385,7 +431,14 @@ func (c *engineCore) allocate(r *engineRank, q *engineRequest, n int) {
 	r.growth -= take
 	q.private += n
 	r.private += n
-	for r.cache.tokens()+r.private > c.p.capacity && r.cache.evictOne() {
+	for r.cache.tokens()+r.private > c.p.capacity {
+		h, ok := r.cache.evictLRU()
+		if !ok {
+			break
+		}
+		if r.host != nil {
+			r.host.add(h)
+		}
 	}
 }
 
@@ -404,6 +457,9 @@ func (c *engineCore) release(r *engineRank, q *engineRequest) {
 func (c *engineCore) finish(r *engineRank, q *engineRequest, t time.Duration) {
 	q.state = stDone
 	q.doneAt = t
+	if c.p.decodeRadix && q.kind == kindDecode && !q.aborted {
+		c.insertFinished(r, q)
+	}
 	c.release(r, q)
 	q.signal()
 	c.unstall(r.group, t)
@@ -625,10 +681,13 @@ func (c *engineCore) endPrefill(r *engineRank, q *engineRequest, t time.Duration
 		r.addGen(t, 1)
 		q.state = stTransfer
 		r.transfer++
-		d := c.p.prof.transferTime(q.prompt, c.p.gbps)
+		// Only the KV beyond the decode's cached prefix is sent (the
+		// whole prompt when the decode has none or did not tell it).
+		q.sent = q.prompt - q.decodePrefix
+		d := c.p.prof.transferTime(q.sent, c.p.gbps)
 		r.lastXferMS = float64(d) / float64(time.Millisecond)
 		if d > 0 {
-			r.lastXferGBps = float64(q.prompt) * float64(c.p.prof.KVBytesPerToken) / 1e9 / d.Seconds()
+			r.lastXferGBps = float64(q.sent) * float64(c.p.prof.KVBytesPerToken) / 1e9 / d.Seconds()
 		}
 		c.seq++
 		heap.Push(&c.events, engineEvent{at: t + d, seq: c.seq, req: q})

@@ -107,6 +107,13 @@ func (e *engineLoop) abort(q *engineRequest) {
 	e.poke()
 }
 
+// setDecodePrefix tells a prefill request its decode's cached prefix.
+func (e *engineLoop) setDecodePrefix(q *engineRequest, tokens int) {
+	e.mu.Lock()
+	e.core.setDecodePrefix(q, tokens)
+	e.mu.Unlock()
+}
+
 // progress is a consistent copy of a request's state for its handler.
 type progress struct {
 	state     reqState
@@ -114,13 +121,20 @@ type progress struct {
 	generated int
 	cached    int
 	maxNew    int
+	// Decode radix cache: a decode's match (hostHit of it from the host
+	// tier); a prefill's decode prefix (prefixSet) and tokens sent.
+	decodePrefix int
+	hostHit      int
+	prefixSet    bool
+	sent         int
 }
 
 // progress reads q's state.
 func (e *engineLoop) progress(q *engineRequest) progress {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return progress{state: q.state, aborted: q.aborted, generated: q.generated, cached: q.cached, maxNew: q.maxNew}
+	return progress{state: q.state, aborted: q.aborted, generated: q.generated, cached: q.cached, maxNew: q.maxNew,
+		decodePrefix: q.decodePrefix, hostHit: q.hostHit, prefixSet: q.prefixSet, sent: q.sent}
 }
 
 // snapshot returns the live per-rank load.

@@ -238,6 +238,7 @@ func (s *Server) resolvePrefillRanks(ctx context.Context, req *inferRequest, pla
 func (s *Server) runBlocking(ctx context.Context, w http.ResponseWriter, req *inferRequest, plans []*itemPlan, items []*inflightItem, rec *Record) {
 	results, errs := s.runItems(ctx, req, plans, items, nil, nil)
 	rec.FinishReasons = finishReasons(results, errs)
+	noteDecodeCache(rec, results)
 	if ctx.Err() != nil {
 		s.markGone(rec)
 		return
@@ -282,6 +283,7 @@ func (s *Server) runStreaming(ctx context.Context, w http.ResponseWriter, req *i
 	}
 	results, errs := s.runItems(runCtx, req, plans, items, em, onErr)
 	rec.FinishReasons = finishReasons(results, errs)
+	noteDecodeCache(rec, results)
 	if ctx.Err() != nil || sse.broken() {
 		s.markGone(rec)
 		return

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -45,11 +46,11 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		"max_running_requests":            s.cfg.MaxRunningRequests,
 		"max_total_num_tokens":            s.cfg.MaxTotalTokens,
 		"context_length":                  DefaultMaxModelLen,
-		"page_size":                       1,
 		"enable_metrics":                  true,
 		"internal_states":                 states,
 		"version":                         Version,
 	}
+	maps.Copy(info, cacheServerArgs(s.cfg))
 	if s.prof != nil {
 		info["chunked_prefill_size"] = s.prof.ChunkedPrefillSize
 		info["enable_cache_report"] = true
@@ -62,6 +63,25 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		info["sim_time_scale"] = s.cfg.TimeScale
 	}
 	writeJSON(w, http.StatusOK, info)
+}
+
+// cacheServerArgs are the prefix-cache server args /server_info reports,
+// as SGLang names them: the decode radix cache flag, disable_radix_cache
+// (true on a decode without that flag, which runs without a radix cache),
+// the hierarchical cache flag and ratio, and page_size (the engine model's
+// cache block; 1 in the simple model).
+func cacheServerArgs(cfg Config) map[string]any {
+	page := 1
+	if p, err := LookupProfile(cfg.Profile); err == nil && p.BlockSize > 0 {
+		page = p.BlockSize
+	}
+	return map[string]any{
+		"disaggregation_decode_enable_radix_cache": cfg.DecodeRadixCache,
+		"disable_radix_cache":                      cfg.Mode == ModeDecode && !cfg.DecodeRadixCache,
+		"enable_hierarchical_cache":                cfg.HierarchicalCache,
+		"hicache_ratio":                            cfg.HiCacheRatio,
+		"page_size":                                page,
+	}
 }
 
 // handleModels serves GET /v1/models.

@@ -151,14 +151,14 @@ type kvWait struct {
 	toModel func(time.Duration) time.Duration
 }
 
-// waitKV polls until the room's KV is done on the expected prefill rank.
-// A room done on another rank, or never seen, never satisfies the wait:
-// the KV does not arrive and the wait times out like SGLang's
-// KVPoll.WaitingForInput. A room that failed on the expected rank fails
-// the transfer. Each poll is a long poll (the prefill answers as soon as
-// the room is done), so the KV is seen when it arrives, not at the next
-// tick.
-func (c *kvClient) waitKV(ctx context.Context, w kvWait) error {
+// waitKV polls until the room's KV is done on the expected prefill rank
+// and returns the room's final status. A room done on another rank, or
+// never seen, never satisfies the wait: the KV does not arrive and the
+// wait times out like SGLang's KVPoll.WaitingForInput. A room that failed
+// on the expected rank fails the transfer. Each poll is a long poll (the
+// prefill answers as soon as the room is done), so the KV is seen when it
+// arrives, not at the next tick.
+func (c *kvClient) waitKV(ctx context.Context, w kvWait) (RoomStatus, error) {
 	start := time.Now()
 	deadline := time.NewTimer(w.timeout)
 	defer deadline.Stop()
@@ -170,30 +170,30 @@ func (c *kvClient) waitKV(ctx context.Context, w kvWait) error {
 		if err == nil && st.DPRank != nil && (w.prefillRank == nil || *st.DPRank == *w.prefillRank) {
 			switch st.State {
 			case RoomDone:
-				return nil
+				return st, nil
 			case RoomFailed:
-				return internalErrorf("Decode transfer failed for request rank=%d bootstrap_room=%d", w.decodeRank, w.room)
+				return st, internalErrorf("Decode transfer failed for request rank=%d bootstrap_room=%d", w.decodeRank, w.room)
 			}
 		}
 		if err != nil && errors.Is(err, context.Canceled) && ctx.Err() != nil {
-			return ctx.Err()
+			return st, ctx.Err()
 		}
 		if err == nil && wait > 0 && (st.State == RoomPending || st.State == RoomUnknown) {
 			// The poll itself waited; poll again at once.
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return st, ctx.Err()
 			case <-deadline.C:
-				return c.timeoutErr(w, start)
+				return st, c.timeoutErr(w, start)
 			default:
 				continue
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return st, ctx.Err()
 		case <-deadline.C:
-			return c.timeoutErr(w, start)
+			return st, c.timeoutErr(w, start)
 		case <-tick.C:
 		}
 	}

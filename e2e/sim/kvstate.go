@@ -30,6 +30,10 @@ type RoomStatus struct {
 	DPRank *int `json:"dp_rank,omitempty"`
 	// Error explains a failed room.
 	Error string `json:"error,omitempty"`
+	// CachedTokens is, for a done room of the engine model, the prompt
+	// tokens the prefill found in its own prefix cache (a decode with the
+	// decode radix cache reports it in its cached_tokens).
+	CachedTokens int `json:"cached_tokens,omitempty"`
 }
 
 // roomEntry is a stored room state.
@@ -37,6 +41,7 @@ type roomEntry struct {
 	state     string
 	dpRank    int
 	err       string
+	cached    int
 	updated   time.Time
 	delivered bool // a decode polled the room as done: it has the KV
 }
@@ -59,11 +64,25 @@ func newRoomStore() *roomStore {
 
 // set records the state of room on rank.
 func (s *roomStore) set(room int64, rank int, state, errMsg string) {
+	s.put(room, roomEntry{state: state, dpRank: rank, err: errMsg})
+}
+
+// setDone records that room's KV is ready on rank, the prefill having
+// found cached of its prompt tokens in its prefix cache.
+func (s *roomStore) setDone(room int64, rank, cached int) {
+	s.put(room, roomEntry{state: RoomDone, dpRank: rank, cached: cached})
+}
+
+// put stores e as room's state (the latest write wins; a room already
+// delivered stays delivered while it stays done).
+func (s *roomStore) put(room int64, e roomEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	s.rooms[room] = roomEntry{state: state, dpRank: rank, err: errMsg, updated: now,
-		delivered: state == RoomDone && s.rooms[room].state == RoomDone && s.rooms[room].delivered}
+	prev := s.rooms[room]
+	e.updated = now
+	e.delivered = e.state == RoomDone && prev.state == RoomDone && prev.delivered
+	s.rooms[room] = e
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.writes++
@@ -154,5 +173,5 @@ func (s *roomStore) statusLocked(room int64) RoomStatus {
 		return RoomStatus{Room: room, State: RoomUnknown}
 	}
 	rank := e.dpRank
-	return RoomStatus{Room: room, State: e.state, DPRank: &rank, Error: e.err}
+	return RoomStatus{Room: room, State: e.state, DPRank: &rank, Error: e.err, CachedTokens: e.cached}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 )
 
@@ -61,7 +62,8 @@ func (it *Item) Rank() int { return it.q.rank }
 func (it *Item) PromptTokens() int { return it.q.prompt }
 
 // CachedTokens is how many prompt tokens the rank's prefix cache held when
-// the item was admitted.
+// the item was admitted (on a decode with the decode radix cache, its
+// DecodePrefix; 0 on a decode without it).
 func (it *Item) CachedTokens() int { return it.q.cached }
 
 // Generated is the number of tokens generated so far.
@@ -79,6 +81,32 @@ func (it *Item) AdmittedAt() time.Duration { return it.q.admittedAt }
 
 // DoneAt is when the item finished (0 before).
 func (it *Item) DoneAt() time.Duration { return it.q.doneAt }
+
+// DecodePrefix is, on a decode with the decode radix cache, the prompt
+// tokens matched in the rank's cache at preallocation (GPU and host
+// tiers): the decode_prefix_len to tell the prefill. 0 before the
+// preallocation, without the cache, and on other servers.
+func (it *Item) DecodePrefix() int {
+	if it.q.kind != kindDecode {
+		return 0
+	}
+	return it.q.decodePrefix
+}
+
+// HostHit is the part of DecodePrefix found in the host tier (decode
+// HiCache), loaded back to the GPU before the item may decode.
+func (it *Item) HostHit() int { return it.q.hostHit }
+
+// TransferredTokens is, on a prefill, the prompt tokens whose KV was sent
+// to the decode: the prompt less the decode's prefix (SetDecodePrefix). 0
+// before the transfer started.
+func (it *Item) TransferredTokens() int { return it.q.sent }
+
+// CachedBlocks are, on a decode with the decode radix cache, the block
+// hashes the item left in its rank's cache when it finished (its prompt
+// and its answer, whole blocks of committed KV); nil before, for an
+// aborted item, and without the cache.
+func (it *Item) CachedBlocks() []uint64 { return it.q.cachedBlocks }
 
 // NewModel returns the engine model of a server configured by cfg, at model
 // time 0. cfg.Profile is required; zero fields take their defaults as in
@@ -108,7 +136,7 @@ func modelParams(cfg Config) engineParams {
 	if cfg.KVTransferGBps > 0 {
 		gbps = cfg.KVTransferGBps
 	}
-	return engineParams{
+	p := engineParams{
 		prof:       prof,
 		mode:       cfg.Mode,
 		dpSize:     cfg.DPSize,
@@ -118,18 +146,28 @@ func modelParams(cfg Config) engineParams {
 		chunk:      prof.ChunkedPrefillSize,
 		gbps:       gbps,
 	}
+	if cfg.Mode == ModeDecode && cfg.DecodeRadixCache {
+		p.decodeRadix = true
+		if cfg.HierarchicalCache && prof.BlockSize > 0 {
+			// The host pool is hicache_ratio times the device pool.
+			p.hostBlocks = int(cfg.HiCacheRatio*float64(cfg.MaxTotalTokens)) / prof.BlockSize
+			p.loadGBps = cfg.HiCacheLoadGBps
+		}
+	}
+	return p
 }
 
 // Config returns the model's effective configuration.
 func (m *Model) Config() Config { return m.cfg }
 
 // Submit queues a request on rank at model time t, after advancing the
-// model to t. prompt and blocks are what ParsePrompt returns for its body;
-// maxNew is its max_tokens. It fails, as SGLang does, when the rank does
+// model to t. prompt is what ParsePrompt returns for its body (a decode
+// with the decode radix cache also caches the answer's blocks, from
+// prompt's Tail and Seed); maxNew is its max_tokens. It fails, as SGLang does, when the rank does
 // not exist or the prompt can never fit the rank's KV pool.
 func (m *Model) Submit(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
 	m.Advance(t)
-	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, maxNew: maxNew}
+	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed}
 	switch m.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
@@ -154,6 +192,25 @@ func (m *Model) mark(it *Item) {
 		it.queued = true
 		m.changed = append(m.changed, it)
 	}
+}
+
+// SetDecodePrefix tells a prefill item, at t, how many of its prompt
+// tokens its decode holds already (the decode item's DecodePrefix): its KV
+// transfer sends only the rest. It is ignored on a non-prefill item and
+// once the transfer started (the item then sent its whole prompt).
+func (m *Model) SetDecodePrefix(t time.Duration, it *Item, tokens int) {
+	m.Advance(t)
+	m.core.setDecodePrefix(it.q, tokens)
+}
+
+// ReportedCachedTokens is the cached_tokens the server reports for it
+// (usage.prompt_tokens_details.cached_tokens, meta_info.cached_tokens),
+// given, on a decode, the cache hit of its prefill leg: CachedTokens,
+// except on a decode with the decode radix cache, which reports the larger
+// of prefillCached and its DecodePrefix, or their sum with
+// DoubleCountCachedTokens (SGLang issue #25972).
+func (m *Model) ReportedCachedTokens(it *Item, prefillCached int) int {
+	return reportedCached(m.cfg, progress{cached: it.q.cached, decodePrefix: it.DecodePrefix()}, prefillCached)
 }
 
 // KVArrived tells a decode item waiting in ItemTransfer that its KV
@@ -196,13 +253,14 @@ func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
 }
 
 // ServerInfoJSON is the part of GET /server_info that routers read: DP
-// size, disaggregation mode and bootstrap port, capacity.
+// size, disaggregation mode and bootstrap port, capacity, and the prefix
+// cache args (decode radix cache, hierarchical cache, page size).
 func (m *Model) ServerInfoJSON() ([]byte, error) {
 	port := m.cfg.BootstrapPort
 	if port == 0 && m.cfg.Mode == ModePrefill {
 		port = DefaultBootstrapPort
 	}
-	return json.Marshal(map[string]any{
+	info := map[string]any{
 		"model_path":                    m.cfg.Model,
 		"served_model_name":             m.cfg.Model,
 		"dp_size":                       m.cfg.DPSize,
@@ -212,7 +270,9 @@ func (m *Model) ServerInfoJSON() ([]byte, error) {
 		"max_running_requests":          m.cfg.MaxRunningRequests,
 		"max_total_num_tokens":          m.cfg.MaxTotalTokens,
 		"version":                       Version,
-	})
+	}
+	maps.Copy(info, cacheServerArgs(m.cfg))
+	return json.Marshal(info)
 }
 
 // RankState is the true state of one DP rank, as only the simulator can
@@ -265,6 +325,16 @@ func (m *Model) CachedPrefix(rank int, prompt Prompt) int {
 	return len(matched) * bt
 }
 
+// DecodeCachedPrefix returns how many of prompt's tokens rank's decode
+// radix cache holds now, GPU and host tiers together (what preallocation
+// would match, without pinning anything); 0 without the cache.
+func (m *Model) DecodeCachedPrefix(rank int, prompt Prompt) int {
+	if !m.core.p.decodeRadix || rank < 0 || rank >= len(m.core.ranks) {
+		return 0
+	}
+	return m.core.matchDecode(m.core.ranks[rank], prompt.Blocks, prompt.Tokens).tokens(m.core.p.prof.BlockSize)
+}
+
 // BalanceRatio is the mean lockstep balance ratio of the steps so far
 // (mean rank step time / slowest rank step time; 1 is perfect).
 func (m *Model) BalanceRatio() float64 { return m.core.balanceRatio() }
@@ -278,6 +348,14 @@ type Prompt struct {
 	// MaxTokens is the request's output limit (the body's max_tokens or
 	// equivalent; the server default when absent).
 	MaxTokens int
+	// Tail continues Blocks over the answer: a decode with the decode
+	// radix cache caches the answer's blocks too, and they equal the
+	// blocks of a next turn whose prompt carries the answer back. The
+	// zero value caches the prompt's blocks only.
+	Tail HashTail
+	// Seed is the request's sampling seed, nil without one: the answer
+	// is then ReplyText(*Seed, n), else "tok0 tok1 ...".
+	Seed *int64
 }
 
 // ParsePrompt parses an inference request body sent to path (one of the
@@ -298,5 +376,5 @@ func ParsePrompt(path string, body []byte, blockTokens int) (Prompt, error) {
 		return Prompt{}, fmt.Errorf("parse prompt: %d %s", aerr.status, aerr.msg)
 	}
 	it := req.items[0]
-	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens}, nil
+	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens, Tail: it.tail, Seed: it.seed}, nil
 }

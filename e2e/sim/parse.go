@@ -39,12 +39,20 @@ type itemInput struct {
 	// blocks are the prompt's prefix-cache block hashes (engine model
 	// only; nil otherwise).
 	blocks []uint64
+	// tail continues blocks over the answer (the decode radix cache
+	// caches prompt and answer).
+	tail HashTail
+	// seed is the request's sampling seed (chat and completions seed,
+	// /generate sampling_params.sampling_seed); with one, the answer is
+	// ReplyText(seed, ...).
+	seed *int64
 }
 
 // promptInfo is one prompt's token count and prefix-cache blocks.
 type promptInfo struct {
 	tokens int
 	blocks []uint64
+	tail   HashTail
 }
 
 // parseOptions tune parseInferRequest for the server's configuration.
@@ -153,7 +161,8 @@ func parseChat(root gjson.Result, req *inferRequest, blockTokens int) *apiError 
 		}
 		n = *nn
 	}
-	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens, blocks: messageBlocks(msgs, blockTokens, true)}
+	blocks, tail := messageBlocksTail(msgs, blockTokens, true)
+	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens, blocks: blocks, tail: tail, seed: optSeed(root.Get("seed"))}
 	for i := 0; i < n; i++ {
 		req.items = append(req.items, item)
 	}
@@ -172,8 +181,9 @@ func parseCompletions(root gjson.Result, req *inferRequest, blockTokens int) *ap
 		return err
 	}
 	req.batch = batch
+	seed := optSeed(root.Get("seed"))
 	for _, p := range prompts {
-		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks})
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail, seed: seed})
 	}
 	return nil
 }
@@ -218,7 +228,8 @@ func parseGenerate(root gjson.Result, req *inferRequest, blockTokens int) *apiEr
 		if err != nil {
 			return err
 		}
-		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks})
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail,
+			seed: optSeed(params.Get("sampling_seed"))})
 	}
 	return nil
 }
@@ -237,7 +248,8 @@ func parseResponses(root gjson.Result, req *inferRequest, blockTokens int) *apiE
 	if err != nil {
 		return err
 	}
-	req.items = []itemInput{{promptTokens: textTokens(contentText(in)), maxTokens: maxTokens, blocks: messageBlocks(in, blockTokens, false)}}
+	blocks, tail := messageBlocksTail(in, blockTokens, false)
+	req.items = []itemInput{{promptTokens: textTokens(contentText(in)), maxTokens: maxTokens, blocks: blocks, tail: tail}}
 	return nil
 }
 
@@ -252,7 +264,8 @@ func promptsOf(v gjson.Result, field, missing string, blockTokens int) ([]prompt
 		return nil, false, badRequestf("%s", missing)
 	}
 	if v.Type == gjson.String {
-		return []promptInfo{{tokens: textTokens(v.String()), blocks: textBlocks(v.String(), blockTokens)}}, false, nil
+		blocks, tail := textBlocksTail(v.String(), blockTokens)
+		return []promptInfo{{tokens: textTokens(v.String()), blocks: blocks, tail: tail}}, false, nil
 	}
 	if !v.IsArray() {
 		return nil, false, badRequestf("%s must be a string or a list", field)
@@ -275,7 +288,8 @@ func promptsOf(v gjson.Result, field, missing string, blockTokens int) ([]prompt
 			if e.Type != gjson.String {
 				return nil, false, badRequestf("%s: a batch must be all strings", field)
 			}
-			out[i] = promptInfo{tokens: textTokens(e.String()), blocks: textBlocks(e.String(), blockTokens)}
+			blocks, tail := textBlocksTail(e.String(), blockTokens)
+			out[i] = promptInfo{tokens: textTokens(e.String()), blocks: blocks, tail: tail}
 		}
 		return out, true, nil
 	case elems[0].IsArray():
@@ -335,6 +349,17 @@ func maxTokensOf(obj gjson.Result, names ...string) (int, *apiError) {
 		}
 	}
 	return defaultMaxNewTokens, nil
+}
+
+// optSeed reads an optional sampling seed; a value that is not an
+// integer is ignored (the simulator samples nothing, the seed only picks
+// the answer's text).
+func optSeed(v gjson.Result) *int64 {
+	n, err := optInt64(v, "seed")
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 // optInt parses an optional integer field; absent or null gives nil.

@@ -41,7 +41,7 @@ type emitter interface {
 // item's last chunk); the others fail with a 500 (and a prefill's room
 // fails, so its decode fails too).
 func (s *Server) runItem(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, em emitter) (itemResult, error) {
-	res := itemResult{index: p.index, rid: it.rid, promptTokens: p.in.promptTokens}
+	res := itemResult{index: p.index, rid: it.rid, promptTokens: p.in.promptTokens, seed: p.in.seed}
 	res, err := s.runItemStages(ctx, req, p, it, res, em)
 	if err == nil || ctx.Err() == nil {
 		return res, err
@@ -189,7 +189,7 @@ func (s *Server) runDecode(ctx context.Context, p *itemPlan, it *inflightItem, r
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseTransfer)
 	defer h.release()
 	if !p.fakeKV {
-		err := s.kv.waitKV(ctx, s.kvWait(p))
+		_, err := s.kv.waitKV(ctx, s.kvWait(p))
 		if err != nil {
 			return res, err
 		}
@@ -229,7 +229,7 @@ func (s *Server) generate(ctx context.Context, h *loadHandle, res itemResult, n 
 		if h != nil {
 			h.addToken()
 		}
-		delta := tokenText(i)
+		delta := genTokenText(res.seed, i)
 		text.WriteString(delta)
 		res.text = text.String()
 		res.completionTokens++

@@ -3,13 +3,16 @@ package sim
 import (
 	"context"
 	"strings"
+
+	"go.uber.org/zap"
 )
 
 // runItemModel serves one item on the engine model (a profile is set):
 // the item becomes an engine request on its rank and its tokens are
 // streamed as the engine's steps make them.
 func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
-	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, maxNew: p.in.maxTokens}
+	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, maxNew: p.in.maxTokens,
+		tail: p.in.tail, seed: p.in.seed}
 	switch s.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
@@ -27,7 +30,7 @@ func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPla
 		return res, err
 	}
 	defer s.eng.abort(q)
-	return s.follow(ctx, q, res, em)
+	return s.follow(ctx, q, res, em, 0)
 }
 
 // runPrefillModel is the prefill leg: the conflict check, then the
@@ -47,6 +50,7 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 		return res, err
 	}
 	defer s.eng.abort(q)
+	defer s.prefixes.register(room, func(n int) { s.eng.setDecodePrefix(q, n) })()
 	pr, err := s.waitState(ctx, q, stDone)
 	if err == nil {
 		err = s.stall(ctx)
@@ -56,7 +60,13 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 		return res, err
 	}
 	res.cachedTokens = pr.cached
-	s.rooms.set(room, p.rank, RoomDone, "")
+	if pr.prefixSet {
+		res.gotPrefix, res.transferred = true, pr.sent
+		s.log.Info("prefill sent the KV beyond the decode's cached prefix",
+			zap.Int64("room", room), zap.Int("prompt_tokens", p.in.promptTokens),
+			zap.Int("decode_prefix_len", pr.decodePrefix), zap.Int("tokens_sent", pr.sent))
+	}
+	s.rooms.setDone(room, p.rank, pr.cached)
 	if err := s.awaitTransfer(ctx, room); err != nil {
 		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
 		return res, err
@@ -65,25 +75,60 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 }
 
 // runDecodeModel is the decode leg: KV preallocation (queued while the
-// rank's KV is short), the wait for the prefill's KV, then decoding in
-// the engine.
+// rank's KV is short; with the decode radix cache the cached prefix is
+// matched, and the prefill told about it), the wait for the prefill's KV,
+// then decoding in the engine.
 func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, it *inflightItem, res itemResult, em emitter, spec requestSpec) (itemResult, error) {
 	q, err := s.eng.submit(spec)
 	if err != nil {
 		return res, err
 	}
 	defer s.eng.abort(q)
-	if _, err := s.waitState(ctx, q, stTransfer); err != nil {
+	pr, err := s.waitState(ctx, q, stTransfer)
+	if err != nil {
 		return res, err
 	}
+	if s.cfg.DecodeRadixCache {
+		res.radix, res.decodePrefix, res.hostHit = true, pr.decodePrefix, pr.hostHit
+		if !p.fakeKV {
+			s.sendDecodePrefix(ctx, p, pr.decodePrefix)
+		}
+	}
+	prefillCached := 0
 	if !p.fakeKV {
-		if err := s.kv.waitKV(ctx, s.kvWait(p)); err != nil {
+		st, err := s.kv.waitKV(ctx, s.kvWait(p))
+		if err != nil {
 			return res, err
 		}
+		prefillCached = st.CachedTokens
 	}
 	it.setStage(stageRunning)
 	s.eng.kvArrived(q)
-	return s.follow(ctx, q, res, em)
+	return s.follow(ctx, q, res, em, prefillCached)
+}
+
+// sendDecodePrefix tells the decode item p's prefill how many prompt
+// tokens this decode holds already, so that it sends only the rest. It is
+// best effort: on failure the prefill sends the whole prompt.
+func (s *Server) sendDecodePrefix(ctx context.Context, p *itemPlan, tokens int) {
+	if err := s.kv.postPrefix(ctx, p.bootAddr, *p.room, tokens); err != nil && ctx.Err() == nil {
+		s.log.Warn("could not send decode_prefix_len to the prefill; it will send the whole prompt",
+			zap.Int64("room", *p.room), zap.String("bootstrap", p.bootAddr), zap.Error(err))
+	}
+}
+
+// reportedCached is the cached_tokens an item reports: the engine's hit,
+// except on a decode with the decode radix cache, which reports the larger
+// of the prefill's hit and its own match (SGLang after PR #25973), or
+// their sum with DoubleCountCachedTokens (SGLang issue #25972).
+func reportedCached(cfg Config, pr progress, prefillCached int) int {
+	if cfg.Mode != ModeDecode || !cfg.DecodeRadixCache {
+		return pr.cached
+	}
+	if cfg.DoubleCountCachedTokens {
+		return prefillCached + pr.decodePrefix
+	}
+	return max(prefillCached, pr.decodePrefix)
 }
 
 // waitState waits until q reaches state at least (in the order of the
@@ -103,16 +148,17 @@ func (s *Server) waitState(ctx context.Context, q *engineRequest, at reqState) (
 }
 
 // follow emits q's tokens as the engine generates them, until q is done.
-func (s *Server) follow(ctx context.Context, q *engineRequest, res itemResult, em emitter) (itemResult, error) {
+// prefillCached is, on a decode, the prefill's cache hit.
+func (s *Server) follow(ctx context.Context, q *engineRequest, res itemResult, em emitter, prefillCached int) (itemResult, error) {
 	var text strings.Builder
 	for {
 		if err := s.stall(ctx); err != nil {
 			return res, err
 		}
 		pr := s.eng.progress(q)
-		res.cachedTokens = pr.cached
+		res.cachedTokens = reportedCached(s.cfg, pr, prefillCached)
 		for res.completionTokens < pr.generated {
-			delta := tokenText(res.completionTokens)
+			delta := genTokenText(res.seed, res.completionTokens)
 			text.WriteString(delta)
 			res.text = text.String()
 			res.completionTokens++

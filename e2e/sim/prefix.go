@@ -88,12 +88,19 @@ func (b *blockHasher) ids(v []gjson.Result) {
 
 // textBlocks returns the block hashes of a text prompt.
 func textBlocks(s string, blockTokens int) []uint64 {
+	blocks, _ := textBlocksTail(s, blockTokens)
+	return blocks
+}
+
+// textBlocksTail returns the block hashes of a text prompt and the
+// hasher's end state, which an answer continues as plain text.
+func textBlocksTail(s string, blockTokens int) ([]uint64, HashTail) {
 	if blockTokens <= 0 {
-		return nil
+		return nil, HashTail{}
 	}
 	b := newBlockHasher(4 * blockTokens)
 	b.text(s)
-	return b.blocks
+	return b.blocks, b.tail(tailText)
 }
 
 // idBlocks returns the block hashes of a token-id prompt.
@@ -110,13 +117,22 @@ func idBlocks(ids []gjson.Result, blockTokens int) []uint64 {
 // Responses input items: each element contributes its role as a marker and
 // the same text textTokens counts for it.
 func messageBlocks(msgs gjson.Result, blockTokens int, chat bool) []uint64 {
+	blocks, _ := messageBlocksTail(msgs, blockTokens, chat)
+	return blocks
+}
+
+// messageBlocksTail is messageBlocks with the hasher's end state: a list
+// of messages is continued by an assistant message (the answer), a single
+// Responses input string by nothing (the next turn's input is a list,
+// which hashes differently).
+func messageBlocksTail(msgs gjson.Result, blockTokens int, chat bool) ([]uint64, HashTail) {
 	if blockTokens <= 0 {
-		return nil
+		return nil, HashTail{}
 	}
 	b := newBlockHasher(4 * blockTokens)
 	if !msgs.IsArray() {
 		b.text(contentText(msgs))
-		return b.blocks
+		return b.blocks, HashTail{}
 	}
 	for _, m := range msgs.Array() {
 		role := "user"
@@ -130,5 +146,53 @@ func messageBlocks(msgs gjson.Result, blockTokens int, chat bool) []uint64 {
 			b.text(contentText(m))
 		}
 	}
+	return b.blocks, b.tail(tailMessages)
+}
+
+// tailKind says how an answer continues a prompt's block hashes.
+type tailKind uint8
+
+const (
+	// tailNone: the answer's blocks are unknown (token-id prompts): only
+	// the prompt's blocks are cached.
+	tailNone tailKind = iota
+	// tailText: the answer's text follows the prompt's text (completions
+	// prompt string, /generate text).
+	tailText
+	// tailMessages: the answer is the next message, role "assistant"
+	// (chat messages, Responses input lists): the next turn's prompt holds
+	// the previous messages, the answer as an assistant message, then the
+	// new ones.
+	tailMessages
+)
+
+// HashTail is the end state of a prompt's prefix-block hasher (the hash of
+// its unfinished last block and how many units it holds), so that the
+// block hashes of prompt plus answer can be computed from the prompt's
+// alone: they equal the blocks of the next turn's prompt when that prompt
+// carries the answer back. The zero value computes no answer blocks.
+type HashTail struct {
+	kind          tailKind
+	unitsPerBlock int
+	units         int
+	h             uint64
+}
+
+// tail returns the hasher's end state, continued as kind.
+func (b *blockHasher) tail(kind tailKind) HashTail {
+	return HashTail{kind: kind, unitsPerBlock: b.unitsPerBlock, units: b.units, h: b.h}
+}
+
+// answerBlocks returns the full blocks that answer adds after the prompt
+// whose hasher ended in t (none for the zero HashTail).
+func (t HashTail) answerBlocks(answer string) []uint64 {
+	if t.kind == tailNone || t.unitsPerBlock <= 0 {
+		return nil
+	}
+	b := &blockHasher{unitsPerBlock: t.unitsPerBlock, units: t.units, h: t.h}
+	if t.kind == tailMessages {
+		b.marker("assistant")
+	}
+	b.text(answer)
 	return b.blocks
 }

@@ -92,12 +92,71 @@ func (c *prefixCache) release(chain []*cacheBlock) {
 
 // evictOne drops the least recently used free block; false if none.
 func (c *prefixCache) evictOne() bool {
+	_, ok := c.evictLRU()
+	return ok
+}
+
+// evictLRU drops the least recently used free block and returns its hash;
+// false if no block is free.
+func (c *prefixCache) evictLRU() (uint64, bool) {
 	e := c.free.Front()
 	if e == nil {
-		return false
+		return 0, false
 	}
 	b := c.free.Remove(e).(*cacheBlock)
 	b.lru = nil
 	delete(c.blocks, b.hash)
-	return true
+	return b.hash, true
 }
+
+// hostCache is the host tier of a decode rank's radix cache (decode
+// HiCache): the blocks evicted from the GPU tier, kept in host memory up
+// to a capacity and evicted from there least recently used first. It only
+// holds hashes: a block's KV lives in exactly one tier.
+type hostCache struct {
+	capBlocks int
+	lru       *list.List // of uint64 hashes, least recently used at the front
+	blocks    map[uint64]*list.Element
+}
+
+// newHostCache returns an empty host tier of capBlocks blocks.
+func newHostCache(capBlocks int) *hostCache {
+	return &hostCache{capBlocks: capBlocks, lru: list.New(), blocks: make(map[uint64]*list.Element)}
+}
+
+// add keeps hash (a block evicted from the GPU tier) as the most recently
+// used host block, evicting the least recently used ones beyond capacity.
+func (h *hostCache) add(hash uint64) {
+	if e, ok := h.blocks[hash]; ok {
+		h.lru.MoveToBack(e)
+		return
+	}
+	h.blocks[hash] = h.lru.PushBack(hash)
+	for h.lru.Len() > h.capBlocks {
+		e := h.lru.Front()
+		delete(h.blocks, h.lru.Remove(e).(uint64))
+	}
+}
+
+// remove drops hash (loaded back to, or cached again in, the GPU tier).
+func (h *hostCache) remove(hash uint64) {
+	if e, ok := h.blocks[hash]; ok {
+		h.lru.Remove(e)
+		delete(h.blocks, hash)
+	}
+}
+
+// match returns the longest prefix of hashes held by the host tier.
+func (h *hostCache) match(hashes []uint64) []uint64 {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := h.blocks[hashes[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return hashes[:n]
+}
+
+// len is the number of blocks held.
+func (h *hostCache) len() int { return h.lru.Len() }

@@ -62,10 +62,46 @@ type Record struct {
 	Aborted bool `json:"aborted"`
 	// AbortedRIDs lists the rids of the items /abort_request hit.
 	AbortedRIDs []string `json:"aborted_rids,omitempty"`
+	// DecodePrefixLen is, on a decode with the decode radix cache (engine
+	// model), every item's prompt tokens matched in the decode's cache at
+	// preallocation (GPU and host tiers): the decode_prefix_len it sent to
+	// its prefill. 0 for an item that was never preallocated.
+	DecodePrefixLen []int `json:"decode_prefix_len,omitempty"`
+	// HostHitTokens is the host-tier part of DecodePrefixLen (decode
+	// HiCache), per item.
+	HostHitTokens []int `json:"host_hit_tokens,omitempty"`
+	// TransferredTokens is, on a prefill told its decode's prefix, every
+	// item's tokens whose KV it sent (prompt - decode_prefix_len); 0 for
+	// an item whose transfer did not start.
+	TransferredTokens []int `json:"transferred_tokens,omitempty"`
 	// StartedAt is when the request arrived.
 	StartedAt time.Time `json:"started_at"`
 	// DurationMS is how long the request took, in milliseconds.
 	DurationMS float64 `json:"duration_ms"`
+}
+
+// noteDecodeCache fills rec's decode radix cache fields from the items'
+// results: the decode's matches on a decode with the cache, the tokens
+// sent on a prefill any of whose items was told its decode's prefix.
+func noteDecodeCache(rec *Record, results []itemResult) {
+	radix, told := false, false
+	for _, res := range results {
+		radix = radix || res.radix
+		told = told || res.gotPrefix
+	}
+	if radix {
+		rec.DecodePrefixLen = make([]int, len(results))
+		rec.HostHitTokens = make([]int, len(results))
+		for i, res := range results {
+			rec.DecodePrefixLen[i], rec.HostHitTokens[i] = res.decodePrefix, res.hostHit
+		}
+	}
+	if told {
+		rec.TransferredTokens = make([]int, len(results))
+		for i, res := range results {
+			rec.TransferredTokens[i] = res.transferred
+		}
+	}
 }
 
 // recordStore is a bounded, mutex-protected list of records.

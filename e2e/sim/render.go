@@ -21,6 +21,16 @@ type itemResult struct {
 	// finishMsg its message.
 	finish    string
 	finishMsg string
+	// seed is the request's sampling seed: the answer is ReplyText(seed).
+	seed *int64
+	// Decode radix cache (engine model). radix: a decode with the cache;
+	// decodePrefix and hostHit its match at preallocation. gotPrefix: a
+	// prefill told its decode's match; transferred the tokens it sent.
+	radix        bool
+	decodePrefix int
+	hostHit      int
+	gotPrefix    bool
+	transferred  int
 }
 
 // finishAbort is the finish reason of an item aborted by /abort_request.

@@ -32,6 +32,8 @@ type Server struct {
 	faultsMu sync.Mutex
 	// inflight holds the items in flight by rid.
 	inflight *inflightSet
+	// prefixes routes decode prefixes to prefill items (prefill only).
+	prefixes *prefixBoard
 	// draining is set once Shutdown (or Close) started.
 	draining atomic.Bool
 	// deadCtx is cancelled by a simulated crash.
@@ -74,6 +76,7 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		kv:       newKVClient(cfg.KVPollInterval),
 		records:  newRecordStore(cfg.MaxRecords),
 		inflight: newInflightSet(),
+		prefixes: newPrefixBoard(),
 		started:  time.Now(),
 		clk:      newScaledClock(cfg.TimeScale),
 	}

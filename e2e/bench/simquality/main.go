@@ -54,6 +54,8 @@ func run(ctx context.Context, args []string) error {
 	var tracePath string
 	fs.StringVar(&tracePath, "trace", "../shared/traces/mooncake-synthetic.jsonl.gz", "Mooncake-format trace (JSONL, optionally gzipped) that the trace scenarios replay; point it at your own to choose a policy")
 	var routingList string
+	var decodeCache bool
+	fs.BoolVar(&decodeCache, "decode-cache", false, "run the decode radix cache comparison (docs/benchmarks/decode-cache.md) instead of the main matrix")
 	fs.Float64Var(&o.rate, "rate", 0, "compare every scenario at this rate (sessions/s) without a goodput search (experiments)")
 	fs.StringVar(&routingList, "routings", "", "comma-separated routings to compare in every scenario, engine_default first (default: each scenario's own); a suffix +covered or +inflight sets load.prefill_accounting")
 	var cross, crossPolicies string
@@ -76,6 +78,9 @@ func run(ctx context.Context, args []string) error {
 		return errors.New("need -seeds >= 2 and -window > -warmup")
 	}
 	all := scenarios(tracePath)
+	if decodeCache {
+		all = decodeCacheScenarios(tracePath)
+	}
 	if only != "" {
 		var picked []scenario
 		for _, name := range strings.Split(only, ",") {

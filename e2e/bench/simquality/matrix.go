@@ -65,6 +65,10 @@ const (
 	// routingPrevious is the default before least_cost: cache_aware
 	// prefill, least_tokens decode.
 	routingPrevious = "cache_aware/least_tokens"
+	// routingDecodeByLoad is least_cost as it was before it read decode
+	// radix caches: the decode price by load alone
+	// (ignore_decode_cache).
+	routingDecodeByLoad = "least_cost_decode_by_load"
 )
 
 // defaultPolicy and leastCostPolicy are routingDefault's and
@@ -119,6 +123,8 @@ func routingNamed(n string) (routing, error) {
 		return routing{name: n, policy: defaultPolicy}, nil
 	case routingLeastCost:
 		return routing{name: n, policy: leastCostPolicy}, nil
+	case routingDecodeByLoad:
+		return routing{name: n, policy: bench.Policy{Name: n, Prefill: "least_cost", Decode: "{name: least_cost, ignore_decode_cache: true}"}}, nil
 	}
 	if slices.Contains(peers.Names(), n) {
 		return peerRouting(n), nil
@@ -200,6 +206,71 @@ var (
 	prefixRoutings = append([]string{bench.PolicyEngineDefault, "least_tokens", "cache_aware", routingPrevious, routingDefault,
 		"least_cost/least_tokens", "cache_aware{balance_abs_tokens: 1000000000}/least_tokens", "prefix_hash/least_tokens", routingDefault + "+fullindex", "oracle_load"}, peers.Names()...)
 )
+
+// decodeCacheRoutings compare, where decode engines run SGLang's decode
+// radix cache, least_cost as it was (decode by load, first: the ratios are
+// to it) with the default that prices the decode cache, SMG's cache_aware
+// on both roles (its decode side follows the prompts it routed), Dynamo's
+// KV router (its decode router is overlap-blind), and the engine default.
+var decodeCacheRoutings = []string{routingDecodeByLoad, routingDefault, "smg_cache_aware", "dynamo_kv", bench.PolicyEngineDefault}
+
+// withDecodeCache returns c with SGLang's decode radix cache on every
+// decode engine (and its host tier with host), and the prefill engines'
+// KV transfer at gbps (0: the profile's 40 GB/s).
+func withDecodeCache(c clustersim.Cluster, on, host bool, gbps float64) clustersim.Cluster {
+	out := clustersim.Cluster{Prefill: slices.Clone(c.Prefill), Decode: slices.Clone(c.Decode)}
+	for i := range out.Decode {
+		out.Decode[i].DecodeRadixCache, out.Decode[i].HierarchicalCache = on, on && host
+	}
+	for i := range out.Prefill {
+		out.Prefill[i].KVTransferGBps = gbps
+	}
+	return out
+}
+
+// KV transfer bandwidths per rank of the decode cache scenarios. Over RDMA
+// (RoCE, InfiniBand) a rank moves about 20-40 GB/s: Mooncake's SGLang PD
+// benchmark peaks at 164 GB/s per 8-GPU node, and the profiles assume 40.
+// Over TCP, which Mooncake's README puts at 1/2.4 to 1/4.6 of RDMA, with
+// the eight ranks of a node sharing its NICs, a rank gets a few GB/s.
+const (
+	tcpGBps     = 4
+	slowTCPGBps = 2
+)
+
+// decodeCacheScenarios are the scenarios of the decode radix cache
+// comparison (docs/benchmarks/decode-cache.md): the agentic workload on
+// transfer-bound clusters (4 and 2 GB/s) and a compute-bound one (40 GB/s),
+// with the cache, with its host tier, and without it; multi-turn chat and
+// the shared trace with the cache.
+func decodeCacheScenarios(tracePath string) []scenario {
+	std := clustersim.Uniform(dsv3, 2, 2, 4)
+	big := clustersim.Uniform(dsv3, 4, 4, 8)
+	const agenticRate = 0.08
+	agentic := func(name, title string, on, host bool, gbps float64) scenario {
+		return scenario{name: name, title: title, workload: bench.WorkloadAgentic,
+			cluster: withDecodeCache(std, on, host, gbps), profile: dsv3, rate: agenticRate, routings: decodeCacheRoutings}
+	}
+	return []scenario{
+		agentic("agentic_4gbps", "Agentic sessions (20k-60k-token histories, ~90 % reused per turn), decode radix cache, KV transfer 4 GB/s (TCP)", true, false, tcpGBps),
+		agentic("agentic_2gbps", "Agentic sessions, decode radix cache, KV transfer 2 GB/s (slow TCP)", true, false, slowTCPGBps),
+		agentic("agentic_40gbps", "Agentic sessions, decode radix cache, KV transfer 40 GB/s (RDMA, compute-bound)", true, false, 0),
+		agentic("agentic_4gbps_hicache", "Agentic sessions, decode radix cache with its host tier (2× the GPU pool), KV transfer 4 GB/s", true, true, tcpGBps),
+		agentic("agentic_4gbps_off", "Agentic sessions, no decode radix cache, KV transfer 4 GB/s", false, false, tcpGBps),
+		{name: "multiturn_decode_cache", title: "Multi-turn conversations (the engine's answers sent back), decode radix cache, KV transfer 40 GB/s", workload: bench.WorkloadMultiTurn,
+			cluster: withDecodeCache(std, true, false, 0), profile: dsv3, rate: 8, routings: decodeCacheRoutings, build: engineAnswers},
+		{name: "multiturn_decode_cache_4gbps", title: "Multi-turn conversations (the engine's answers sent back), decode radix cache, KV transfer 4 GB/s", workload: bench.WorkloadMultiTurn,
+			cluster: withDecodeCache(std, true, false, tcpGBps), profile: dsv3, rate: 8, routings: decodeCacheRoutings, build: engineAnswers},
+		{name: "trace_decode_cache", title: "Trace replay (the shared Mooncake trace at its own pace), decode radix cache, KV transfer 40 GB/s", workload: "trace",
+			cluster: withDecodeCache(big, true, false, 0), profile: dsv3, rate: 1, routings: decodeCacheRoutings, build: traceReplay(tracePath)},
+	}
+}
+
+// engineAnswers builds the multi-turn workload with the engine's own
+// answers sent back (bench.MultiTurnParams.EngineAnswers).
+func engineAnswers(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+	return bench.Generate(bench.WorkloadMultiTurn, rate, window, seed, bench.Params{MultiTurn: bench.MultiTurnParams{EngineAnswers: true}})
+}
 
 // Trace scenario settings: the cluster of issue 16's measurements, 4
 // prefill and 4 decode engines at dp 8, and prompts capped below one

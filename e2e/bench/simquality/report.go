@@ -54,7 +54,25 @@ type routingReport struct {
 	TTFTP99, TTFTP99Ratio         ci.Interval `json:"-"`
 	TPOTMean, HitRate, HitOfBound ci.Interval `json:"-"`
 	PrefillShare, DecodeImbalance ci.Interval `json:"-"`
-	Failed                        int         `json:"-"`
+	// DecodeHitRate and DecodeHitOfBound are the decode radix caches'
+	// (N = 0 where the scenario's decode engines have none).
+	DecodeHitRate, DecodeHitOfBound ci.Interval `json:"-"`
+	// TPOTMeanRatio is paired with the first routing, like the TTFT ratios.
+	TPOTMeanRatio ci.Interval `json:"-"`
+	Failed        int         `json:"-"`
+}
+
+// decodeCaches reports whether the scenario's decode engines cache
+// prefixes (some seed has a decode hit bound).
+func (sr *scenarioReport) decodeCaches() bool {
+	for _, rr := range sr.Routings {
+		for _, s := range rr.Seeds {
+			if s.DecodeHitBound > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // analyze computes every routing's intervals.
@@ -82,10 +100,17 @@ func (sr *scenarioReport) analyze(resamples int) {
 		rr.TTFTMeanRatio = ratio(get(ttftMean), values(base.Seeds, ttftMean))
 		rr.TTFTP99 = median(get(ttftP99))
 		rr.TTFTP99Ratio = ratio(get(ttftP99), values(base.Seeds, ttftP99))
-		rr.TPOTMean = median(get(func(s clustersim.Summary) float64 { return s.TPOTMean }))
+		tpot := func(s clustersim.Summary) float64 { return s.TPOTMean }
+		rr.TPOTMean = median(get(tpot))
+		rr.TPOTMeanRatio = ratio(get(tpot), values(base.Seeds, tpot))
 		rr.HitRate = median(get(hit))
 		if bound := get(func(s clustersim.Summary) float64 { return s.HitBound }); bound[0] > 0 {
 			rr.HitOfBound = ratio(get(hit), bound)
+		}
+		if sr.decodeCaches() {
+			decodeHit := get(func(s clustersim.Summary) float64 { return s.DecodeHitRate })
+			rr.DecodeHitRate = median(decodeHit)
+			rr.DecodeHitOfBound = ratio(decodeHit, get(func(s clustersim.Summary) float64 { return s.DecodeHitBound }))
 		}
 		rr.PrefillShare = median(get(func(s clustersim.Summary) float64 { return s.PrefillShareImbalance }))
 		rr.DecodeImbalance = median(get(func(s clustersim.Summary) float64 { return s.DecodeImbalance }))
@@ -137,6 +162,10 @@ func (rep *report) markdown(plots []plotRef) string {
 	}
 	for _, sr := range rep.Scenarios {
 		fmt.Fprintf(&b, "## %s\n\n%s; profile `%s`; %g sessions/s (%.1f requests/s).\n\n", sr.Title, sr.Cluster, sr.Profile, sr.Rate, sr.RequestRate)
+		if sr.decodeCaches() {
+			b.WriteString(decodeCacheTable(sr))
+			continue
+		}
 		b.WriteString("| routing | TTFT mean (ms) | × engine default | TTFT p99 (ms) | × engine default | TPOT mean (ms) | hit rate | of bound | prefill share imbalance | decode imbalance | failed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, rr := range sr.Routings {
 			fmt.Fprintf(&b, "| %s | %s | %s %s | %s | %s %s | %s | %s | %s | %s | %s | %d |\n", rr.Name,
@@ -147,6 +176,27 @@ func (rep *report) markdown(plots []plotRef) string {
 		}
 		b.WriteString("\n")
 	}
+	return b.String()
+}
+
+// decodeCacheTable is a scenario's table where decode engines run a decode
+// radix cache: the usual columns and the decode caches' hit rate, of the
+// prompt's tokens, with its share of the bound (a decode cache holding
+// every earlier prompt and answer).
+func decodeCacheTable(sr scenarioReport) string {
+	var b strings.Builder
+	base := "`" + sr.Routings[0].Name + "`"
+	fmt.Fprintf(&b, "| routing | TTFT mean (ms) | × %s | TTFT p99 (ms) | × %s | TPOT mean (ms) | × %s | prefill hit rate | of bound | decode hit rate | of bound | decode imbalance | failed |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", base, base, base)
+	for _, rr := range sr.Routings {
+		fmt.Fprintf(&b, "| %s | %s | %s %s | %s | %s %s | %s | %s %s | %s | %s | %s | %s | %s | %d |\n", rr.Name,
+			ci.FormatValue(rr.TTFTMean, 0), ci.FormatRatio(rr.TTFTMeanRatio, 2), mark(rr, rr.TTFTMeanRatio),
+			ci.FormatValue(rr.TTFTP99, 0), ci.FormatRatio(rr.TTFTP99Ratio, 2), mark(rr, rr.TTFTP99Ratio),
+			ci.FormatValue(rr.TPOTMean, 1), ci.FormatRatio(rr.TPOTMeanRatio, 2), mark(rr, rr.TPOTMeanRatio),
+			pct(rr.HitRate), ci.FormatRatio(rr.HitOfBound, 2),
+			pct(rr.DecodeHitRate), ci.FormatRatio(rr.DecodeHitOfBound, 2),
+			ci.FormatValue(rr.DecodeImbalance, 2), rr.Failed)
+	}
+	b.WriteString("\n")
 	return b.String()
 }
 
