@@ -40,8 +40,8 @@ type Feedback struct {
 // target is ignored for health.
 func (s *Scheduler) Complete(f Feedback) {
 	if f.Role == "" && f.CompletionTokens > 0 && !f.Failed {
-		if end, prompt, ok := s.ledger.turnEndOf(f.RequestID); ok {
-			s.turnEnds.answered(end, prompt, f.CompletionTokens)
+		if end, sum, ok := s.ledger.turnEndOf(f.RequestID); ok {
+			s.turnEnds.answered(end, sum, f.CompletionTokens)
 		}
 	}
 	model, promptBytes, ok := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)

@@ -106,10 +106,10 @@ type reservation struct {
 	// legEnded, even after a covering scrape ended the hold.
 	legs []legRecord
 	// end is where the request's prompt ended on a decode target with a
-	// decode radix cache, and endTokens the prompt's tokens (turnEnds);
-	// nil otherwise.
-	end       *turnEnd
-	endTokens int64
+	// decode radix cache, and endSum the prompt's checksum (turnEnds); nil
+	// otherwise.
+	end    *turnEnd
+	endSum uint64
 }
 
 // legRecord is one leg of a reservation, kept for LegReport.
@@ -291,23 +291,24 @@ func (l *ledger) drop(h *hold, now time.Time) {
 	}
 }
 
-// setTurnEnd records where request id's prompt of tokens ended on its
-// decode target. Caller holds mu.
-func (l *ledger) setTurnEnd(id string, end *turnEnd, tokens int64) {
+// setTurnEnd records where request id's prompt, of checksum sum, ended on
+// its decode target. Caller holds mu.
+func (l *ledger) setTurnEnd(id string, end *turnEnd, sum uint64) {
 	if res, ok := l.requests[id]; ok {
-		res.end, res.endTokens = end, tokens
+		res.end, res.endSum = end, sum
 	}
 }
 
-// turnEndOf returns request id's turn end and prompt tokens, if it has one.
-func (l *ledger) turnEndOf(id string) (turnEnd, int64, bool) {
+// turnEndOf returns request id's decode turn end and its prompt's
+// checksum, if it has one.
+func (l *ledger) turnEndOf(id string) (turnEnd, uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	res, ok := l.requests[id]
 	if !ok || res.end == nil {
 		return turnEnd{}, 0, false
 	}
-	return *res.end, res.endTokens, true
+	return *res.end, res.endSum, true
 }
 
 // rankLoad is one rank's numbers from a scrape, already keyed.

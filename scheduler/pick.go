@@ -62,6 +62,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	// Decode engines with a decode radix cache are indexed for a policy
 	// that reads them, and only while the pool has one.
 	decodeCache := !decodeIndexed && !req.DecodeOnly && snap.decode.decodeCache && readsDecodeCache(s.decodePolicy)
+	turns := req.Items <= 1 && !req.DecodeOnly // turn ends: see turnEnds
 	var matches []prefixMatch
 	var perBlock float64
 	if len(req.Blocks) > 0 && (prefillIndexed || decodeIndexed || decodeCache) {
@@ -71,7 +72,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 			cached := min(int64(float64(matched)*perBlock), req.PromptTokens-1)
 			matches = append(matches, prefixMatch{key: key, fraction: float64(matched) / n, tokens: max(cached, 0), blocks: matched})
 		})
-		if decodeCache {
+		if turns {
 			s.extendToTurnEnds(req, matches)
 		}
 	}
@@ -126,24 +127,49 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: decodeTokens}
 	indexed := [2]bool{prefillIndexed, decodeIndexed || decodeCache && d.Decode.Endpoint.DecodeCache.Radix}
-	var end *turnEnd
-	if indexed[1] && decodeCache && len(req.Blocks) > 0 && req.Items <= 1 {
-		end = &turnEnd{target: chosen[1].key, block: req.Blocks[len(req.Blocks)-1]}
-		s.ledger.setTurnEnd(id, end, req.PromptTokens)
+	// Where the prompt ends on the targets whose caches keep it: the
+	// prefill target of an indexed role, and a decode target with a
+	// decode radix cache (which keeps the answer too, once reported).
+	var ends, replaces [2]*turnEnd
+	var chain turnChain
+	if turns && len(req.Blocks) > 0 && (indexed[0] || indexed[1] && decodeCache) {
+		chain = chainOf(req)
+		last := req.Blocks[len(req.Blocks)-1]
+		if indexed[0] {
+			ends[0] = &turnEnd{target: chosen[0].key, block: last}
+		}
+		if indexed[1] && decodeCache {
+			ends[1] = &turnEnd{target: chosen[1].key, block: last}
+			s.ledger.setTurnEnd(id, ends[1], chain.sum)
+		}
+		for i, e := range ends {
+			if e != nil {
+				replaces[i] = extended(matches, e.target)
+			}
+		}
 	}
 	var picked Picked
 	if s.onPicked != nil {
 		picked = s.picked(id, req, chosen, indexed)
-		if end != nil {
-			picked.TurnEnd = &PickedTurnEnd{Target: end.target, Block: end.block, Tokens: req.PromptTokens}
+		for i, e := range ends {
+			if e != nil {
+				pe := PickedTurnEnd{Target: e.target, Block: e.block,
+					Tokens: chain.tokens, Units: chain.units, Sum: chain.sum, Answered: i == 1}
+				if r := replaces[i]; r != nil {
+					pe.Replaces = &r.block
+				}
+				picked.TurnEnds = append(picked.TurnEnds, pe)
+			}
 		}
 	}
 	s.ledger.mu.Unlock()
 	if s.onPicked != nil {
 		s.onPicked(picked)
 	}
-	if end != nil {
-		s.turnEnds.put(*end, req.PromptTokens)
+	for i, e := range ends {
+		if e != nil {
+			s.turnEnds.put(*e, chain, replaces[i])
+		}
 	}
 
 	for i, ts := range chosen {
@@ -193,26 +219,51 @@ type prefixMatch struct {
 	fraction float64
 	tokens   int64
 	blocks   int
+	// extends is the earlier turn's end this prompt extends on key, if
+	// any (see extendToTurnEnds).
+	extends *turnEnd
 }
 
 // extendToTurnEnds raises each match that ends where an earlier turn routed
-// to the same target ended to what that turn left in the target's cache:
-// its whole prompt (beyond the hashed blocks) and, once reported, its
+// to the same target ended, if the request's prompt starts with that
+// turn's whole prompt (same checksum over its length), to what that turn
+// left in the target's cache: its whole prompt, beyond the hashed blocks,
+// and on a decode target with a decode radix cache, once reported, its
 // answer (see turnEnds). At most the prompt less one token counts, as
 // everywhere: the engine always computes the last token.
 func (s *Scheduler) extendToTurnEnds(req *Request, matches []prefixMatch) {
-	if req.Items > 1 {
-		return
-	}
+	units := promptUnits(req)
+	var sumUnits int
+	var sum uint64
 	for i := range matches {
 		m := &matches[i]
 		if m.blocks == 0 {
 			continue
 		}
-		if n, ok := s.turnEnds.lookup(turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}); ok {
-			m.tokens = max(m.tokens, min(n, req.PromptTokens-1))
+		e := turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}
+		c, ok := s.turnEnds.lookup(e)
+		if !ok || c.units > units {
+			continue
+		}
+		if c.units != sumUnits || sum == 0 {
+			sumUnits, sum = c.units, promptSum(req, c.units)
+		}
+		if sum == c.sum {
+			m.tokens = max(m.tokens, min(c.tokens, req.PromptTokens-1))
+			m.extends = &e
 		}
 	}
+}
+
+// extended returns the earlier turn end that the prompt extends on target
+// (prefixMatch.extends), or nil.
+func extended(matches []prefixMatch, target TargetKey) *turnEnd {
+	for i := range matches {
+		if matches[i].key == target {
+			return matches[i].extends
+		}
+	}
+	return nil
 }
 
 // tokensPerBlock is the estimated prompt tokens one hashed block stands
@@ -253,7 +304,7 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, perBlock float64,
 	// candidate's position is its position in the pool.
 	if s.health.count.Load() == 0 {
 		for i, t := range p.targets {
-			cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since), IndexedTokens: p.states[i].indexedTokens(perBlock)})
+			cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(p.states[i], since), IndexedTokens: s.indexedTokens(p.states[i], perBlock)})
 		}
 		for _, m := range matches {
 			if i, ok := p.index[m.key]; ok {
@@ -272,7 +323,7 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, perBlock float64,
 			continue
 		}
 		pos = append(pos, int32(len(cands)))
-		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(ts, since), IndexedTokens: ts.indexedTokens(perBlock)})
+		cands = append(cands, Candidate{Target: t, Load: s.ledger.loadSince(ts, since), IndexedTokens: s.indexedTokens(ts, perBlock)})
 	}
 	for _, m := range matches {
 		if i, ok := p.index[m.key]; ok && pos[i] >= 0 {
@@ -282,6 +333,17 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, perBlock float64,
 	s.posScratch = pos
 	*scratch = cands
 	return cands, len(cands) < len(p.targets)
+}
+
+// indexedTokens is what duet believes ts's cache holds: its blocks in the
+// prefix index, perBlock tokens each, or the chains of the turns routed
+// there (turnEnds), which count whole prompts beyond the hashed blocks,
+// whichever is more. Without a matched request (perBlock 0) it is 0.
+func (s *Scheduler) indexedTokens(ts *targetState, perBlock float64) int64 {
+	if perBlock == 0 {
+		return 0
+	}
+	return max(ts.indexedTokens(perBlock), s.turnEnds.total(ts.key))
 }
 
 // choose runs policy over cands, built from p by candidates, and returns

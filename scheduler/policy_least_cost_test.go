@@ -217,7 +217,8 @@ func TestLeastCostDecodeCache(t *testing.T) {
 		return Candidate{Target: Target{Endpoint: ep, Rank: 0}, CachedTokens: cached, Load: Load{Tokens: tokens, Capacity: 400000, Fresh: true}}
 	}
 	// A 40k-token turn; rank a holds 36k of it. Separate engines, so that
-	// the price is 2×after - cached: a wins while 2×(load_a - load_b) < 36k.
+	// the price is 2×after - 4×cached: a wins while
+	// 2×(load_a - load_b) < 144k.
 	tests := []struct {
 		name   string
 		a, b   *Endpoint
@@ -225,8 +226,8 @@ func TestLeastCostDecodeCache(t *testing.T) {
 		ignore bool
 		want   int
 	}{
-		{"cache wins over a little more load", radix("http://a"), radix("http://b"), 10000, false, 0},
-		{"load wins past half the cached prefix", radix("http://a"), radix("http://b"), 20000, false, 1},
+		{"cache wins over more load", radix("http://a"), radix("http://b"), 60000, false, 0},
+		{"load wins past twice the cached prefix", radix("http://a"), radix("http://b"), 80000, false, 1},
 		{"no decode cache: load alone", plain("http://a"), plain("http://b"), 10000, false, 1},
 		{"ignore_decode_cache: load alone", radix("http://a"), radix("http://b"), 10000, true, 1},
 	}

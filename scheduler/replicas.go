@@ -27,17 +27,25 @@ type Picked struct {
 	// whose prefix index got them.
 	Blocks  []uint64    `json:"blocks,omitempty"`
 	Indexed []TargetKey `json:"indexed,omitempty"`
-	// TurnEnd is where the prompt ended on a decode target with a decode
-	// radix cache; nil otherwise.
-	TurnEnd *PickedTurnEnd `json:"turn_end,omitempty"`
+	// TurnEnds are where the prompt ended on the chosen targets whose
+	// caches keep it (see Scheduler's turn ends).
+	TurnEnds []PickedTurnEnd `json:"turn_ends,omitempty"`
 }
 
-// PickedTurnEnd is where a prompt ended on a decode target with a decode
-// radix cache: its last hashed block, and its tokens.
+// PickedTurnEnd is where a prompt ended on a target: its last hashed
+// block, its tokens, its length (bytes of text, or token ids) and
+// checksum. Answered marks a decode target with a decode radix cache,
+// whose chain grows by the answer once the request's usage is reported.
 type PickedTurnEnd struct {
-	Target TargetKey `json:"target"`
-	Block  uint64    `json:"block"`
-	Tokens int64     `json:"tokens"`
+	Target   TargetKey `json:"target"`
+	Block    uint64    `json:"block"`
+	Tokens   int64     `json:"tokens"`
+	Units    int       `json:"units"`
+	Sum      uint64    `json:"sum"`
+	Answered bool      `json:"answered,omitempty"`
+	// Replaces is the last block of the earlier turn this prompt extends
+	// on the target, whose end it replaces; nil when none.
+	Replaces *uint64 `json:"replaces,omitempty"`
 }
 
 // PickedHold is one reservation of a pick.
@@ -75,16 +83,22 @@ func (s *Scheduler) ApplyPicked(p Picked) {
 			indexed = append(indexed, ts)
 		}
 	}
-	var end *turnEnd
-	if e := p.TurnEnd; e != nil {
+	var ends []PickedTurnEnd
+	for _, e := range p.TurnEnds {
 		if _, ok := l.targets[e.Target]; ok {
-			end = &turnEnd{target: e.Target, block: e.Block}
-			l.setTurnEnd(p.RequestID, end, e.Tokens)
+			ends = append(ends, e)
+			if e.Answered {
+				l.setTurnEnd(p.RequestID, &turnEnd{target: e.Target, block: e.Block}, e.Sum)
+			}
 		}
 	}
 	l.mu.Unlock()
-	if end != nil {
-		s.turnEnds.put(*end, p.TurnEnd.Tokens)
+	for _, e := range ends {
+		var replaces *turnEnd
+		if e.Replaces != nil {
+			replaces = &turnEnd{target: e.Target, block: *e.Replaces}
+		}
+		s.turnEnds.put(turnEnd{target: e.Target, block: e.Block}, turnChain{tokens: e.Tokens, units: e.Units, sum: e.Sum}, replaces)
 	}
 	if len(p.Blocks) == 0 {
 		return

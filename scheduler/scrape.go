@@ -126,6 +126,7 @@ func (s *Scheduler) boundPrefixes(ep *Endpoint, ranks []rankLoad) {
 	for _, r := range ranks {
 		if r.capacity > 0 && perBlock > 0 {
 			s.ledger.setIndexed(r.key, s.index.SetBound(r.key, int(scale*float64(r.capacity)/perBlock)))
+			s.turnEnds.setCapacity(r.key, int64(scale*float64(r.capacity)))
 		}
 	}
 }

@@ -1,24 +1,34 @@
 package scheduler
 
-import "sync"
+import (
+	"container/list"
+	"encoding/binary"
+	"sync"
 
-// A decode engine with a decode radix cache keeps, on the rank that served
-// a turn, the turn's prompt and the answer it generated. The next turn's
-// prompt starts with both. duet's prefix index holds the prompts it routed
-// (their hashed blocks), so the next turn matches the earlier prompt there;
-// the answer never passes through duet (responses are not read: that would
-// cost every request), and only the prompt's first prefix.DefaultMaxBlocks
-// blocks are hashed. turnEnds fills both gaps: it remembers where each turn
-// routed to such a target ended (the last hashed block of its prompt) and
-// how many tokens the target's cache holds along that chain, the prompt's
-// estimated tokens at the pick and, once the request's usage is reported
-// (Feedback.CompletionTokens), its answer too. A later prompt that matches
-// a target up to such a block is believed cached there up to that many
-// tokens. Token ids and the engines' KV events make this precise; until
-// then it is duet's estimate, like the rest of the index.
+	"github.com/cespare/xxhash/v2"
+)
 
-// maxTurnEnds bounds the turns remembered; the oldest are forgotten first.
-const maxTurnEnds = 1 << 16
+// An engine's cache keeps, on the rank that served a turn, the turn's
+// prompt: a prefill engine's radix cache, and a decode engine's with a
+// decode radix cache, which keeps the answer it generated too. The next
+// turn's prompt starts with both. duet's prefix index holds the prompts it
+// routed as hashed blocks, but only a prompt's first prefix.DefaultMaxBlocks
+// blocks (64 KiB of text), and the answer never passes through duet
+// (responses are not read: that would cost every request). turnEnds fills
+// both gaps. It remembers where each turn routed to a target ended (the
+// last hashed block of its prompt, with the prompt's length and a checksum
+// of all of it) and how many tokens the target's cache holds along that
+// chain: the prompt's estimated tokens at the pick and, on a decode target
+// once the request's usage is reported (Feedback.CompletionTokens), its
+// answer too. A later prompt that matches a target up to such a block, and
+// whose start has the same checksum over the earlier prompt's length, is
+// believed cached there up to that many tokens. Token ids and the engines'
+// KV events make this precise; until then it is duet's estimate, like the
+// rest of the index.
+
+// maxTurnEndsPerTarget bounds the turn ends one target keeps; its least
+// recently routed are forgotten first.
+const maxTurnEndsPerTarget = 4096
 
 // turnEnd is where one turn's prompt ended on one target: its last hashed
 // block.
@@ -27,65 +37,188 @@ type turnEnd struct {
 	block  uint64
 }
 
-// turnEnds maps turn ends to the tokens cached along their chain. Safe for
-// concurrent use.
+// turnChain is what a target's cache holds along the chain ending at a
+// turn end: tokens, and the prompt it was routed with, as its length
+// (bytes of text, or token ids) and checksum (promptSum).
+type turnChain struct {
+	tokens int64
+	units  int
+	sum    uint64
+}
+
+// turnEnds maps turn ends to what is cached along their chain, and keeps
+// each target's chains within what its cache can hold: the chains of one
+// target are in routing order, and when their tokens exceed the target's
+// capacity (setCapacity) the least recently routed are forgotten, as the
+// engine's LRU evicts them. A turn that extends an earlier one replaces it
+// (the earlier prompt is part of the new chain). Safe for concurrent use.
 type turnEnds struct {
-	mu     sync.Mutex
-	tokens map[turnEnd]int64
-	// ring holds the keys in insertion order; next is the slot the next
-	// new key takes, forgetting the key there.
-	ring []turnEnd
-	next int
+	mu      sync.Mutex
+	ends    map[turnEnd]*list.Element // of *endEntry
+	targets map[TargetKey]*targetEnds
 }
 
-// newTurnEnds returns an empty set bounded by maxTurnEnds.
+// endEntry is one turn end with its chain.
+type endEntry struct {
+	end   turnEnd
+	chain turnChain
+}
+
+// targetEnds are one target's chains, most recently routed first, with
+// their tokens in all and the target's capacity (0: unknown).
+type targetEnds struct {
+	lru      list.List
+	total    int64
+	capacity int64
+}
+
+// newTurnEnds returns an empty set.
 func newTurnEnds() *turnEnds {
-	return &turnEnds{tokens: map[turnEnd]int64{}}
+	return &turnEnds{ends: map[turnEnd]*list.Element{}, targets: map[TargetKey]*targetEnds{}}
 }
 
-// put records that a turn ending at e was routed to e.target with tokens
-// of prompt: the newest turn along a chain replaces what was known of it.
-func (t *turnEnds) put(e turnEnd, tokens int64) {
+// put records that a turn ending at e was routed to e.target; it replaces
+// the earlier turn end replaces (nil: none) that the prompt extended on the
+// same target.
+func (t *turnEnds) put(e turnEnd, c turnChain, replaces *turnEnd) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.tokens[e]; !ok {
-		if len(t.ring) < maxTurnEnds {
-			t.ring = append(t.ring, e)
-		} else {
-			delete(t.tokens, t.ring[t.next])
-			t.ring[t.next] = e
-			t.next = (t.next + 1) % maxTurnEnds
-		}
+	if replaces != nil && *replaces != e && replaces.target == e.target {
+		t.removeLocked(*replaces)
 	}
-	t.tokens[e] = tokens
+	te := t.targets[e.target]
+	if te == nil {
+		te = &targetEnds{}
+		t.targets[e.target] = te
+	}
+	if el, ok := t.ends[e]; ok {
+		entry := el.Value.(*endEntry)
+		te.total += c.tokens - entry.chain.tokens
+		entry.chain = c
+		te.lru.MoveToFront(el)
+	} else {
+		t.ends[e] = te.lru.PushFront(&endEntry{end: e, chain: c})
+		te.total += c.tokens
+	}
+	t.boundLocked(te)
 }
 
 // answered adds a turn's answer to its chain: the target's cache now holds
-// the prompt and the answer. A chain forgotten, or replaced by a longer
+// the prompt and the answer. A chain forgotten, or replaced by another
 // turn meanwhile, is left alone.
-func (t *turnEnds) answered(e turnEnd, prompt, answer int64) {
+func (t *turnEnds) answered(e turnEnd, sum uint64, answer int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if cur, ok := t.tokens[e]; ok {
-		t.tokens[e] = max(cur, prompt+answer)
+	el, ok := t.ends[e]
+	if !ok {
+		return
 	}
+	entry := el.Value.(*endEntry)
+	if entry.chain.sum != sum {
+		return
+	}
+	entry.chain.tokens += answer
+	te := t.targets[e.target]
+	te.total += answer
+	t.boundLocked(te)
 }
 
-// lookup returns the tokens cached along the chain ending at e.
-func (t *turnEnds) lookup(e turnEnd) (int64, bool) {
+// lookup returns the chain ending at e.
+func (t *turnEnds) lookup(e turnEnd) (turnChain, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n, ok := t.tokens[e]
-	return n, ok
+	el, ok := t.ends[e]
+	if !ok {
+		return turnChain{}, false
+	}
+	return el.Value.(*endEntry).chain, true
+}
+
+// total is the tokens of target's chains: what duet believes its cache
+// holds along the turns routed there.
+func (t *turnEnds) total(target TargetKey) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if te := t.targets[target]; te != nil {
+		return te.total
+	}
+	return 0
+}
+
+// setCapacity bounds target's chains to tokens (its cache's capacity).
+func (t *turnEnds) setCapacity(target TargetKey, tokens int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if te := t.targets[target]; te != nil {
+		te.capacity = tokens
+		t.boundLocked(te)
+		return
+	}
+	t.targets[target] = &targetEnds{capacity: tokens}
 }
 
 // forget drops every turn end of target (its endpoint left the pool).
 func (t *turnEnds) forget(target TargetKey) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for e := range t.tokens {
-		if e.target == target {
-			delete(t.tokens, e)
-		}
+	te := t.targets[target]
+	if te == nil {
+		return
 	}
+	for el := te.lru.Front(); el != nil; el = el.Next() {
+		delete(t.ends, el.Value.(*endEntry).end)
+	}
+	delete(t.targets, target)
+}
+
+// boundLocked forgets te's least recently routed chains while they hold
+// more than its capacity (keeping the newest), or are too many. Caller
+// holds t.mu.
+func (t *turnEnds) boundLocked(te *targetEnds) {
+	for te.lru.Len() > maxTurnEndsPerTarget || te.capacity > 0 && te.total > te.capacity && te.lru.Len() > 1 {
+		t.removeLocked(te.lru.Back().Value.(*endEntry).end)
+	}
+}
+
+// removeLocked forgets turn end e. Caller holds t.mu.
+func (t *turnEnds) removeLocked(e turnEnd) {
+	el, ok := t.ends[e]
+	if !ok {
+		return
+	}
+	te := t.targets[e.target]
+	te.total -= el.Value.(*endEntry).chain.tokens
+	te.lru.Remove(el)
+	delete(t.ends, e)
+}
+
+// promptUnits is the prompt's length in the units turnChain counts: token
+// ids when the request has them, else bytes of its text.
+func promptUnits(req *Request) int {
+	if len(req.TokenIDs) > 0 {
+		return len(req.TokenIDs)
+	}
+	return len(req.Prompt)
+}
+
+// promptSum is the checksum of the prompt's first n units (see
+// promptUnits); n must not exceed promptUnits(req).
+func promptSum(req *Request, n int) uint64 {
+	if len(req.TokenIDs) == 0 {
+		return xxhash.Sum64(req.Prompt[:n])
+	}
+	var d xxhash.Digest
+	var b [8]byte
+	for _, id := range req.TokenIDs[:n] {
+		binary.LittleEndian.PutUint64(b[:], uint64(id))
+		d.Write(b[:])
+	}
+	return d.Sum64()
+}
+
+// chainOf is the chain a pick of req starts on a target: the whole prompt,
+// its tokens (over its items, which are one) and checksum.
+func chainOf(req *Request) turnChain {
+	n := promptUnits(req)
+	return turnChain{tokens: req.PromptTokens, units: n, sum: promptSum(req, n)}
 }

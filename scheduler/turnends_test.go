@@ -2,9 +2,15 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/duet-router/duet/scheduler/prefix"
 )
+
+// prefixMaxBlocks is the hashed blocks' bound.
+const prefixMaxBlocks = prefix.DefaultMaxBlocks
 
 // candidateSpy is a decode policy that reads decode caches and records the
 // candidates of each pick; it picks the candidate at pick, or the first.
@@ -101,35 +107,104 @@ func TestDecodeCacheCountsEarlierTurns(t *testing.T) {
 	}
 }
 
-// TestTurnEndsBounded checks that the turn ends forget the oldest beyond
-// their bound and that a late answer never shrinks a chain.
+// TestTurnEndsBounded checks how a target's turn ends are kept: within its
+// cache's capacity, least recently routed forgotten first, at most
+// maxTurnEndsPerTarget of them; a turn replaces the one it extends; an
+// answer extends only the chain of the same prompt.
 func TestTurnEndsBounded(t *testing.T) {
 	te := newTurnEnds()
 	key := TargetKey{URL: "http://d", Rank: 0}
-	for i := range maxTurnEnds + 10 {
-		te.put(turnEnd{target: key, block: uint64(i)}, int64(i))
+	end := func(b uint64) turnEnd { return turnEnd{target: key, block: b} }
+	te.setCapacity(key, 100000)
+	te.put(end(1), turnChain{tokens: 40000, sum: 1}, nil)
+	te.put(end(2), turnChain{tokens: 40000, sum: 2}, nil)
+	if got := te.total(key); got != 80000 {
+		t.Fatalf("total %d, want 80000", got)
 	}
-	if _, ok := te.lookup(turnEnd{target: key, block: 0}); ok {
-		t.Error("the oldest turn end is still known past the bound")
+	// A third conversation does not fit beside both: the oldest goes.
+	te.put(end(3), turnChain{tokens: 30000, sum: 3}, nil)
+	if _, ok := te.lookup(end(1)); ok {
+		t.Error("the least recently routed chain was kept beyond the capacity")
 	}
-	if n, ok := te.lookup(turnEnd{target: key, block: maxTurnEnds + 9}); !ok || n != maxTurnEnds+9 {
-		t.Errorf("newest = %d, %v", n, ok)
+	if got := te.total(key); got != 70000 {
+		t.Errorf("total %d, want 70000", got)
 	}
-	if len(te.tokens) != maxTurnEnds {
-		t.Errorf("%d turn ends kept, want %d", len(te.tokens), maxTurnEnds)
+	// Turn 2 of conversation 2 extends its first turn and replaces it.
+	te.put(end(4), turnChain{tokens: 45000, sum: 4}, &turnEnd{target: key, block: 2})
+	if _, ok := te.lookup(end(2)); ok {
+		t.Error("the extended turn end was kept beside the turn that extends it")
 	}
-	e := turnEnd{target: key, block: 1 << 40}
-	te.put(e, 5000)
-	te.answered(e, 100, 50) // an older, shorter turn's late usage
-	if n, _ := te.lookup(e); n != 5000 {
-		t.Errorf("a late answer shrank the chain to %d", n)
+	if got := te.total(key); got != 75000 {
+		t.Errorf("total %d, want 75000 (conversations 2 and 3)", got)
 	}
-	te.answered(e, 5000, 300)
-	if n, _ := te.lookup(e); n != 5300 {
-		t.Errorf("answered chain = %d, want 5300", n)
+	te.answered(end(4), 99, 500) // another prompt's late usage
+	if c, _ := te.lookup(end(4)); c.tokens != 45000 {
+		t.Errorf("another prompt's answer changed the chain to %d", c.tokens)
+	}
+	te.answered(end(4), 4, 500)
+	if c, _ := te.lookup(end(4)); c.tokens != 45500 || te.total(key) != 75500 {
+		t.Errorf("answered chain = %d (total %d), want 45500 (75500)", c.tokens, te.total(key))
+	}
+	te.setCapacity(key, 50000) // a smaller cache: only the newest fits
+	if _, ok := te.lookup(end(3)); ok {
+		t.Error("a lower capacity kept the older chain")
+	}
+	if _, ok := te.lookup(end(4)); !ok {
+		t.Error("a lower capacity dropped the newest chain")
+	}
+	other := TargetKey{URL: "http://e", Rank: 1}
+	for i := range maxTurnEndsPerTarget + 10 {
+		te.put(turnEnd{target: other, block: uint64(i)}, turnChain{tokens: 1}, nil)
+	}
+	if got := te.total(other); got != maxTurnEndsPerTarget {
+		t.Errorf("%d turn ends kept, want %d", got, maxTurnEndsPerTarget)
 	}
 	te.forget(key)
-	if _, ok := te.lookup(e); ok {
+	if _, ok := te.lookup(end(4)); ok || te.total(key) != 0 {
 		t.Error("forget kept a turn end")
 	}
+}
+
+// TestTurnEndsBeyondTheHashedBlocks checks prompts longer than the hashed
+// blocks (64 KiB): a prefill target that served an earlier turn is believed
+// to hold all of that turn's prompt when the new prompt starts with it,
+// and only the hashed blocks when it does not (another conversation that
+// shares the first 64 KiB).
+func TestTurnEndsBeyondTheHashedBlocks(t *testing.T) {
+	prefill := newFakeEngine(t, serverInfo200(info(1, "prefill", 8998)))
+	decode := newFakeEngine(t, serverInfo200(info(1, "decode", -1)))
+	spy := &prefillSpy{}
+	s := newTestScheduler(t, Config{
+		Prefill:               []EndpointSpec{{URL: prefill.url()}},
+		Decode:                []EndpointSpec{{URL: decode.url()}},
+		PrefillPolicyInstance: spy,
+	}, nil)
+	mustDiscover(t, s)
+	shared := strings.Repeat("abcd", 20000)                   // 80 KB: more than the hashed 64 KiB
+	turn1 := shared + strings.Repeat("efgh", 5000)            // 25,000 tokens at 4 bytes a token
+	turn2 := turn1 + strings.Repeat("ijkl", 1000)             // turn 1, then more
+	other := shared + strings.Repeat("mnop", 5000) + "qrstuv" // the same first 80 KB, then not turn 1
+	for i, p := range []string{turn1, turn2, other} {
+		if _, err := s.Pick(t.Context(), &Request{ID: fmt.Sprint(i), Prompt: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hashed := int64(prefixMaxBlocks * 16) // 1024 blocks of 64 bytes, 16 tokens each
+	if got := spy.cands[1][0].CachedTokens; got != 25000 {
+		t.Errorf("turn 2 after turn 1: %d tokens cached, want 25000 (all of turn 1)", got)
+	}
+	if got := spy.cands[2][0].CachedTokens; got != hashed {
+		t.Errorf("another prompt sharing the hashed blocks: %d tokens cached, want the hashed %d", got, hashed)
+	}
+}
+
+// prefillSpy is a prefill policy that reads prefixes and records the
+// candidates of each pick.
+type prefillSpy struct{ cands [][]Candidate }
+
+func (*prefillSpy) Name() string      { return "prefill-spy" }
+func (*prefillSpy) ReadsPrefix() bool { return true }
+func (p *prefillSpy) Pick(_ context.Context, _ *Request, cands []Candidate) (int, error) {
+	p.cands = append(p.cands, append([]Candidate(nil), cands...))
+	return 0, nil
 }

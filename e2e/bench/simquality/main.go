@@ -97,6 +97,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	rep.DecodeCache = decodeCache
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
