@@ -57,8 +57,11 @@ bench-sim:
 # Routing quality through the real path (Envoy + duet + duet-sim servers in
 # scaled real time), the integration benchmark: regenerates
 # docs/benchmarks/quality-envoy.md, quality-envoy.json and its PNG plots.
-# BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick.
-bench-quality: build envoy
+# BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick. Flags naming the smg
+# routings (SMG's binary in place of Envoy + duet) install SMG first, e.g.
+# BENCH_FLAGS='-workloads agentic -policies least_cost,smg_engine_ranks
+# -decode-sim-args --disaggregation-decode-enable-radix-cache'.
+bench-quality: build envoy $(if $(findstring smg,$(BENCH_FLAGS)),$(VENV)/.bench-installed)
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 
 # The standalone router the overhead benchmark compares with (SMG), in .venv.

@@ -69,15 +69,16 @@ import (
 //
 // cached (Candidate.CachedTokens) is the prefix duet believes the rank
 // holds, an earlier turn's prompt and answer included: tokens whose KV is
-// neither transferred nor allocated again. One token of it weighs as four
+// neither transferred nor allocated again. One token of it weighs as eight
 // tokens of the rank's load (decodeCacheWeight), whose price counts twice:
-// a conversation stays on its rank until that rank carries about twice its
-// history more than another, and moves then. On the agentic sessions of
-// docs/benchmarks/decode-cache.md a weight of 1 kept 73-87 % of the decode
-// hits a cache holding everything would get, 2 kept 84-94 %, 4 kept 96-98 %
-// for 2 % more time per output token, 8 no more hits. Without the cache on
-// any engine, cached is 0 and the price is the load price above, bit for
-// bit.
+// a conversation stays on its rank until that rank carries about four times
+// its history more than another (beyond what a rank holds, the overflow
+// term moves it first). On docs/benchmarks/decode-cache.md's agentic
+// sessions and multi-turn chat, a weight of 1 kept 73-87 % of the decode
+// hits a cache holding everything would get, 2 kept 84-94 %, 4 kept
+// 96-98 % (multi-turn 88 %), 8 kept 99 % (multi-turn 94 %), for 1-3 % more
+// time per output token. Without the cache on any engine, cached is 0 and
+// the price is the load price above, bit for bit.
 //
 // Decode ties go to the candidate with fewer tokens, then to the earliest.
 type leastCost struct {
@@ -106,7 +107,7 @@ const (
 	decodeOverflowWeight = 4
 	// decodeCacheWeight is the decode price of one token a decode target's
 	// radix cache holds, in tokens of the rank's load.
-	decodeCacheWeight = 4
+	decodeCacheWeight = 8
 )
 
 func newLeastCost(spec PolicySpec) (Policy, error) {

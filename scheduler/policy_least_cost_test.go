@@ -214,11 +214,11 @@ func TestLeastCostDecodeCache(t *testing.T) {
 	}
 	plain := func(url string) *Endpoint { return &Endpoint{Role: RoleDecode, URL: url} }
 	cand := func(ep *Endpoint, tokens, cached int64) Candidate {
-		return Candidate{Target: Target{Endpoint: ep, Rank: 0}, CachedTokens: cached, Load: Load{Tokens: tokens, Capacity: 400000, Fresh: true}}
+		return Candidate{Target: Target{Endpoint: ep, Rank: 0}, CachedTokens: cached, Load: Load{Tokens: tokens, Capacity: 1000000, Fresh: true}}
 	}
 	// A 40k-token turn; rank a holds 36k of it. Separate engines, so that
-	// the price is 2×after - 4×cached: a wins while
-	// 2×(load_a - load_b) < 144k.
+	// the price is 2×after - 8×cached: a wins while
+	// 2×(load_a - load_b) < 288k.
 	tests := []struct {
 		name   string
 		a, b   *Endpoint
@@ -226,8 +226,8 @@ func TestLeastCostDecodeCache(t *testing.T) {
 		ignore bool
 		want   int
 	}{
-		{"cache wins over more load", radix("http://a"), radix("http://b"), 60000, false, 0},
-		{"load wins past twice the cached prefix", radix("http://a"), radix("http://b"), 80000, false, 1},
+		{"cache wins over more load", radix("http://a"), radix("http://b"), 130000, false, 0},
+		{"load wins past four times the cached prefix", radix("http://a"), radix("http://b"), 150000, false, 1},
 		{"no decode cache: load alone", plain("http://a"), plain("http://b"), 10000, false, 1},
 		{"ignore_decode_cache: load alone", radix("http://a"), radix("http://b"), 10000, true, 1},
 	}

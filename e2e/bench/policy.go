@@ -11,15 +11,40 @@ type Policy struct {
 	Name string
 	// EngineRanks leaves DP ranks to the engines (duet's engine_ranks):
 	// prefill ranks follow a random bootstrap room (room % dp), decode
-	// ranks are the engine's round robin.
+	// ranks are the engine's round robin. Under SMG (Router) it runs SMG
+	// without --dp-aware: SMG picks engines, the engines pick ranks.
 	EngineRanks bool
-	// Prefill and Decode are duet's policy sections (YAML flow form).
+	// Prefill and Decode are duet's policy sections (YAML flow form), or
+	// SMG's --prefill-policy and --decode-policy under Router RouterSMG.
 	Prefill, Decode string
+	// Router is what routes: "" for Envoy + duet, RouterSMG for SMG's
+	// binary in place of both.
+	Router string
+	// Label, if set, names the policy in reports instead of Name.
+	Label string
 }
 
 // PolicyEngineDefault is the baseline: duet picks engines round robin and
 // SGLang's own dispatch picks the ranks.
 const PolicyEngineDefault = "engine_default"
+
+// Names of the policies run only when asked for (see SelectPolicies and
+// SelectRoutings).
+const (
+	// PolicyDecodeByLoad is duet's least_cost with the decode priced by
+	// load alone (ignore_decode_cache): what least_cost was before it
+	// read decode radix caches.
+	PolicyDecodeByLoad = "least_cost_decode_by_load"
+	// PolicySMG is SMG's real binary in place of Envoy + duet, PD mode,
+	// cache_aware on both roles, DP-aware (--dp-aware).
+	PolicySMG = "smg"
+	// PolicySMGEngineRanks is PolicySMG without --dp-aware: SMG picks
+	// engines, the engines their ranks.
+	PolicySMGEngineRanks = "smg_engine_ranks"
+)
+
+// RouterSMG is Policy.Router for SMG (see SMGVersion).
+const RouterSMG = "smg"
 
 // Policies returns the policies compared, baseline first.
 func Policies() []Policy {
@@ -30,14 +55,44 @@ func Policies() []Policy {
 	return out
 }
 
-// SelectPolicies returns the named policies from Policies, in that order;
-// an empty list selects every policy. A name of the form PREFILL/DECODE
-// (e.g. round_robin/least_tokens) runs one duet policy per role.
-func SelectPolicies(names []string) ([]Policy, error) {
-	all := Policies()
-	if len(names) == 0 {
-		return all, nil
+// ExtraPolicies returns duet policies that run only when named, not in
+// the default set.
+func ExtraPolicies() []Policy {
+	return []Policy{{Name: PolicyDecodeByLoad, Prefill: "least_cost", Decode: "{name: least_cost, ignore_decode_cache: true}"}}
+}
+
+// RouterPolicies returns the routings by another router than duet, run
+// only when named (SelectRoutings).
+func RouterPolicies() []Policy {
+	return []Policy{
+		{Name: PolicySMG, Router: RouterSMG, Prefill: "cache_aware", Decode: "cache_aware",
+			Label: "smg (real binary, cache_aware/cache_aware, --dp-aware)"},
+		{Name: PolicySMGEngineRanks, Router: RouterSMG, EngineRanks: true, Prefill: "cache_aware", Decode: "cache_aware",
+			Label: "smg_engine_ranks (real binary, cache_aware/cache_aware, engines pick DP ranks)"},
 	}
+}
+
+// SelectPolicies returns the named duet policies from Policies and
+// ExtraPolicies, in that order; an empty list selects every policy of
+// Policies. A name of the form PREFILL/DECODE (e.g.
+// round_robin/least_tokens) runs one duet policy per role.
+func SelectPolicies(names []string) ([]Policy, error) {
+	return selectFrom(names, Policies(), ExtraPolicies())
+}
+
+// SelectRoutings is SelectPolicies that also knows RouterPolicies: what
+// a benchmark running real routers (e2e/bench/quality) accepts.
+func SelectRoutings(names []string) ([]Policy, error) {
+	return selectFrom(names, Policies(), append(ExtraPolicies(), RouterPolicies()...))
+}
+
+// selectFrom returns the named policies from defaults and extra; an empty
+// list selects defaults.
+func selectFrom(names []string, defaults, extra []Policy) ([]Policy, error) {
+	if len(names) == 0 {
+		return defaults, nil
+	}
+	all := append(append([]Policy{}, defaults...), extra...)
 	var out []Policy
 	for _, n := range names {
 		if prefill, decode, ok := strings.Cut(n, "/"); ok && prefill != "" && decode != "" {
@@ -60,4 +115,15 @@ func SelectPolicies(names []string) ([]Policy, error) {
 		}
 	}
 	return out, nil
+}
+
+// PolicyLabel is how reports name the policy called name: its Label when
+// it is a known policy with one, else name.
+func PolicyLabel(name string) string {
+	for _, p := range append(append(Policies(), ExtraPolicies()...), RouterPolicies()...) {
+		if p.Name == name && p.Label != "" {
+			return p.Label
+		}
+	}
+	return name
 }

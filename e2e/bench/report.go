@@ -17,6 +17,9 @@ type Report struct {
 	Summaries []Summary
 	// Plots are the PNG files written next to the report, by caption.
 	Plots []Plot
+	// DecodeCaches are the decode radix cache's evidence of the cases
+	// that had one.
+	DecodeCaches []DecodeCache
 }
 
 // Plot is one image referenced by the report.
@@ -72,11 +75,24 @@ func (r Report) find(w string, rate float64, policy string) (Summary, bool) {
 	return Summary{}, false
 }
 
+// decodeCache returns the decode radix cache's evidence of (workload,
+// rate, policy).
+func (r Report) decodeCache(w string, rate float64, policy string) (DecodeCache, bool) {
+	for _, d := range r.DecodeCaches {
+		if d.Workload == w && d.Rate == rate && d.Policy == policy {
+			return d, true
+		}
+	}
+	return DecodeCache{}, false
+}
+
 // workloadTitles are the report's names for the workloads.
 var workloadTitles = map[string]string{
 	WorkloadVariable:  "Variable-length prompts (1.5k-4k tokens in, 200-1,500 out)",
 	WorkloadMultiTurn: "Multi-turn conversations (8 shared system prompts, growing histories)",
 	WorkloadBursty:    "Bursty mix (alternating high/low Poisson rates; half variable-length, half conversations)",
+	WorkloadAgentic: "Agentic sessions (4 shared tool prompts, a 16k-30k-token context of each session's own, " +
+		"a 1.5k-4k-token tool result and a 100-600-token seeded answer per turn, histories up to 60k tokens)",
 }
 
 // WriteMarkdown renders the report.
@@ -143,7 +159,7 @@ func (r Report) writeHeadline(b *strings.Builder) {
 				continue
 			}
 			if s.Failed != "" {
-				fmt.Fprintf(b, "| %s | failed: %s ||||||||||||\n", p, oneLine(s.Failed))
+				fmt.Fprintf(b, "| %s | failed: %s ||||||||||||\n", PolicyLabel(p), oneLine(s.Failed))
 				continue
 			}
 			meanRatio, p99Ratio, e2eRatio := "n/a", "n/a", "n/a"
@@ -151,7 +167,7 @@ func (r Report) writeHeadline(b *strings.Builder) {
 				meanRatio, p99Ratio = ratio(s.TTFTms.Mean, base.TTFTms.Mean), ratio(s.TTFTms.P99, base.TTFTms.P99)
 				e2eRatio = ratio(s.E2Ems.Mean, base.E2Ems.Mean)
 			}
-			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", p,
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", PolicyLabel(p),
 				ms(s.TTFTms.Mean), meanRatio, ms(s.TTFTms.P99), p99Ratio, s.TTFTms.N, ms(s.E2Ems.Mean), e2eRatio,
 				imb(s.ImbalancePrefill), imb(s.ImbalanceDecode), imb(s.ShareImbalancePrefill), imb(s.ShareImbalanceDecode),
 				num(s.Throughput), s.Errors)
@@ -167,7 +183,7 @@ func (r Report) writeHeadline(b *strings.Builder) {
 		}
 		b.WriteString("\n|---|" + strings.Repeat("---:|", len(rates)) + "\n")
 		for _, p := range r.policies() {
-			fmt.Fprintf(b, "| %s |", p)
+			fmt.Fprintf(b, "| %s |", PolicyLabel(p))
 			for _, rate := range rates {
 				s, _ := r.find(WorkloadMultiTurn, rate, p)
 				fmt.Fprintf(b, " %s |", hit(s))
@@ -176,6 +192,52 @@ func (r Report) writeHeadline(b *strings.Builder) {
 		}
 		b.WriteString("\n")
 	}
+	r.writeAgenticHeadline(b)
+}
+
+// writeAgenticHeadline writes the agentic workload's comparison at each
+// load: latency relative to the engine default, prefix hits on both roles.
+func (r Report) writeAgenticHeadline(b *strings.Builder) {
+	for _, rate := range r.rates(WorkloadAgentic) {
+		base, ok := r.find(WorkloadAgentic, rate, PolicyEngineDefault)
+		ok = ok && base.Failed == ""
+		fmt.Fprintf(b, "**Agentic workload at %s sessions/s.** TTFT relative to `%s` (below 1 is better); prefix hit is the "+
+			"prefill engines' (cached / prompt tokens); decode hit is the decode radix cache's match at preallocation (the "+
+			"decode ranks' cache_hit_rate gauge averaged over busy ranks; n/a without that cache), the share of the prompt "+
+			"whose KV the prefill did not have to send.\n\n", num(rate), PolicyEngineDefault)
+		b.WriteString("| routing | TTFT mean (ms) | × engine default | TTFT p99 (ms) | × engine default | TTFT n | TPOT mean (ms) | E2E mean (ms) | prefix hit | decode hit | requests | errors | unfinished |\n")
+		b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.policies() {
+			s, found := r.find(WorkloadAgentic, rate, p)
+			if !found {
+				continue
+			}
+			if s.Failed != "" {
+				fmt.Fprintf(b, "| %s | failed: %s ||||||||||||\n", PolicyLabel(p), oneLine(s.Failed))
+				continue
+			}
+			meanRatio, p99Ratio := "n/a", "n/a"
+			if ok {
+				meanRatio, p99Ratio = ratio(s.TTFTms.Mean, base.TTFTms.Mean), ratio(s.TTFTms.P99, base.TTFTms.P99)
+			}
+			dhit := "n/a"
+			if d, found := r.decodeCache(WorkloadAgentic, rate, p); found {
+				dhit = share(d.GaugeHitRate)
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %d | %d | %d |\n", PolicyLabel(p),
+				ms(s.TTFTms.Mean), meanRatio, ms(s.TTFTms.P99), p99Ratio, s.TTFTms.N, ms1(s.TPOTms.Mean), ms(s.E2Ems.Mean),
+				hit(s), dhit, s.Requests, s.Errors, s.Unfinished)
+		}
+		b.WriteString("\n")
+	}
+}
+
+// share formats a 0-1 share as a percentage, n/a when negative.
+func share(v float64) string {
+	if v < 0 || math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", v*100)
 }
 
 // writeWorkload writes one workload's full table.
@@ -195,11 +257,11 @@ func (r Report) writeWorkload(b *strings.Builder, w string) {
 			}
 			load := fmt.Sprintf("%s, %s", num(s.Rate), num(s.RequestRate))
 			if s.Failed != "" {
-				fmt.Fprintf(b, "| %s | %s | failed: %s ||||||||||||||\n", load, p, oneLine(s.Failed))
+				fmt.Fprintf(b, "| %s | %s | failed: %s ||||||||||||||\n", load, PolicyLabel(p), oneLine(s.Failed))
 				continue
 			}
 			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %d |\n",
-				load, p, ms(s.TTFTms.Mean), ms(s.TTFTms.P50), ms(s.TTFTms.P99), s.TTFTms.N,
+				load, PolicyLabel(p), ms(s.TTFTms.Mean), ms(s.TTFTms.P50), ms(s.TTFTms.P99), s.TTFTms.N,
 				ms1(s.TPOTms.Mean), ms1(s.TPOTms.P50), ms1(s.TPOTms.P99), ms(s.E2Ems.Mean), num(s.Throughput),
 				imb(s.ImbalancePrefill), imb(s.ImbalanceDecode), hit(s), s.Requests, s.Errors, s.Unfinished)
 		}
@@ -209,6 +271,31 @@ func (r Report) writeWorkload(b *strings.Builder, w string) {
 		b.WriteString("First error per case: " + errs)
 	}
 	b.WriteString("\n\n")
+	r.writeDecodeCache(b, w)
+}
+
+// writeDecodeCache writes w's decode radix cache table, when its cases
+// had that cache.
+func (r Report) writeDecodeCache(b *strings.Builder, w string) {
+	if !slices.ContainsFunc(r.DecodeCaches, func(d DecodeCache) bool { return d.Workload == w }) {
+		return
+	}
+	b.WriteString("Decode radix cache: decode hit is the decode ranks' cache_hit_rate gauge (the share of the prompt matched in the " +
+		"decode's cache at preallocation, whose KV the prefill did not send) averaged over busy ranks in the window; reported is the " +
+		"decode engines' cached / prompt token counters (per request the larger of the prefill's hit and the decode's match); " +
+		"prefix hit is the prefill engines'.\n\n")
+	b.WriteString("| load (sessions/s) | policy | decode hit | reported cached | prefix hit |\n|---|---|---:|---:|---:|\n")
+	for _, rate := range r.rates(w) {
+		for _, p := range r.policies() {
+			d, ok := r.decodeCache(w, rate, p)
+			if !ok {
+				continue
+			}
+			s, _ := r.find(w, rate, p)
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", num(rate), PolicyLabel(p), share(d.GaugeHitRate), share(d.ReportedHitRate), hit(s))
+		}
+	}
+	b.WriteString("\n")
 }
 
 // firstErrors lists one error message per case of w that had errors.
@@ -216,7 +303,7 @@ func (r Report) firstErrors(w string) string {
 	var parts []string
 	for _, s := range r.Summaries {
 		if s.Workload == w && s.FirstError != "" {
-			parts = append(parts, fmt.Sprintf("%s@%s: `%s`", s.Policy, num(s.Rate), oneLine(s.FirstError)))
+			parts = append(parts, fmt.Sprintf("%s@%s: `%s`", PolicyLabel(s.Policy), num(s.Rate), oneLine(s.FirstError)))
 		}
 	}
 	return strings.Join(parts, "; ")

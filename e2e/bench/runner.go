@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,11 @@ type Config struct {
 	// SimArgs are extra duet-sim flags for every engine (profile, time
 	// scale, seed, ...).
 	SimArgs []string
+	// PrefillSimArgs and DecodeSimArgs are extra duet-sim flags for the
+	// prefill or the decode engines alone, after SimArgs (e.g.
+	// --kv-transfer-gbps for prefills, --disaggregation-decode-enable-radix-cache
+	// for decodes).
+	PrefillSimArgs, DecodeSimArgs []string
 	// DecodeMsPerToken is the simple model's decode pace (wall ms; used
 	// only without a profile; 0 takes the harness default, 2).
 	DecodeMsPerToken int
@@ -114,6 +120,12 @@ type CaseResult struct {
 	Labels map[string][]string
 	// Window is the measured window (model time).
 	Window Window
+	// Decode is the decode radix cache's evidence, nil when no decode
+	// engine runs that cache.
+	Decode *DecodeCache
+	// RouterArgv is the command line of the router that ran in place of
+	// Envoy + duet (Policy.Router), nil for duet.
+	RouterArgv []string
 }
 
 // RunCase starts a fresh stack for c, replays its workload and stops the
@@ -136,6 +148,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 	if err != nil {
 		return res, err
 	}
+	if r := c.Policy.Router; r != "" && r != RouterSMG {
+		return res, fmt.Errorf("policy %s: unknown router %q (want %q or none)", c.Policy.Name, r, RouterSMG)
+	}
 	stack, err := harness.Start(ctx, cfg.stackOptions(c.Policy, dir))
 	if err != nil {
 		return res, fmt.Errorf("start stack: %w (logs in %s)", err, dir)
@@ -151,10 +166,38 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		}
 	}()
 
+	base, logs := stack.EnvoyURL, stack.Logs
+	if c.Policy.Router == RouterSMG {
+		proc, smgURL, argv, serr := startSMG(ctx, dir, stack, c.Policy)
+		res.RouterArgv = argv
+		if serr != nil {
+			return res, serr
+		}
+		fmt.Fprintf(cfg.Log, "  smg: %s\n", strings.Join(argv, " "))
+		defer func() {
+			// SMG drains in-flight requests on SIGTERM; none are left.
+			if serr := proc.Stop(2 * time.Second); serr != nil && err == nil {
+				err = fmt.Errorf("stop smg: %w", serr)
+			}
+		}()
+		base = smgURL
+		logs = func() string {
+			return stack.Logs() + fmt.Sprintf("----- %s (%s)\n%s\n", proc.Name, proc.LogPath, proc.Tail(3000))
+		}
+	}
+	var decodeURLs []string
+	for _, sim := range stack.Decode {
+		decodeURLs = append(decodeURLs, sim.URL)
+	}
+	radix, err := decodeRadixCache(ctx, decodeURLs)
+	if err != nil {
+		return res, err
+	}
+
 	client := NewHTTPClient()
 	defer client.CloseIdleConnections()
-	url := stack.EnvoyURL + "/v1/chat/completions"
-	if err := warmUp(ctx, cfg, client, url, stack); err != nil {
+	url := base + "/v1/chat/completions"
+	if err := warmUp(ctx, cfg, client, url, c.Policy.Router == "", logs); err != nil {
 		return res, err
 	}
 
@@ -181,6 +224,11 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 	}
 	before := readCountersAt(runCtx, prefillURLs, t0.Add(cfg.wall(res.Window.From)))
 	after := readCountersAt(runCtx, prefillURLs, t0.Add(cfg.wall(res.Window.To)))
+	var decodeBefore, decodeAfter <-chan *CounterDelta
+	if radix {
+		decodeBefore = readCountersAt(runCtx, decodeURLs, t0.Add(cfg.wall(res.Window.From)))
+		decodeAfter = readCountersAt(runCtx, decodeURLs, t0.Add(cfg.wall(res.Window.To)))
+	}
 
 	results := replay(runCtx, cfg, client, url, w, t0)
 	end := minTime(time.Now(), cutoff)
@@ -197,10 +245,25 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 
 	res.Polls = sampler.Polls()
 	res.Summary.Summarize(results, res.Polls, counters, res.Window, t0, end, cfg.Scale)
-	fmt.Fprintf(cfg.Log, "  %-9s %6.2f/s %-14s %4d req  ttft mean %7.0f p99 %7.0f ms  tpot %5.1f ms  imb P %.2f D %.2f  hit %s  err %d unf %d  (%.1fs)\n",
+	decodeHit := ""
+	if radix {
+		var d *CounterDelta
+		if b, a := <-decodeBefore, <-decodeAfter; b != nil && a != nil {
+			delta := a.Sub(*b)
+			d = &delta
+		}
+		res.Decode = &DecodeCache{Workload: w.Name, Rate: w.Rate, Policy: c.Policy.Name,
+			GaugeHitRate:    ActiveHitRate(res.Polls, RoleDecode, res.Window.From, res.Window.To),
+			ReportedHitRate: hitRatio(d)}
+		decodeHit = fmt.Sprintf("  decode hit %s (reported %s)", formatHit(res.Decode.GaugeHitRate), formatHit(res.Decode.ReportedHitRate))
+	}
+	fmt.Fprintf(cfg.Log, "  %-9s %6.2f/s %-14s %4d req  ttft mean %7.0f p99 %7.0f ms  tpot %5.1f ms  imb P %.2f D %.2f  hit %s%s  err %d unf %d  (%.1fs)\n",
 		w.Name, w.Rate, c.Policy.Name, res.Summary.Requests, res.Summary.TTFTms.Mean, res.Summary.TTFTms.P99,
 		res.Summary.TPOTms.Mean, res.Summary.ImbalancePrefill, res.Summary.ImbalanceDecode,
-		formatHit(res.Summary.HitRate), res.Summary.Errors, res.Summary.Unfinished, time.Since(begin).Seconds())
+		formatHit(res.Summary.HitRate), decodeHit, res.Summary.Errors, res.Summary.Unfinished, time.Since(begin).Seconds())
+	if res.Summary.FirstError != "" {
+		fmt.Fprintf(cfg.Log, "    first error: %s\n", oneLine(res.Summary.FirstError))
+	}
 	return res, nil
 }
 
@@ -251,10 +314,14 @@ func caseDir(base, name string) (string, error) {
 	return os.MkdirTemp(base, name+"-")
 }
 
-// stackOptions returns the harness options of a case.
+// stackOptions returns the harness options of a case: Envoy + duet under
+// p, or the engines alone when another router (p.Router) takes their
+// place.
 func (c Config) stackOptions(p Policy, dir string) harness.Options {
-	spec := harness.SimSpec{DPSize: c.DPSize, Args: c.SimArgs}
+	prefill := harness.SimSpec{DPSize: c.DPSize, Args: slices.Concat(c.SimArgs, c.PrefillSimArgs)}
+	decode := harness.SimSpec{DPSize: c.DPSize, Args: slices.Concat(c.SimArgs, c.DecodeSimArgs)}
 	opts := harness.Options{
+		EnginesOnly:      p.Router != "",
 		KVTimeout:        c.KVTimeout,
 		DecodeMsPerToken: c.DecodeMsPerToken,
 		LogLevel:         "warn",
@@ -268,10 +335,10 @@ func (c Config) stackOptions(p Policy, dir string) harness.Options {
 		Dir:        dir,
 	}
 	for range c.PrefillEngines {
-		opts.Prefill = append(opts.Prefill, spec)
+		opts.Prefill = append(opts.Prefill, prefill)
 	}
 	for range c.DecodeEngines {
-		opts.Decode = append(opts.Decode, spec)
+		opts.Decode = append(opts.Decode, decode)
 	}
 	return opts
 }
@@ -289,8 +356,11 @@ func stackEngines(s *harness.Stack) []Engine {
 }
 
 // warmUp waits for duet's first load scrapes, then sends one tiny request
-// per decode rank through Envoy; each must succeed.
-func warmUp(ctx context.Context, cfg Config, client *http.Client, url string, s *harness.Stack) error {
+// per decode rank to url (Envoy, or the router in its place). Through
+// duet (strict) each must succeed; through another router failures are
+// only logged: they recur in the measured run, which counts them. logs
+// returns the processes' logs for an error.
+func warmUp(ctx context.Context, cfg Config, client *http.Client, url string, strict bool, logs func() string) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -311,9 +381,20 @@ func warmUp(ctx context.Context, cfg Config, client *http.Client, url string, s 
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w\n%s", err, s.Logs())
+	err := errors.Join(errs...)
+	if err == nil {
+		return nil
 	}
+	if strict {
+		return fmt.Errorf("%w\n%s", err, logs())
+	}
+	failed := 0
+	for _, e := range errs {
+		if e != nil {
+			failed++
+		}
+	}
+	fmt.Fprintf(cfg.Log, "  warm-up: %d of %d requests failed, the first: %s\n", failed, n, oneLine(err.Error()))
 	return nil
 }
 
@@ -357,7 +438,7 @@ func replay(ctx context.Context, cfg Config, client *http.Client, url string, w 
 					record(r)
 					return
 				}
-				r.Outcome = Send(ctx, client, url, ChatRequest{Model: cfg.Model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream})
+				r.Outcome = Send(ctx, client, url, ChatRequest{Model: cfg.Model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream, Seed: turn.Seed})
 				<-slots
 				record(r)
 				if !r.Outcome.OK() {

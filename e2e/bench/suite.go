@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -62,6 +63,8 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 	// The per-rank load of the highest load of the first workload, by
 	// policy, for the rank-load plots.
 	rankRuns := map[string]CaseResult{}
+	// The routers whose command line the setup shows, by policy.
+	routerNoted := map[string]bool{}
 	for _, name := range plan.Workloads {
 		rates := plan.Rates[name]
 		for ri, rate := range rates {
@@ -95,6 +98,14 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 					failures = append(failures, fmt.Errorf("%s at %g under %s: %w", name, rate, pol.Name, err))
 				}
 				rep.Summaries = append(rep.Summaries, res.Summary)
+				if res.Decode != nil {
+					rep.DecodeCaches = append(rep.DecodeCaches, *res.Decode)
+				}
+				if len(res.RouterArgv) > 0 && !routerNoted[pol.Name] {
+					routerNoted[pol.Name] = true
+					rep.Setup = append(rep.Setup, fmt.Sprintf("`%s` ran %s: `%s` (ports and engine URLs of its first case)",
+						pol.Name, pol.Router, strings.Join(res.RouterArgv, " ")))
+				}
 				if name == plan.Workloads[0] && ri == len(rates)-1 && err == nil {
 					rankRuns[pol.Name] = res
 				}
@@ -186,7 +197,11 @@ func writeOutputs(plan Plan, rep *Report, rankRuns map[string]CaseResult) error 
 	if err := f.Close(); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(map[string]any{"setup": rep.Setup, "cases": rep.Summaries}, "", "  ")
+	out := map[string]any{"setup": rep.Setup, "cases": rep.Summaries}
+	if len(rep.DecodeCaches) > 0 {
+		out["decode_cache"] = rep.DecodeCaches
+	}
+	data, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -76,6 +76,10 @@ type Options struct {
 	// With more than one, Envoy's bootstrap lists them all
 	// (envoy.duet_replicas). They share no state.
 	DuetReplicas int
+	// EnginesOnly starts the simulated engines alone: no duet and no
+	// Envoy (the Stack's Envoy and duet fields stay empty), for a router
+	// of the caller's own in front of them.
+	EnginesOnly bool
 }
 
 // Stack is a running Envoy + duet + engines on loopback.
@@ -177,6 +181,9 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			return nil, err
 		}
 		s.Decode = append(s.Decode, sim)
+	}
+	if opts.EnginesOnly {
+		return s, nil
 	}
 
 	replicas := make([]replicaPorts, opts.DuetReplicas)

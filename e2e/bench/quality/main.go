@@ -26,6 +26,8 @@ import (
 // options are the command-line flags.
 type options struct {
 	out, profile, workloads, policies, simArgs, logDir string
+	// prefillSimArgs and decodeSimArgs are duet-sim flags for one role.
+	prefillSimArgs, decodeSimArgs string
 	// trace, if set, is a Mooncake-format trace to replay as the workload
 	// "trace", at each of traceSpeedups (comma-separated).
 	trace, traceSpeedups                        string
@@ -48,11 +50,17 @@ var (
 		bench.WorkloadVariable:  "4,8",
 		bench.WorkloadMultiTurn: "4,8",
 		bench.WorkloadBursty:    "4",
+		// About 12 requests per session of 20k-60k tokens: 0.2 sessions/s
+		// is about 2.5 requests/s, some 100k prompt tokens/s, twice the
+		// prefill ranks' cold capacity (8 × 6.3k tokens/s) and a small
+		// share of it when each session keeps its prefix cache.
+		bench.WorkloadAgentic: "0.2",
 	}
 	simpleRates = map[string]string{
 		bench.WorkloadVariable:  "4,8,16,32",
 		bench.WorkloadMultiTurn: "1,2,4,8",
 		bench.WorkloadBursty:    "2,4,8,16",
+		bench.WorkloadAgentic:   "0.2",
 	}
 )
 
@@ -79,7 +87,9 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.chunkBudget, "chunk-budget", 6000,
 		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
 	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
-	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost)")
+	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost; "+
+		"also "+bench.PolicyDecodeByLoad+", and "+bench.PolicySMG+" and "+bench.PolicySMGEngineRanks+": SMG's binary (smg=="+bench.SMGVersion+
+		", make .venv/.bench-installed) in place of Envoy + duet, with and without --dp-aware)")
 	o.rates = map[string]*string{}
 	for _, w := range bench.Workloads {
 		o.rates[w] = fs.String("rates-"+w, "", "session arrival rates per model second for "+w+" (default depends on the model)")
@@ -93,6 +103,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.decode, "decode", 2, "decode engines")
 	fs.IntVar(&o.dp, "dp", 4, "DP ranks per engine")
 	fs.StringVar(&o.simArgs, "sim-args", "", "extra duet-sim flags, space-separated")
+	fs.StringVar(&o.prefillSimArgs, "prefill-sim-args", "", "extra duet-sim flags for the prefill engines only, space-separated (e.g. \"--kv-transfer-gbps 4\")")
+	fs.StringVar(&o.decodeSimArgs, "decode-sim-args", "", "extra duet-sim flags for the decode engines only, space-separated (e.g. --disaggregation-decode-enable-radix-cache)")
 	fs.StringVar(&o.logDir, "log-dir", "", "directory for per-case logs (default a temporary directory)")
 	fs.BoolVar(&o.keepLogs, "keep-logs", false, "keep the logs of successful cases")
 	fs.StringVar(&o.trace, "trace", "", "Mooncake-format trace (JSONL, optionally gzipped; e.g. ../shared/traces/mooncake-synthetic.jsonl.gz) to replay as the workload \"trace\" (alone, unless -workloads is given too)")
@@ -207,6 +219,8 @@ func buildPlan(o options) (bench.Plan, error) {
 	}
 	simArgs = append(simArgs, strings.Fields(o.simArgs)...)
 	plan.Config.SimArgs = simArgs
+	plan.Config.PrefillSimArgs = strings.Fields(o.prefillSimArgs)
+	plan.Config.DecodeSimArgs = strings.Fields(o.decodeSimArgs)
 
 	defaults := profileRates
 	if profile == "" {
@@ -218,12 +232,12 @@ func buildPlan(o options) (bench.Plan, error) {
 			return plan, err
 		}
 	}
-	if plan.Policies, err = bench.SelectPolicies(splitList(o.policies)); err != nil {
+	if plan.Policies, err = bench.SelectRoutings(splitList(o.policies)); err != nil {
 		return plan, err
 	}
 	if o.quick {
 		applyQuick(&plan, o)
-		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2"}
+		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2", bench.WorkloadAgentic: "1"}
 	}
 	if plan.Window == 0 {
 		// 40 s of arrivals is 2 s of wall time at F = 20; the simple model
@@ -258,16 +272,41 @@ func buildPlan(o options) (bench.Plan, error) {
 		model = "profile `" + profile + "`"
 	}
 	c := plan.Config
+	routers := "real Envoy + duet"
+	if smg := smgPolicies(plan.Policies); len(smg) > 0 {
+		if _, err := bench.SMGBin(); err != nil {
+			return plan, err
+		}
+		routers += fmt.Sprintf("; %s: SMG's real binary (smg==%s, PD mode, every prefill with its bootstrap port and every decode) in place of Envoy + duet, "+
+			"launched with SMG's defaults but for the policies", strings.Join(smg, ", "), bench.SMGVersion)
+	}
 	plan.Setup = append([]string{
 		fmt.Sprintf("simulator: %s; time scale F = %g (model time runs %g× faster than wall time)", model, scale, scale),
-		fmt.Sprintf("cluster: %d prefill × dp %d, %d decode × dp %d (duet-sim), real Envoy + duet", c.PrefillEngines, c.DPSize, c.DecodeEngines, c.DPSize),
+		fmt.Sprintf("cluster: %d prefill × dp %d, %d decode × dp %d (duet-sim), %s", c.PrefillEngines, c.DPSize, c.DecodeEngines, c.DPSize, routers),
 		fmt.Sprintf("arrival window %s per case (first 10%% excluded), then up to %s of drain; duet load.interval %s, load sampled every %s (model time)",
 			plan.Window, drainOf(plan), o.loadInterval, o.sampleInterval),
 		fmt.Sprintf("seed %d: every policy replays the same arrivals and prompts", o.seed),
 		streamLine(plan),
 		fmt.Sprintf("duet-sim flags: `%s`", strings.Join(simArgs, " ")),
 	}, plan.Setup...)
+	if len(c.PrefillSimArgs) > 0 {
+		plan.Setup = append(plan.Setup, fmt.Sprintf("prefill engines also: `%s`", strings.Join(c.PrefillSimArgs, " ")))
+	}
+	if len(c.DecodeSimArgs) > 0 {
+		plan.Setup = append(plan.Setup, fmt.Sprintf("decode engines also: `%s`", strings.Join(c.DecodeSimArgs, " ")))
+	}
 	return plan, nil
+}
+
+// smgPolicies returns the names of the policies that run SMG.
+func smgPolicies(ps []bench.Policy) []string {
+	var out []string
+	for _, p := range ps {
+		if p.Router == bench.RouterSMG {
+			out = append(out, p.Name)
+		}
+	}
+	return out
 }
 
 // traceWorkload is the name of a replayed -trace in the plan and report.

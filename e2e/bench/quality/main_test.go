@@ -61,3 +61,28 @@ func TestAddTrace(t *testing.T) {
 		t.Error("a missing trace file was accepted")
 	}
 }
+
+// The agentic workload has default rates, and the role flags reach the
+// plan's configuration.
+func TestAgenticFlags(t *testing.T) {
+	for name, rates := range map[string]map[string]string{"profile": profileRates, "simple": simpleRates} {
+		if got, err := parseRates(rates[bench.WorkloadAgentic]); err != nil || len(got) == 0 {
+			t.Errorf("%s rates of %s: %v, %v", name, bench.WorkloadAgentic, got, err)
+		}
+	}
+	o, err := parseFlags([]string{"-workloads", "agentic", "-prefill-sim-args", "--kv-transfer-gbps 4",
+		"-decode-sim-args", "--disaggregation-decode-enable-radix-cache --enable-hierarchical-cache"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.prefillSimArgs != "--kv-transfer-gbps 4" || o.decodeSimArgs != "--disaggregation-decode-enable-radix-cache --enable-hierarchical-cache" {
+		t.Errorf("role flags %q and %q", o.prefillSimArgs, o.decodeSimArgs)
+	}
+	ps, err := bench.SelectRoutings([]string{bench.PolicyDecodeByLoad, "least_cost", bench.PolicySMG, bench.PolicyEngineDefault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := smgPolicies(ps); len(got) != 1 || got[0] != bench.PolicySMG {
+		t.Errorf("smg policies %v", got)
+	}
+}

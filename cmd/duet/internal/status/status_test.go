@@ -61,8 +61,8 @@ func pdStatus() scheduler.Status {
 			{
 				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:1", Address: "10.0.1.1:1", BootstrapPort: 8998, DPSize: 2, Source: "server_info", Ready: true,
 					DecodeCache: scheduler.DecodeCache{Radix: true, HostRatio: 2}},
-				Health:   healthy(),
-				Targets:  []scheduler.TargetStatus{target("10.0.1.1:1/dp0", 0, 300, 0, 2), target("10.0.1.1:1/dp1", 1, 100, 0, 2)},
+				Health:  healthy(),
+				Targets: []scheduler.TargetStatus{target("10.0.1.1:1/dp0", 0, 300, 0, 2), target("10.0.1.1:1/dp1", 1, 100, 0, 2)},
 			},
 			{
 				Endpoint: scheduler.Endpoint{Role: scheduler.RoleDecode, URL: "http://d:2", Address: "10.0.1.2:1", DPSize: 1, Source: "config", Ready: true},
