@@ -113,15 +113,9 @@ func idBlocks(ids []gjson.Result, blockTokens int) []uint64 {
 	return b.blocks
 }
 
-// messageBlocks returns the block hashes of chat messages (chat) or of
-// Responses input items: each element contributes its role as a marker and
-// the same text textTokens counts for it.
-func messageBlocks(msgs gjson.Result, blockTokens int, chat bool) []uint64 {
-	blocks, _ := messageBlocksTail(msgs, blockTokens, chat)
-	return blocks
-}
-
-// messageBlocksTail is messageBlocks with the hasher's end state: a list
+// messageBlocksTail returns the block hashes of chat messages (chat) or of
+// Responses input items, each element contributing its role as a marker and
+// the same text textTokens counts for it, with the hasher's end state: a list
 // of messages is continued by an assistant message (the answer), a single
 // Responses input string by nothing (the next turn's input is a list,
 // which hashes differently).

@@ -90,12 +90,6 @@ func (c *prefixCache) release(chain []*cacheBlock) {
 	}
 }
 
-// evictOne drops the least recently used free block; false if none.
-func (c *prefixCache) evictOne() bool {
-	_, ok := c.evictLRU()
-	return ok
-}
-
 // evictLRU drops the least recently used free block and returns its hash;
 // false if no block is free.
 func (c *prefixCache) evictLRU() (uint64, bool) {
