@@ -77,6 +77,10 @@ type targetState struct {
 	// health is the target's own health record and endpoint its endpoint's
 	// (see health.go); picks skip the target while either is ejected.
 	health, endpoint *healthState
+	// turnTokens is what the turn ends of the target hold in all
+	// (turnEnds.counter), read without their lock; nil until a pick needs
+	// it. Guarded by mu.
+	turnTokens *atomic.Int64
 	// indexedBlocks is how many blocks the prefix index holds for the
 	// target, as of the last insert or bound (not guarded by mu: the index
 	// changes outside the pick lock).

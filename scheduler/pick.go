@@ -133,7 +133,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	var ends, replaces [2]*turnEnd
 	var chain turnChain
 	if turns && len(req.Blocks) > 0 && (indexed[0] || indexed[1] && decodeCache) {
-		chain = chainOf(req)
+		chain = chainOf(req, s.unitsPerBlock(req))
 		last := req.Blocks[len(req.Blocks)-1]
 		if indexed[0] {
 			ends[0] = &turnEnd{target: chosen[0].key, block: last}
@@ -232,27 +232,37 @@ type prefixMatch struct {
 // answer (see turnEnds). At most the prompt less one token counts, as
 // everywhere: the engine always computes the last token.
 func (s *Scheduler) extendToTurnEnds(req *Request, matches []prefixMatch) {
-	units := promptUnits(req)
-	var sumUnits int
+	units, per := promptUnits(req), s.unitsPerBlock(req)
+	var sumFrom, sumTo int
 	var sum uint64
+	var summed bool
 	for i := range matches {
 		m := &matches[i]
 		if m.blocks == 0 {
 			continue
 		}
-		e := turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}
-		c, ok := s.turnEnds.lookup(e)
-		if !ok || c.units > units {
+		c, ok := s.turnEnds.lookup(turnEnd{target: m.key, block: req.Blocks[m.blocks-1]})
+		from := m.blocks * per
+		if !ok || c.units > units || from > c.units {
 			continue
 		}
-		if c.units != sumUnits || sum == 0 {
-			sumUnits, sum = c.units, promptSum(req, c.units)
+		if !summed || from != sumFrom || c.units != sumTo {
+			sumFrom, sumTo, sum, summed = from, c.units, promptSum(req, from, c.units), true
 		}
 		if sum == c.sum {
 			m.tokens = max(m.tokens, min(c.tokens, req.PromptTokens-1))
-			m.extends = &e
+			m.extends = &turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}
 		}
 	}
+}
+
+// unitsPerBlock is how many prompt units (bytes of text, or token ids)
+// one hashed block covers.
+func (s *Scheduler) unitsPerBlock(req *Request) int {
+	if len(req.TokenIDs) > 0 {
+		return orPositive(s.hasher.BlockTokens, prefix.DefaultBlockTokens)
+	}
+	return orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)
 }
 
 // extended returns the earlier turn end that the prompt extends on target
@@ -339,11 +349,15 @@ func (s *Scheduler) candidates(p *pool, matches []prefixMatch, perBlock float64,
 // prefix index, perBlock tokens each, or the chains of the turns routed
 // there (turnEnds), which count whole prompts beyond the hashed blocks,
 // whichever is more. Without a matched request (perBlock 0) it is 0.
+// Caller holds s.ledger.mu, which guards ts.turnTokens.
 func (s *Scheduler) indexedTokens(ts *targetState, perBlock float64) int64 {
 	if perBlock == 0 {
 		return 0
 	}
-	return max(ts.indexedTokens(perBlock), s.turnEnds.total(ts.key))
+	if ts.turnTokens == nil {
+		ts.turnTokens = s.turnEnds.counter(ts.key)
+	}
+	return max(ts.indexedTokens(perBlock), ts.turnTokens.Load())
 }
 
 // choose runs policy over cands, built from p by candidates, and returns

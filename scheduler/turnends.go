@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -39,7 +40,8 @@ type turnEnd struct {
 
 // turnChain is what a target's cache holds along the chain ending at a
 // turn end: tokens, and the prompt it was routed with, as its length
-// (bytes of text, or token ids) and checksum (promptSum).
+// (bytes of text, or token ids) and the checksum of its units beyond its
+// hashed blocks (promptSum; the blocks are in the turn end's key).
 type turnChain struct {
 	tokens int64
 	units  int
@@ -56,6 +58,9 @@ type turnEnds struct {
 	mu      sync.Mutex
 	ends    map[turnEnd]*list.Element // of *endEntry
 	targets map[TargetKey]*targetEnds
+	// n is len(ends), read without mu: lookups in an empty set (no pool
+	// role keeps turn ends) take no lock.
+	n atomic.Int64
 }
 
 // endEntry is one turn end with its chain.
@@ -67,8 +72,9 @@ type endEntry struct {
 // targetEnds are one target's chains, most recently routed first, with
 // their tokens in all and the target's capacity (0: unknown).
 type targetEnds struct {
-	lru      list.List
-	total    int64
+	lru list.List
+	// total is read without t.mu by the target's ledger entry (counter).
+	total    atomic.Int64
 	capacity int64
 }
 
@@ -93,12 +99,13 @@ func (t *turnEnds) put(e turnEnd, c turnChain, replaces *turnEnd) {
 	}
 	if el, ok := t.ends[e]; ok {
 		entry := el.Value.(*endEntry)
-		te.total += c.tokens - entry.chain.tokens
+		te.total.Add(c.tokens - entry.chain.tokens)
 		entry.chain = c
 		te.lru.MoveToFront(el)
 	} else {
 		t.ends[e] = te.lru.PushFront(&endEntry{end: e, chain: c})
-		te.total += c.tokens
+		t.n.Add(1)
+		te.total.Add(c.tokens)
 	}
 	t.boundLocked(te)
 }
@@ -119,12 +126,15 @@ func (t *turnEnds) answered(e turnEnd, sum uint64, answer int64) {
 	}
 	entry.chain.tokens += answer
 	te := t.targets[e.target]
-	te.total += answer
+	te.total.Add(answer)
 	t.boundLocked(te)
 }
 
 // lookup returns the chain ending at e.
 func (t *turnEnds) lookup(e turnEnd) (turnChain, bool) {
+	if t.n.Load() == 0 {
+		return turnChain{}, false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	el, ok := t.ends[e]
@@ -140,7 +150,7 @@ func (t *turnEnds) total(target TargetKey) int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if te := t.targets[target]; te != nil {
-		return te.total
+		return te.total.Load()
 	}
 	return 0
 }
@@ -167,15 +177,30 @@ func (t *turnEnds) forget(target TargetKey) {
 	}
 	for el := te.lru.Front(); el != nil; el = el.Next() {
 		delete(t.ends, el.Value.(*endEntry).end)
+		t.n.Add(-1)
 	}
+	te.total.Store(0)
 	delete(t.targets, target)
+}
+
+// counter returns target's total for its ledger entry to read without a
+// lock; the entry takes it when the target enters a snapshot.
+func (t *turnEnds) counter(target TargetKey) *atomic.Int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	te := t.targets[target]
+	if te == nil {
+		te = &targetEnds{}
+		t.targets[target] = te
+	}
+	return &te.total
 }
 
 // boundLocked forgets te's least recently routed chains while they hold
 // more than its capacity (keeping the newest), or are too many. Caller
 // holds t.mu.
 func (t *turnEnds) boundLocked(te *targetEnds) {
-	for te.lru.Len() > maxTurnEndsPerTarget || te.capacity > 0 && te.total > te.capacity && te.lru.Len() > 1 {
+	for te.lru.Len() > maxTurnEndsPerTarget || te.capacity > 0 && te.total.Load() > te.capacity && te.lru.Len() > 1 {
 		t.removeLocked(te.lru.Back().Value.(*endEntry).end)
 	}
 }
@@ -187,9 +212,10 @@ func (t *turnEnds) removeLocked(e turnEnd) {
 		return
 	}
 	te := t.targets[e.target]
-	te.total -= el.Value.(*endEntry).chain.tokens
+	te.total.Add(-el.Value.(*endEntry).chain.tokens)
 	te.lru.Remove(el)
 	delete(t.ends, e)
+	t.n.Add(-1)
 }
 
 // promptUnits is the prompt's length in the units turnChain counts: token
@@ -201,15 +227,18 @@ func promptUnits(req *Request) int {
 	return len(req.Prompt)
 }
 
-// promptSum is the checksum of the prompt's first n units (see
-// promptUnits); n must not exceed promptUnits(req).
-func promptSum(req *Request, n int) uint64 {
+// promptSum is the checksum of the prompt's units [from, to) (see
+// promptUnits). A turn end's key holds the chained hash of its prompt's
+// hashed blocks, which covers the units before from = blocks × units per
+// block; the checksum covers the rest, so that a prompt of 64 KiB or less
+// costs the checksum of its last partial block only.
+func promptSum(req *Request, from, to int) uint64 {
 	if len(req.TokenIDs) == 0 {
-		return xxhash.Sum64(req.Prompt[:n])
+		return xxhash.Sum64(req.Prompt[from:to])
 	}
 	var d xxhash.Digest
 	var b [8]byte
-	for _, id := range req.TokenIDs[:n] {
+	for _, id := range req.TokenIDs[from:to] {
 		binary.LittleEndian.PutUint64(b[:], uint64(id))
 		d.Write(b[:])
 	}
@@ -217,8 +246,10 @@ func promptSum(req *Request, n int) uint64 {
 }
 
 // chainOf is the chain a pick of req starts on a target: the whole prompt,
-// its tokens (over its items, which are one) and checksum.
-func chainOf(req *Request) turnChain {
+// its tokens (over its items, which are one), and the checksum of what its
+// blocks do not cover (unitsPerBlock units each).
+func chainOf(req *Request, unitsPerBlock int) turnChain {
 	n := promptUnits(req)
-	return turnChain{tokens: req.PromptTokens, units: n, sum: promptSum(req, n)}
+	from := min(len(req.Blocks)*unitsPerBlock, n)
+	return turnChain{tokens: req.PromptTokens, units: n, sum: promptSum(req, from, n)}
 }

@@ -163,6 +163,9 @@ func TestTurnEndsBounded(t *testing.T) {
 	if _, ok := te.lookup(end(4)); ok || te.total(key) != 0 {
 		t.Error("forget kept a turn end")
 	}
+	if n := te.n.Load(); n != int64(len(te.ends)) || n != maxTurnEndsPerTarget {
+		t.Errorf("count %d, %d turn ends held, want %d", n, len(te.ends), maxTurnEndsPerTarget)
+	}
 }
 
 // TestTurnEndsBeyondTheHashedBlocks checks prompts longer than the hashed
