@@ -164,6 +164,7 @@ func parseFlags(args []string) (options, error) {
 	o.cfg.Faults.Spike = time.Duration(spikeMS * float64(time.Millisecond))
 	o.cfg.Faults.SlowScrape = time.Duration(scrapeMS * float64(time.Millisecond))
 	o.cfg.Mode = m
+	o.cfg.ForceQueryPrefillDPRank = envTrue(os.Getenv("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK"))
 	o.cfg.PrefillPer1KTokens = time.Duration(prefillMS * float64(time.Millisecond))
 	o.cfg.DecodePerToken = time.Duration(decodeMS * float64(time.Millisecond))
 	return o, nil
@@ -222,4 +223,14 @@ func run(args []string) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// envTrue reports whether an environment variable's value means true, as
+// SGLang reads its boolean variables ("1", "true", "yes", any case).
+func envTrue(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "1", "true", "yes":
+		return true
+	}
+	return false
 }

@@ -155,3 +155,14 @@ func TestNewLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestEnvTrue(t *testing.T) {
+	for _, tc := range []struct {
+		v    string
+		want bool
+	}{{"1", true}, {"true", true}, {"True", true}, {" yes ", true}, {"", false}, {"0", false}, {"false", false}, {"on?", false}} {
+		if got := envTrue(tc.v); got != tc.want {
+			t.Errorf("envTrue(%q) = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+}

@@ -226,6 +226,15 @@ type Config struct {
 	// hit plus the decode's match (it can exceed the prompt) instead of
 	// the larger of the two.
 	DoubleCountCachedTokens bool
+	// ForceQueryPrefillDPRank is SGLang's environment variable
+	// SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 ("allow mixed
+	// routing"), which cmd/duet-sim reads: a prefill serves a pinned rank
+	// that its bootstrap room does not imply (no follow_bootstrap_room
+	// conflict), and a decode takes the KV from whichever prefill rank
+	// holds the room instead of expecting room % dp (SGLang asks the
+	// prefill's bootstrap server). Routers that pin a prefill rank without
+	// minting the room for it (SMG's --dp-aware) need it.
+	ForceQueryPrefillDPRank bool
 }
 
 // withDefaults returns c with zero fields replaced by defaults.

@@ -218,7 +218,7 @@ func (s *Server) resolvePrefillRanks(ctx context.Context, req *inferRequest, pla
 			rank = *req.disaggPrefillRank
 		case info.DPSize == 1:
 			rank = 0
-		case info.FollowBootstrapRoom:
+		case info.FollowBootstrapRoom && !s.cfg.ForceQueryPrefillDPRank:
 			rank = pyMod(*p.room, info.DPSize)
 		default:
 			continue // the KV is accepted from whichever rank has it

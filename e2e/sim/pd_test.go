@@ -127,6 +127,26 @@ func TestPrefillConflictStreaming(t *testing.T) {
 	}
 }
 
+// With SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK (Config.
+// ForceQueryPrefillDPRank) a prefill serves a pinned rank its room does not
+// imply, and the decode finds the KV on that rank.
+func TestForceQueryPrefillDPRank(t *testing.T) {
+	p := startTest(t, Config{Mode: ModePrefill, DPSize: 4, ForceQueryPrefillDPRank: true})
+	d := startTest(t, Config{Mode: ModeDecode, DPSize: 2, KVTimeout: 5 * time.Second, ForceQueryPrefillDPRank: true})
+	host, port := p.bootHostPort(t)
+	if r := post(t, p.api.URL+"/v1/chat/completions", pdBody(host, port, 6, ""), "X-Data-Parallel-Rank", "1"); r.status != 200 {
+		t.Fatalf("prefill pinned to rank 1 with room 6 (implies 2): status %d: %s", r.status, r.body)
+	}
+	var st RoomStatus
+	get(t, fmt.Sprintf("%s/sim/kv?room=6", p.boot.URL)).json(t, &st)
+	if st.DPRank == nil || *st.DPRank != 1 {
+		t.Fatalf("room 6 on rank %v, want 1", deref(st.DPRank))
+	}
+	if r := post(t, d.api.URL+"/v1/chat/completions", pdBody(host, port, 6, "")); r.status != 200 {
+		t.Fatalf("decode status %d: %s", r.status, r.body)
+	}
+}
+
 func TestDecodeResolvesPrefillRank(t *testing.T) {
 	tests := []struct {
 		name        string

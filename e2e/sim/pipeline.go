@@ -172,7 +172,7 @@ func prefillFailure(ctx context.Context, err error) string {
 // when a pinned rank disagrees with the room and the request carries no
 // disagg_prefill_dp_rank; "" otherwise.
 func (s *Server) prefillConflict(req *inferRequest, p *itemPlan) string {
-	if s.cfg.DPSize <= 1 || p.source == sourceRoom || req.disaggPrefillRank != nil {
+	if s.cfg.DPSize <= 1 || p.source == sourceRoom || req.disaggPrefillRank != nil || s.cfg.ForceQueryPrefillDPRank {
 		return ""
 	}
 	implied := pyMod(*p.room, s.cfg.DPSize)
