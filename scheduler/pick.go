@@ -144,7 +144,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		}
 		for i, e := range ends {
 			if e != nil {
-				replaces[i] = extended(matches, e.target)
+				replaces[i] = extended(req, matches, e.target)
 			}
 		}
 	}
@@ -219,9 +219,9 @@ type prefixMatch struct {
 	fraction float64
 	tokens   int64
 	blocks   int
-	// extends is the earlier turn's end this prompt extends on key, if
-	// any (see extendToTurnEnds).
-	extends *turnEnd
+	// extends reports that the prompt extends the earlier turn that ended
+	// on key at its last matched block (see extendToTurnEnds).
+	extends bool
 }
 
 // extendToTurnEnds raises each match that ends where an earlier turn routed
@@ -251,7 +251,7 @@ func (s *Scheduler) extendToTurnEnds(req *Request, matches []prefixMatch) {
 		}
 		if sum == c.sum {
 			m.tokens = max(m.tokens, min(c.tokens, req.PromptTokens-1))
-			m.extends = &turnEnd{target: m.key, block: req.Blocks[m.blocks-1]}
+			m.extends = true
 		}
 	}
 }
@@ -265,12 +265,12 @@ func (s *Scheduler) unitsPerBlock(req *Request) int {
 	return orPositive(s.hasher.BlockBytes, prefix.DefaultBlockBytes)
 }
 
-// extended returns the earlier turn end that the prompt extends on target
-// (prefixMatch.extends), or nil.
-func extended(matches []prefixMatch, target TargetKey) *turnEnd {
-	for i := range matches {
-		if matches[i].key == target {
-			return matches[i].extends
+// extended returns the earlier turn end that req's prompt extends on
+// target (prefixMatch.extends), or nil.
+func extended(req *Request, matches []prefixMatch, target TargetKey) *turnEnd {
+	for _, m := range matches {
+		if m.key == target && m.extends {
+			return &turnEnd{target: target, block: req.Blocks[m.blocks-1]}
 		}
 	}
 	return nil

@@ -193,8 +193,9 @@ type Scheduler struct {
 	tokens      *TokenEstimator
 	hasher      prefix.Hasher
 	index       *prefix.Index[TargetKey]
-	// turnEnds extends the index's matches on decode targets with a
-	// decode radix cache to the earlier turns' whole prompts and answers.
+	// turnEnds extends the index's matches to the earlier turns' whole
+	// prompts routed to a target, and on decode targets with a decode
+	// radix cache to their answers.
 	turnEnds *turnEnds
 	// prefixIgnoreCapacity is PrefixConfig.IgnoreCapacity.
 	prefixIgnoreCapacity bool

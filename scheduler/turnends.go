@@ -144,17 +144,6 @@ func (t *turnEnds) lookup(e turnEnd) (turnChain, bool) {
 	return el.Value.(*endEntry).chain, true
 }
 
-// total is the tokens of target's chains: what duet believes its cache
-// holds along the turns routed there.
-func (t *turnEnds) total(target TargetKey) int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if te := t.targets[target]; te != nil {
-		return te.total.Load()
-	}
-	return 0
-}
-
 // setCapacity bounds target's chains to tokens (its cache's capacity).
 func (t *turnEnds) setCapacity(target TargetKey, tokens int64) {
 	t.mu.Lock()

@@ -118,7 +118,7 @@ func TestTurnEndsBounded(t *testing.T) {
 	te.setCapacity(key, 100000)
 	te.put(end(1), turnChain{tokens: 40000, sum: 1}, nil)
 	te.put(end(2), turnChain{tokens: 40000, sum: 2}, nil)
-	if got := te.total(key); got != 80000 {
+	if got := te.counter(key).Load(); got != 80000 {
 		t.Fatalf("total %d, want 80000", got)
 	}
 	// A third conversation does not fit beside both: the oldest goes.
@@ -126,7 +126,7 @@ func TestTurnEndsBounded(t *testing.T) {
 	if _, ok := te.lookup(end(1)); ok {
 		t.Error("the least recently routed chain was kept beyond the capacity")
 	}
-	if got := te.total(key); got != 70000 {
+	if got := te.counter(key).Load(); got != 70000 {
 		t.Errorf("total %d, want 70000", got)
 	}
 	// Turn 2 of conversation 2 extends its first turn and replaces it.
@@ -134,7 +134,7 @@ func TestTurnEndsBounded(t *testing.T) {
 	if _, ok := te.lookup(end(2)); ok {
 		t.Error("the extended turn end was kept beside the turn that extends it")
 	}
-	if got := te.total(key); got != 75000 {
+	if got := te.counter(key).Load(); got != 75000 {
 		t.Errorf("total %d, want 75000 (conversations 2 and 3)", got)
 	}
 	te.answered(end(4), 99, 500) // another prompt's late usage
@@ -142,8 +142,8 @@ func TestTurnEndsBounded(t *testing.T) {
 		t.Errorf("another prompt's answer changed the chain to %d", c.tokens)
 	}
 	te.answered(end(4), 4, 500)
-	if c, _ := te.lookup(end(4)); c.tokens != 45500 || te.total(key) != 75500 {
-		t.Errorf("answered chain = %d (total %d), want 45500 (75500)", c.tokens, te.total(key))
+	if c, _ := te.lookup(end(4)); c.tokens != 45500 || te.counter(key).Load() != 75500 {
+		t.Errorf("answered chain = %d (total %d), want 45500 (75500)", c.tokens, te.counter(key).Load())
 	}
 	te.setCapacity(key, 50000) // a smaller cache: only the newest fits
 	if _, ok := te.lookup(end(3)); ok {
@@ -156,11 +156,11 @@ func TestTurnEndsBounded(t *testing.T) {
 	for i := range maxTurnEndsPerTarget + 10 {
 		te.put(turnEnd{target: other, block: uint64(i)}, turnChain{tokens: 1}, nil)
 	}
-	if got := te.total(other); got != maxTurnEndsPerTarget {
+	if got := te.counter(other).Load(); got != maxTurnEndsPerTarget {
 		t.Errorf("%d turn ends kept, want %d", got, maxTurnEndsPerTarget)
 	}
 	te.forget(key)
-	if _, ok := te.lookup(end(4)); ok || te.total(key) != 0 {
+	if _, ok := te.lookup(end(4)); ok || te.counter(key).Load() != 0 {
 		t.Error("forget kept a turn end")
 	}
 	if n := te.n.Load(); n != int64(len(te.ends)) || n != maxTurnEndsPerTarget {

@@ -237,24 +237,15 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	var counters *CounterDelta
-	if b, a := <-before, <-after; b != nil && a != nil {
-		d := a.Sub(*b)
-		counters = &d
-	}
+	counters := counterDelta(before, after)
 
 	res.Polls = sampler.Polls()
 	res.Summary.Summarize(results, res.Polls, counters, res.Window, t0, end, cfg.Scale)
 	decodeHit := ""
 	if radix {
-		var d *CounterDelta
-		if b, a := <-decodeBefore, <-decodeAfter; b != nil && a != nil {
-			delta := a.Sub(*b)
-			d = &delta
-		}
 		res.Decode = &DecodeCache{Workload: w.Name, Rate: w.Rate, Policy: c.Policy.Name,
 			GaugeHitRate:    ActiveHitRate(res.Polls, RoleDecode, res.Window.From, res.Window.To),
-			ReportedHitRate: hitRatio(d)}
+			ReportedHitRate: hitRatio(counterDelta(decodeBefore, decodeAfter))}
 		decodeHit = fmt.Sprintf("  decode hit %s (reported %s)", formatHit(res.Decode.GaugeHitRate), formatHit(res.Decode.ReportedHitRate))
 	}
 	fmt.Fprintf(cfg.Log, "  %-9s %6.2f/s %-14s %4d req  ttft mean %7.0f p99 %7.0f ms  tpot %5.1f ms  imb P %.2f D %.2f  hit %s%s  err %d unf %d  (%.1fs)\n",
@@ -265,6 +256,17 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		fmt.Fprintf(cfg.Log, "    first error: %s\n", oneLine(res.Summary.FirstError))
 	}
 	return res, nil
+}
+
+// counterDelta waits for the counters read before and after a window and
+// returns their difference; nil when either read yielded nothing.
+func counterDelta(before, after <-chan *CounterDelta) *CounterDelta {
+	b, a := <-before, <-after
+	if b == nil || a == nil {
+		return nil
+	}
+	d := a.Sub(*b)
+	return &d
 }
 
 // readCountersAt reads the prefix-cache counters of urls at wall time at;

@@ -473,9 +473,21 @@ func (c *engineCore) finish(r *engineRank, q *engineRequest, t time.Duration) {
 // (an identical block cached meanwhile by another request is shared and
 // the duplicate freed).
 func (c *engineCore) insertPrompt(r *engineRank, q *engineRequest) {
+	c.insertBlocks(r, q, q.blocks)
+}
+
+// insertBlocks moves q's private KV into r's cache as the blocks of hashes
+// beyond those q's chain already holds, one block while q holds a block's
+// worth: a block cached meanwhile is shared and the duplicate freed, and a
+// block in the host tier (a decode's hierarchical cache) is dropped from
+// there.
+func (c *engineCore) insertBlocks(r *engineRank, q *engineRequest, hashes []uint64) {
 	bt := c.p.prof.BlockSize
-	for i := len(q.chain); i < len(q.blocks) && q.private >= bt; i++ {
-		b, _ := r.cache.insert(q.blocks[i])
+	for i := len(q.chain); i < len(hashes) && q.private >= bt; i++ {
+		b, created := r.cache.insert(hashes[i])
+		if created && r.host != nil {
+			r.host.remove(hashes[i])
+		}
 		q.chain = append(q.chain, b)
 		q.private -= bt
 		r.private -= bt

@@ -130,16 +130,7 @@ func (c *engineCore) insertFinished(r *engineRank, q *engineRequest) {
 	if bt <= 0 {
 		return
 	}
-	all := c.finishedBlocks(q, (q.prompt+max(q.generated-1, 0))/bt)
-	for i := len(q.chain); i < len(all) && q.private >= bt; i++ {
-		b, created := r.cache.insert(all[i])
-		if created && r.host != nil {
-			r.host.remove(all[i])
-		}
-		q.chain = append(q.chain, b)
-		q.private -= bt
-		r.private -= bt
-	}
+	c.insertBlocks(r, q, c.finishedBlocks(q, (q.prompt+max(q.generated-1, 0))/bt))
 	q.cachedBlocks = make([]uint64, len(q.chain))
 	for i, b := range q.chain {
 		q.cachedBlocks[i] = b.hash
