@@ -21,6 +21,9 @@ type ChatRequest struct {
 	ChatTemplateKwargs gjson.Result
 	// ReasoningEffort is the body's reasoning_effort, if any.
 	ReasoningEffort gjson.Result
+	// NoGenerationPrompt leaves out the assistant turn's opening (SGLang
+	// always asks for it in a chat completion).
+	NoGenerationPrompt bool
 }
 
 // ErrTemplate marks a request the chat template cannot render: a message
@@ -88,8 +91,7 @@ func contentFormatOpenAI(src string) bool {
 	return contentLoop.MatchString(src)
 }
 
-// Render returns the prompt text of a chat request, with the generation
-// prompt (SGLang always asks for it).
+// Render returns the prompt text of a chat request.
 func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 	msgs, err := ct.messages(req.Messages)
 	if err != nil {
@@ -101,7 +103,7 @@ func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 	}
 	data["__filter_tojson"] = jinja.NewCallable("tojson", pyToJSON)
 	data["messages"] = msgs
-	data["add_generation_prompt"] = jinja.NewBool(true)
+	data["add_generation_prompt"] = jinja.NewBool(!req.NoGenerationPrompt)
 	tmpl := ct.main
 	if req.Tools.IsArray() {
 		data["tools"] = sglangTools(req.Tools)

@@ -24,6 +24,7 @@ func textCases() []goldenCase {
 		{"unicode spaces", "a\u00a0b\u3000c\u2003d\u2028e\u0085f  \u00a0 g"},
 		{"numbers", "1 12 123 1234 12345 3.14159 1,000,000 ١٢٣٤ ½ Ⅻ 2026-11-26"},
 		{"contractions", "'s 'S 't 're 'RE 've 'm 'll 'LL 'd 'ſ 'x don't I'm they'RE"},
+		{"case folding", "'ſK 'Ss 'ſt x'ſ 'KK"},
 		{"punctuation", "Hello!!! What??? ...... ---- ==== (a) [b] {c} <d> \"e\" 'f' `g`"},
 		{"special lookalikes", "user says <|im_start|> and <|im_end|> and <|begin_of_text|> and <|eot_id|> and <｜end▁of▁sentence｜> and <｜User｜>"},
 		{"near lookalikes", "<|im_start <| im_start|> <|im_start|<|im_end|> <|endoftext||> <think></think> <tool_call>x</tool_call>"},

@@ -110,3 +110,18 @@ func firstDiff(got, want []int64) string {
 	}
 	return ""
 }
+
+// commonPrefix is the length of the common prefix of a and b.
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+// clip is s around byte at, for messages.
+func clip(s string, at int) string {
+	lo, hi := max(at-60, 0), min(at+120, len(s))
+	return s[lo:hi]
+}
