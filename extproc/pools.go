@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/extproc/tokenize"
 )
 
 // Pool is one model's engines as the Server routes to them: the model
@@ -31,6 +33,10 @@ type Pool struct {
 	PrefillCluster string
 	// Fallbacks, when set, names a second decode host for Envoy's retry.
 	Fallbacks DecodeFallbacker
+	// Tokenizer, when set, turns prompts into the token ids the pool's
+	// engines compute (its chat template and tokenizer), so the prefix
+	// index keys token blocks; nil routes by the text estimate.
+	Tokenizer *tokenize.Model
 }
 
 // pools finds the pool of a request by its model.

@@ -322,6 +322,18 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 		sreq.Prompt = *buf
 		describe(req.route, body, sreq)
 		defer func() { s.releasePrompt(buf, sreq.Prompt) }()
+		if pool.Tokenizer != nil {
+			start := time.Now()
+			outcome, err := tokenizeBody(pool.Tokenizer, req.route, body, sreq)
+			s.opts.Metrics.observeTokenize(pool.Name, outcome, time.Since(start))
+			switch {
+			case errors.Is(err, errInvalidMessages):
+				return s.reject(req, http.StatusBadRequest, "invalid_messages", err.Error())
+			case err != nil:
+				s.log.Warn("chat template failed; routing by the text estimate", zap.String("pool", pool.Name),
+					zap.String("request_id", req.requestID), zap.Error(err))
+			}
+		}
 	}
 	decision, err := pool.Picker.Pick(ctx, sreq)
 	if err != nil {

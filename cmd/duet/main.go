@@ -9,6 +9,8 @@
 //	                  [-out envoy.yaml] (or write it to a file)
 //	duet certs -out DIR [-hosts ...]    make a CA, duet's server and Envoy's
 //	                                    client certificates, and tokens
+//	duet tokenize -config duet.yaml     print a request body's token ids and
+//	              [-pool NAME] [-json]  page blocks (body on stdin)
 //	duet version                        print the version, commit and Go version
 package main
 
@@ -53,9 +55,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	case "certs":
 		return runCerts(args, stdout, stderr)
+	case "tokenize":
+		return runTokenize(args, os.Stdin, stdout, stderr)
 	case "serve", "envoy-config":
 	default:
-		return fmt.Errorf("unknown command %q (want serve, envoy-config, certs or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, envoy-config, certs, tokenize or version)", cmd)
 	}
 	fs := flag.NewFlagSet("duet "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -11,6 +11,7 @@ import (
 	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/extproc/tokenize"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -19,6 +20,8 @@ import (
 type pool struct {
 	cfg   config.Pool
 	sched *scheduler.Scheduler
+	// tokenizer is the pool's model tokenizer; nil without one.
+	tokenizer *tokenize.Model
 }
 
 // poolSet is every pool, in configuration order.
@@ -27,9 +30,19 @@ type poolSet []*pool
 // newPools makes a scheduler per pool of cfg, each from base (the settings
 // every pool shares: callbacks) with the pool's engines and policies. The
 // schedulers' metrics carry the label pool, and their logs the field pool.
+// A pool's tokenizer files are loaded here: one that is missing or that
+// duet cannot reproduce stops the start, naming the file and the reason.
 func newPools(cfg *config.Config, base scheduler.Config, log *zap.Logger, reg prometheus.Registerer) (poolSet, error) {
 	var out poolSet
 	for _, pc := range cfg.PoolList() {
+		tok, err := loadTokenizer(pc.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", pc.Name, err)
+		}
+		if tok != nil {
+			log.Info("tokenizer loaded", zap.String("pool", pc.Name), zap.String("file", pc.Tokenizer.File),
+				zap.Bool("chat_template", tok.Chat != nil), zap.Int("block_tokens", pc.Tokenizer.BlockTokens(cfg.Prefix.BlockTokens)))
+		}
 		scfg := schedulerConfig(cfg, pc)
 		scfg.Pool = pc.Name
 		scfg.OnPicked, scfg.OnEject = base.OnPicked, base.OnEject
@@ -38,9 +51,18 @@ func newPools(cfg *config.Config, base scheduler.Config, log *zap.Logger, reg pr
 		if err != nil {
 			return nil, fmt.Errorf("scheduler of pool %s: %w", pc.Name, err)
 		}
-		out = append(out, &pool{cfg: pc, sched: sched})
+		out = append(out, &pool{cfg: pc, sched: sched, tokenizer: tok})
 	}
 	return out, nil
+}
+
+// loadTokenizer loads a pool's tokenizer files; nil without a tokenizer
+// section.
+func loadTokenizer(t *config.Tokenizer) (*tokenize.Model, error) {
+	if t == nil {
+		return nil, nil
+	}
+	return tokenize.LoadModel(t.File, t.Config, t.ChatTemplate)
 }
 
 // poolRegisterer registers a pool's metrics with reg under the label
@@ -91,7 +113,8 @@ func (ps poolSet) Ready() bool {
 func (ps poolSet) extproc() []extproc.Pool {
 	out := make([]extproc.Pool, 0, len(ps))
 	for _, p := range ps {
-		ep := extproc.Pool{Name: p.cfg.Name, Picker: p.sched, Fallbacks: p.sched, PrefillCluster: p.cfg.Clusters.Prefill}
+		ep := extproc.Pool{Name: p.cfg.Name, Picker: p.sched, Fallbacks: p.sched, PrefillCluster: p.cfg.Clusters.Prefill,
+			Tokenizer: p.tokenizer}
 		if !p.cfg.Implicit() {
 			ep.Models, ep.Aliases = p.cfg.Models, p.cfg.Aliases
 		}

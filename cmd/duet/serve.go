@@ -370,7 +370,7 @@ func schedulerConfig(cfg *config.Config, p config.Pool) scheduler.Config {
 		},
 		Prefix: scheduler.PrefixConfig{
 			BlockBytes:         cfg.Prefix.BlockBytes,
-			BlockTokens:        cfg.Prefix.BlockTokens,
+			BlockTokens:        blockTokens(cfg, p),
 			MaxBlocksPerTarget: cfg.Prefix.MaxBlocksPerTarget,
 		},
 		Tokens: scheduler.TokenConfig{
@@ -388,6 +388,15 @@ func schedulerConfig(cfg *config.Config, p config.Pool) scheduler.Config {
 			MaxEjection:        cfg.Health.MaxEjection,
 		},
 	}
+}
+
+// blockTokens is pool p's token block size: with a tokenizer, a multiple
+// of its engines' page size.
+func blockTokens(cfg *config.Config, p config.Pool) int {
+	if p.Tokenizer != nil {
+		return p.Tokenizer.BlockTokens(cfg.Prefix.BlockTokens)
+	}
+	return cfg.Prefix.BlockTokens
 }
 
 func policySpec(p config.PolicySpec) scheduler.PolicySpec {

@@ -26,8 +26,14 @@ type ChatRequest struct {
 	NoGenerationPrompt bool
 }
 
-// ErrTemplate marks a request the chat template cannot render: a message
-// of the wrong shape, or the template's own raise_exception.
+// ErrInvalidMessages marks a chat request SGLang refuses before its
+// template runs: messages that are not a list of objects, an unknown role,
+// content of the wrong type, tool call arguments that are not a JSON
+// object.
+var ErrInvalidMessages = errors.New("invalid chat messages")
+
+// ErrTemplate marks a request the chat template failed to render (the
+// template's own raise_exception, or a construct the engine lacks).
 var ErrTemplate = errors.New("chat template")
 
 // ChatTemplate renders chat requests with a model's Jinja chat template as
@@ -158,22 +164,22 @@ func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 //     message (SGLang continues it only with continue_final_message).
 func (ct *ChatTemplate) messages(raw gjson.Result) (jinja.Value, error) {
 	if !raw.IsArray() {
-		return jinja.Value{}, fmt.Errorf("%w: messages is not an array", ErrTemplate)
+		return jinja.Value{}, fmt.Errorf("%w: messages is not an array", ErrInvalidMessages)
 	}
 	arr := raw.Array()
 	items := make([]jinja.Value, 0, len(arr))
 	for i, m := range arr {
 		if !m.IsObject() {
-			return jinja.Value{}, fmt.Errorf("%w: messages[%d] is not an object", ErrTemplate, i)
+			return jinja.Value{}, fmt.Errorf("%w: messages[%d] is not an object", ErrInvalidMessages, i)
 		}
 		role := m.Get("role")
 		if role.Type != gjson.String {
-			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has no role", ErrTemplate, i)
+			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has no role", ErrInvalidMessages, i)
 		}
 		switch role.Str {
 		case "system", "developer", "user", "assistant", "tool", "function":
 		default:
-			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has unknown role %q", ErrTemplate, i, role.Str)
+			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has unknown role %q", ErrInvalidMessages, i, role.Str)
 		}
 		msg := jinja.NewDict()
 		d := msg.AsDict()
@@ -184,7 +190,7 @@ func (ct *ChatTemplate) messages(raw gjson.Result) (jinja.Value, error) {
 			case key == "content":
 				var c jinja.Value
 				if c, err = ct.content(v, role.Str); err != nil {
-					err = fmt.Errorf("%w: messages[%d].content: %v", ErrTemplate, i, err)
+					err = fmt.Errorf("%w: messages[%d].content: %v", ErrInvalidMessages, i, err)
 					return false
 				}
 				d.Set(key, c)
@@ -192,7 +198,7 @@ func (ct *ChatTemplate) messages(raw gjson.Result) (jinja.Value, error) {
 			case key == "tool_calls" && role.Str == "assistant":
 				var tc jinja.Value
 				if tc, err = toolCalls(v); err != nil {
-					err = fmt.Errorf("%w: messages[%d].tool_calls: %v", ErrTemplate, i, err)
+					err = fmt.Errorf("%w: messages[%d].tool_calls: %v", ErrInvalidMessages, i, err)
 					return false
 				}
 				d.Set(key, tc)

@@ -168,8 +168,8 @@ func TestChatBadInput(t *testing.T) {
 		`{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`,
 	} {
 		_, err := m.EncodeChat(nil, chatCase{body: body}.request())
-		if !errors.Is(err, ErrTemplate) {
-			t.Errorf("%s: got %v, want a template error", body, err)
+		if !errors.Is(err, ErrInvalidMessages) {
+			t.Errorf("%s: got %v, want invalid messages", body, err)
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package tokenize
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 )
 
@@ -21,6 +23,9 @@ type Tokenizer struct {
 	words          *wordCache
 	pieces         *pieceCache
 	scratch        sync.Pool // *encodeScratch
+	// decode maps ids back to bytes, built on first use.
+	decodeOnce sync.Once
+	decode     map[int32]string
 }
 
 // encodeScratch is one encoding's reusable buffers.
@@ -126,4 +131,28 @@ func (t *Tokenizer) SetPieceCacheBytes(n int64) { t.pieces = newPieceCache(n) }
 func (t *Tokenizer) TokenText(id int64) (string, bool) {
 	s, ok := t.addedIDs[int32(id)]
 	return s, ok
+}
+
+// Decode returns the text of ids: the bytes their tokens stand for (added
+// tokens as their content). Ids outside the vocabulary are written as
+// <id>. A slice that cuts a character in two decodes it as U+FFFD.
+func (t *Tokenizer) Decode(ids []int64) string {
+	t.decodeOnce.Do(func() {
+		t.decode = make(map[int32]string, len(t.bpe.vocab)+len(t.addedIDs))
+		for b, id := range t.bpe.vocab {
+			t.decode[id] = b
+		}
+		for id, c := range t.addedIDs {
+			t.decode[id] = c
+		}
+	})
+	var b strings.Builder
+	for _, id := range ids {
+		if s, ok := t.decode[int32(id)]; ok && id == int64(int32(id)) {
+			b.WriteString(s)
+		} else {
+			fmt.Fprintf(&b, "<%d>", id)
+		}
+	}
+	return strings.ToValidUTF8(b.String(), "\uFFFD")
 }

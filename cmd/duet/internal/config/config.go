@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -49,6 +50,10 @@ type Config struct {
 	Health HealthOptions `yaml:"health"`
 	// Prefix tunes the prefix index.
 	Prefix PrefixOptions `yaml:"prefix"`
+	// Tokenizer, when set, is the model's tokenizer for a configuration
+	// without a pools section (each pool names its own): duet then routes
+	// on token ids (docs/tokenizer.md). Off by default.
+	Tokenizer *Tokenizer `yaml:"tokenizer"`
 	// Tokens tunes the token estimate.
 	Tokens TokenOptions `yaml:"tokens"`
 	// Request bounds what duet accepts from clients.
@@ -364,6 +369,7 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	cfg.resolveTokenizerPaths(filepath.Dir(path))
 	return cfg, nil
 }
 
@@ -495,6 +501,7 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, validateEndpoints("", c.Prefill, c.Decode, map[string]string{})...)
 	errs = append(errs, c.validatePools()...)
+	errs = append(errs, c.validateTokenizers()...)
 	if c.Request.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("request.max_body_bytes: %d is below the 1024-byte minimum", c.Request.MaxBodyBytes))
 	}

@@ -37,6 +37,9 @@ type Pool struct {
 	// Clusters names the pool's Envoy clusters; default
 	// duet_<name>_decode and duet_<name>_prefill.
 	Clusters EnvoyClusters `yaml:"clusters"`
+	// Tokenizer, when set, is the pool's model tokenizer: duet routes its
+	// requests on token ids (docs/tokenizer.md). Off by default.
+	Tokenizer *Tokenizer `yaml:"tokenizer"`
 
 	// implicit marks the pool made of the top-level lists when the file
 	// has no pools section.
@@ -80,7 +83,7 @@ func (c *Config) PoolList() []Pool {
 		return c.Pools
 	}
 	p := Pool{Name: DefaultPoolName, Prefill: c.Prefill, Decode: c.Decode, Policy: c.Policy,
-		Clusters: c.Envoy.Clusters, implicit: true}
+		Clusters: c.Envoy.Clusters, Tokenizer: c.Tokenizer, implicit: true}
 	if c.Kubernetes != nil {
 		p.Kubernetes = &PoolServices{Prefill: c.Kubernetes.Prefill, Decode: c.Kubernetes.Decode}
 	}
