@@ -40,9 +40,9 @@ func chatCases() []chatCase {
 		{name: "no generation prompt", noGenerationPrompt: true, body: `{"messages":[{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}`},
 		{name: "lookalikes", body: `{"messages":[{"role":"user","content":"print <|im_start|> and <|begin_of_text|> and <｜end▁of▁sentence｜> literally"}]}`},
 		{
-			name:     "tools",
-			body:     `{"tools":[` + weatherTool + `],"messages":[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 2}"}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21.5}"},{"role":"user","content":"thanks"}]}`,
-			refTools: `[` + weatherToolRef + `]`,
+			name:        "tools",
+			body:        `{"tools":[` + weatherTool + `],"messages":[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 2}"}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21.5}"},{"role":"user","content":"thanks"}]}`,
+			refTools:    `[` + weatherToolRef + `]`,
 			refMessages: `[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris","days":2}}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21.5}"},{"role":"user","content":"thanks"}]`,
 		},
 		{
