@@ -75,7 +75,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed e2e/bench/overhead/requirements.txt
 # variants, load generator and servers pinned to separate CPUs; regenerates
 # docs/benchmarks/overhead.md (about 20 minutes). OVERHEAD_FLAGS passes
 # flags, e.g. OVERHEAD_FLAGS='-cases 32@500 -variants "duet aggregated" -reps 3'.
-bench-overhead: build envoy $(VENV)/.bench-installed
+bench-overhead: build envoy tokenizers $(VENV)/.bench-installed
 	$(GO) run ./e2e/bench/overhead $(OVERHEAD_FLAGS)
 
 # Soak (not in CI): 20 minutes of mixed load with faults injected; reports

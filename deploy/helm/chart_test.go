@@ -319,6 +319,9 @@ type valueSet struct {
 	// pools are the pools duet's configuration must hold, in order (none:
 	// no pools section, pd says what the one pool is).
 	pools []poolWant
+	// tokenizerClaim is the PVC duet must mount read-only at
+	// /models/tokenizer ("": no tokenizer volume).
+	tokenizerClaim string
 }
 
 // defaultSubject is the chart's NATS subject for the release in namespace.
@@ -344,6 +347,16 @@ var valueSets = []valueSet{
 		name: "default", replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
 		objects: append(slices.Clone(defaultObjects),
 			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
+	},
+	{
+		// The model's tokenizer from the weights' PVC (docs/tokenizer.md).
+		name: "tokenizer", replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
+		set: []string{"tokenizer.volume.persistentVolumeClaim.claimName=qwen3-weights", "tokenizer.volume.persistentVolumeClaim.readOnly=true",
+			"config.tokenizer.file=/models/tokenizer/tokenizer.json", "config.tokenizer.config=/models/tokenizer/tokenizer_config.json",
+			"config.tokenizer.page_size=64"},
+		objects: append(slices.Clone(defaultObjects),
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
+		tokenizerClaim: "qwen3-weights",
 	},
 	{
 		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
@@ -482,6 +495,7 @@ func TestChart(t *testing.T) {
 				t.Fatalf("objects = %v\nwant      %v", got, vs.objects)
 			}
 			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
+			t.Run("tokenizer", func(t *testing.T) { checkTokenizer(t, vs, manifest, objs) })
 			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
 			t.Run("sync", func(t *testing.T) { checkSync(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
@@ -1460,5 +1474,32 @@ func testChecksum(t *testing.T, tk tools) {
 	}
 	if other := checksum("replicaCount=3"); other != base {
 		t.Error("a replica count changes the configuration's checksum")
+	}
+}
+
+// checkTokenizer checks the tokenizer volume: mounted read-only into duet
+// (and nothing else) at the mount path, from the claim, only when asked.
+func checkTokenizer(t *testing.T, vs valueSet, manifest string, objs map[string]object) {
+	var dep deployment
+	objs["Deployment/duet-system/duet"].into(t, &dep)
+	pod := dep.Spec.Template.Spec
+	var mounted []string
+	for _, c := range append(slices.Clone(pod.InitContainers), pod.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if m.Name == "tokenizer" {
+				mounted = append(mounted, fmt.Sprintf("%s:%s:%v", c.Name, m.MountPath, m.ReadOnly))
+			}
+		}
+	}
+	hasVolume := slices.ContainsFunc(pod.Volumes, func(v volume) bool { return v.Name == "tokenizer" })
+	if vs.tokenizerClaim == "" {
+		if len(mounted) > 0 || hasVolume {
+			t.Errorf("no tokenizer asked for, but mounts %v, volume %v", mounted, hasVolume)
+		}
+		return
+	}
+	if !slices.Equal(mounted, []string{"duet:/models/tokenizer:true"}) || !hasVolume ||
+		!strings.Contains(manifest, "claimName: "+vs.tokenizerClaim) {
+		t.Errorf("tokenizer mounts %v, volume %v: want duet's read-only mount of claim %s", mounted, hasVolume, vs.tokenizerClaim)
 	}
 }

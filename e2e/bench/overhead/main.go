@@ -277,8 +277,10 @@ var variantDescriptions = map[string]string{
 	variantReplicas2: "two duet replicas sharing state over NATS, both listed in Envoy's clusters to duet (envoy.duet_replicas: streams spread over them); processor CPU is both replicas and nats-server",
 	variantReplicas3: "three duet replicas, as duet 2 replicas",
 	variantPD:        "the rendered bootstrap of one prefill and one decode engine (the mirror)",
-	variantSMG:       "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
-	variantSMGPD:     "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
+	variantPDTokenizer: "duet PD with Qwen3's tokenizer and chat template (tokenizer section, page_size 16): every prompt new, so each is rendered and tokenized in full " +
+		"(the /generate case tokenizes its text)",
+	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
+	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
 }
 
 // variantsText describes the variants that ran.

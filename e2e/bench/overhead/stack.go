@@ -26,6 +26,7 @@ const (
 	variantAgg         = "duet aggregated"
 	variantMTLS        = "duet mTLS"
 	variantToken       = "duet token"
+	variantPDTokenizer = "duet PD tokenizer"
 	variantShared      = "duet shared"
 	variantReplicas2   = "duet 2 replicas"
 	variantReplicas3   = "duet 3 replicas"
@@ -37,7 +38,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantPDTokenizer, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -60,7 +61,21 @@ var sharedReplicas = map[string]struct {
 }{variantShared: {1, false}, variantReplicas2: {1, true}, variantReplicas3: {2, true}}
 
 // isPD reports whether a variant runs a prefill and a decode engine.
-func isPD(variant string) bool { return variant == variantPD || variant == variantSMGPD }
+func isPD(variant string) bool {
+	return variant == variantPD || variant == variantPDTokenizer || variant == variantSMGPD
+}
+
+// tokenizerYAML is duet's tokenizer section of the tokenizer variant:
+// Qwen3's files from the fixtures `make tokenizers` installs.
+func tokenizerYAML() (string, error) {
+	root := os.Getenv("DUET_TOKENIZERS_DIR")
+	if root == "" {
+		return "", fmt.Errorf("%s needs DUET_TOKENIZERS_DIR (make bench-overhead sets it)", variantPDTokenizer)
+	}
+	dir := filepath.Join(root, "qwen3")
+	return fmt.Sprintf("tokenizer:\n  file: %s\n  config: %s\n  page_size: 16\n",
+		filepath.Join(dir, "tokenizer.json"), filepath.Join(dir, "tokenizer_config.json")), nil
+}
 
 // isSMG reports whether a variant is the standalone router, without Envoy.
 func isSMG(variant string) bool { return variant == variantSMG || variant == variantSMGPD }
@@ -167,6 +182,11 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 			for _, p := range peers {
 				addrs.EnvoyDuetReplicas = append(addrs.EnvoyDuetReplicas, p.DuetGRPC)
 			}
+		}
+	}
+	if variant == variantPDTokenizer {
+		if opts.DuetYAML, err = tokenizerYAML(); err != nil {
+			return nil, err
 		}
 	}
 	decodeMode := "null"
