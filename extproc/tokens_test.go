@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -103,4 +104,75 @@ func TestTokenizedRouting(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkPromptPath is what the request path spends on a chat body's
+// prompt before the pick: without a tokenizer, parsing and the text form
+// (Describe; the scheduler then hashes text blocks); with one, also the
+// chat template and the token ids (PromptTokens, which parses as well),
+// for a new prompt and for the next turn of a conversation whose history
+// was seen. go test ./extproc -run X -bench PromptPath -count 6, then
+// benchstat -col /variant.
+func BenchmarkPromptPath(b *testing.B) {
+	m := qwen3(b, "")
+	for _, size := range []int{1 << 10, 32 << 10, 256 << 10} {
+		body := multiTurnChat(size)
+		turns := make([][]byte, 64)
+		for i := range turns {
+			turns[i] = []byte(strings.Replace(string(body), `"Next question?"`, fmt.Sprintf(`"Next question %d?"`, i), 1))
+		}
+		b.Run(fmt.Sprintf("%dKiB/text", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := Describe(RouteChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		// A fresh model per variant: its caches start empty.
+		fresh := qwen3(b, "")
+		fresh.Tokenizer.SetPieceCacheBytes(0)
+		if _, err := PromptTokens(fresh, RouteChat, body); err != nil { // the word cache warm
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("%dKiB/tokens-new", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := PromptTokens(fresh, RouteChat, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		if _, err := PromptTokens(m, RouteChat, body); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("%dKiB/tokens-seen-history", size>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			i := 0
+			for b.Loop() {
+				nb := turns[i%len(turns)]
+				i++
+				if _, err := PromptTokens(m, RouteChat, nb); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// multiTurnChat is a chat body of about size bytes: turns of about 1.5 KiB
+// of prose and code, ending with a short user question.
+func multiTurnChat(size int) []byte {
+	msgs := []map[string]string{{"role": "system", "content": "You are a helpful assistant."}}
+	para := "The scheduler picks a prefill and a decode rank for each request; ranks that hold the prefix win unless they are loaded.\n```go\nfunc pick(r *Request) Target {\n\treturn best(r)\n}\n```\n"
+	total := 0
+	for i := 0; total < size; i++ {
+		role := map[bool]string{true: "user", false: "assistant"}[i%2 == 0]
+		text := fmt.Sprintf("Turn %d. ", i) + strings.Repeat(para, 1500/len(para)+1)[:1500]
+		msgs = append(msgs, map[string]string{"role": role, "content": text})
+		total += len(text) + 40
+	}
+	msgs = append(msgs, map[string]string{"role": "user", "content": "Next question?"})
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	return b
 }

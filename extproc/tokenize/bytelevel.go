@@ -1,7 +1,5 @@
 package tokenize
 
-import "unicode/utf8"
-
 // byteChars maps each byte to the printable character that byte-level BPE
 // vocabularies write it as (GPT-2's bytes_to_unicode): printable Latin-1
 // bytes stand for themselves, every other byte for 256 + its rank among
@@ -50,13 +48,4 @@ func charByte(r rune) (byte, bool) {
 		}
 	}
 	return 0, false
-}
-
-// byteLevelEncode writes b in byte-level characters.
-func byteLevelEncode(b []byte) string {
-	out := make([]byte, 0, len(b)*2)
-	for _, c := range b {
-		out = utf8.AppendRune(out, byteChars[c])
-	}
-	return string(out)
 }

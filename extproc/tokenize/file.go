@@ -73,12 +73,6 @@ func (m *mergeSpec) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// component is the common head of a normalizer, pre-tokenizer or
-// post-processor entry.
-type component struct {
-	Type string `json:"type"`
-}
-
 // Load reads a Hugging Face tokenizer.json and builds its tokenizer. An
 // unreadable file, malformed JSON or a construct the package cannot
 // reproduce exactly is an error naming the file and the reason.

@@ -94,7 +94,7 @@ func (p *preTokenizer) add(raw json.RawMessage) (byteLevel bool, err error) {
 		return true, nil
 	case "Split":
 		if spec.Behavior != "Isolated" || spec.Invert {
-			return false, fmt.Errorf("Split with behavior %q, invert %v (only Isolated, not inverted): %w", spec.Behavior, spec.Invert, errUnsupported)
+			return false, fmt.Errorf("a Split with behavior %q, invert %v (only Isolated, not inverted): %w", spec.Behavior, spec.Invert, errUnsupported)
 		}
 		var pattern string
 		switch {
@@ -103,7 +103,7 @@ func (p *preTokenizer) add(raw json.RawMessage) (byteLevel bool, err error) {
 		case spec.Pattern.String != nil:
 			pattern = regexp2.Escape(*spec.Pattern.String)
 		default:
-			return false, fmt.Errorf("Split without a pattern")
+			return false, fmt.Errorf("a Split without a pattern")
 		}
 		s, err := newSplitter(pattern)
 		if err != nil {
