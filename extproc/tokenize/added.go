@@ -1,6 +1,9 @@
 package tokenize
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // addedVocab finds added tokens in text, leftmost-longest, as Hugging
 // Face's Aho-Corasick matcher does.
@@ -8,7 +11,11 @@ type addedVocab struct {
 	// first marks the bytes that start some token, so most positions
 	// are passed over at once.
 	first [256]bool
-	root  *trieNode
+	// single is the one byte every token starts with (they all start
+	// with '<' in the supported families), found with IndexByte; -1 when
+	// they start with several.
+	single int
+	root   *trieNode
 }
 
 // trieNode is one byte of the token trie.
@@ -46,7 +53,7 @@ func buildAddedVocab(specs []addedTokenSpec) *addedVocab {
 	if len(specs) == 0 {
 		return nil
 	}
-	v := &addedVocab{root: &trieNode{id: -1}}
+	v := &addedVocab{root: &trieNode{id: -1}, single: int(specs[0].Content[0])}
 	for _, s := range specs {
 		n := v.root
 		for i := 0; i < len(s.Content); i++ {
@@ -65,6 +72,9 @@ func buildAddedVocab(specs []addedTokenSpec) *addedVocab {
 			n.id = int32(s.ID)
 		}
 		v.first[s.Content[0]] = true
+		if int(s.Content[0]) != v.single {
+			v.single = -1
+		}
 	}
 	return v
 }
@@ -76,7 +86,13 @@ func (v *addedVocab) find(s string, from int) (start, end int, id int32) {
 		return -1, 0, 0
 	}
 	for i := from; i < len(s); i++ {
-		if !v.first[s[i]] {
+		if v.single >= 0 {
+			j := strings.IndexByte(s[i:], byte(v.single))
+			if j < 0 {
+				return -1, 0, 0
+			}
+			i += j
+		} else if !v.first[s[i]] {
 			continue
 		}
 		n, bestEnd, bestID := v.root, -1, int32(-1)

@@ -110,41 +110,43 @@ func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 	data["__filter_tojson"] = jinja.NewCallable("tojson", pyToJSON)
 	data["messages"] = msgs
 	data["add_generation_prompt"] = jinja.NewBool(!req.NoGenerationPrompt)
+	data["tools"] = jinja.None()
+	data["documents"] = jinja.None()
 	tmpl := ct.main
 	if req.Tools.IsArray() {
-		data["tools"] = sglangTools(req.Tools)
+		tools, err := parseValue(req.Tools.Raw)
+		if err != nil {
+			return "", fmt.Errorf("%w: tools: %v", ErrInvalidMessages, err)
+		}
+		data["tools"] = sglangTools(tools)
 		if ct.toolUse != nil {
 			tmpl = ct.toolUse
 		}
-	} else {
-		data["tools"] = jinja.None()
 	}
-	data["documents"] = jinja.None()
-	kwargs := map[string]jinja.Value{}
-	var order []string
-	setKwarg := func(k string, v jinja.Value) {
-		if _, ok := kwargs[k]; !ok {
-			order = append(order, k)
+	var effort jinja.Value
+	if e := req.ReasoningEffort; e.Exists() && e.Type != gjson.Null {
+		if effort, err = parseValue(e.Raw); err != nil {
+			return "", fmt.Errorf("%w: reasoning_effort: %v", ErrInvalidMessages, err)
 		}
-		kwargs[k] = v
+		data["reasoning_effort"] = effort
 	}
-	if e := req.ReasoningEffort; e.Exists() && e.Type != gjson.Null {
-		setKwarg("reasoning_effort", toValue(e))
+	if k := req.ChatTemplateKwargs; k.IsObject() {
+		kwargs, err := parseValue(k.Raw)
+		if err != nil {
+			return "", fmt.Errorf("%w: chat_template_kwargs: %v", ErrInvalidMessages, err)
+		}
+		d := kwargs.AsDict()
+		for _, key := range d.Keys {
+			data[key] = d.Data[key]
+		}
 	}
-	req.ChatTemplateKwargs.ForEach(func(k, v gjson.Result) bool {
-		setKwarg(k.String(), toValue(v))
-		return true
-	})
-	if e := req.ReasoningEffort; e.Exists() && e.Type != gjson.Null {
-		thinking := jinja.NewBool(e.String() != "none")
+	if effort.IsString() || effort.IsNumber() {
+		thinking := jinja.NewBool(!(effort.IsString() && effort.AsString() == "none"))
 		for _, k := range []string{"thinking", "enable_thinking"} {
-			if _, ok := kwargs[k]; !ok {
-				setKwarg(k, thinking)
+			if !req.ChatTemplateKwargs.Get(k).Exists() {
+				data[k] = thinking
 			}
 		}
-	}
-	for _, k := range order {
-		data[k] = kwargs[k]
 	}
 	out, err := tmpl.RenderValues(data)
 	if err != nil {
@@ -166,49 +168,46 @@ func (ct *ChatTemplate) messages(raw gjson.Result) (jinja.Value, error) {
 	if !raw.IsArray() {
 		return jinja.Value{}, fmt.Errorf("%w: messages is not an array", ErrInvalidMessages)
 	}
-	arr := raw.Array()
-	items := make([]jinja.Value, 0, len(arr))
-	for i, m := range arr {
-		if !m.IsObject() {
+	parsed, err := parseValue(raw.Raw)
+	if err != nil {
+		return jinja.Value{}, fmt.Errorf("%w: messages: %v", ErrInvalidMessages, err)
+	}
+	in := parsed.AsList().Items
+	items := make([]jinja.Value, 0, len(in))
+	for i, m := range in {
+		if !m.IsDict() {
 			return jinja.Value{}, fmt.Errorf("%w: messages[%d] is not an object", ErrInvalidMessages, i)
 		}
-		role := m.Get("role")
-		if role.Type != gjson.String {
+		src := m.AsDict()
+		role, _ := src.Get("role")
+		if !role.IsString() {
 			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has no role", ErrInvalidMessages, i)
 		}
-		switch role.Str {
+		switch role.AsString() {
 		case "system", "developer", "user", "assistant", "tool", "function":
 		default:
-			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has unknown role %q", ErrInvalidMessages, i, role.Str)
+			return jinja.Value{}, fmt.Errorf("%w: messages[%d] has unknown role %q", ErrInvalidMessages, i, role.AsString())
 		}
 		msg := jinja.NewDict()
 		d := msg.AsDict()
-		var err error
-		m.ForEach(func(k, v gjson.Result) bool {
-			key := k.String()
+		for _, key := range src.Keys {
+			v := src.Data[key]
 			switch {
 			case key == "content":
-				var c jinja.Value
-				if c, err = ct.content(v, role.Str); err != nil {
-					err = fmt.Errorf("%w: messages[%d].content: %v", ErrInvalidMessages, i, err)
-					return false
+				c, err := ct.content(v, role.AsString())
+				if err != nil {
+					return jinja.Value{}, fmt.Errorf("%w: messages[%d].content: %v", ErrInvalidMessages, i, err)
 				}
 				d.Set(key, c)
-			case v.Type == gjson.Null:
-			case key == "tool_calls" && role.Str == "assistant":
-				var tc jinja.Value
-				if tc, err = toolCalls(v); err != nil {
-					err = fmt.Errorf("%w: messages[%d].tool_calls: %v", ErrInvalidMessages, i, err)
-					return false
+			case v.IsNone():
+			case key == "tool_calls" && role.AsString() == "assistant":
+				if err := parseToolArguments(v); err != nil {
+					return jinja.Value{}, fmt.Errorf("%w: messages[%d].tool_calls: %v", ErrInvalidMessages, i, err)
 				}
-				d.Set(key, tc)
+				d.Set(key, v)
 			default:
-				d.Set(key, toValue(v))
+				d.Set(key, v)
 			}
-			return true
-		})
-		if err != nil {
-			return jinja.Value{}, err
 		}
 		if !d.Has("content") {
 			d.Set("content", jinja.NewString(""))
@@ -230,31 +229,36 @@ func (ct *ChatTemplate) messages(raw gjson.Result) (jinja.Value, error) {
 }
 
 // content rewrites one message's content.
-func (ct *ChatTemplate) content(v gjson.Result, role string) (jinja.Value, error) {
+func (ct *ChatTemplate) content(v jinja.Value, role string) (jinja.Value, error) {
 	switch {
-	case v.Type == gjson.Null:
+	case v.IsNone():
 		return jinja.NewString(""), nil
-	case v.Type == gjson.String:
-		return jinja.NewString(v.Str), nil
-	case !v.IsArray():
+	case v.IsString():
+		return v, nil
+	case !v.IsList():
 		return jinja.Value{}, fmt.Errorf("neither a string nor a list of parts")
 	}
 	var texts []string
 	var parts []jinja.Value
-	var err error
-	v.ForEach(func(_, p gjson.Result) bool {
-		typ := p.Get("type").String()
-		switch typ {
+	for _, p := range v.AsList().Items {
+		if !p.IsDict() {
+			return jinja.Value{}, fmt.Errorf("a part that is not an object")
+		}
+		pd := p.AsDict()
+		typ, _ := pd.Get("type")
+		if !typ.IsString() {
+			return jinja.Value{}, fmt.Errorf("a part without a type")
+		}
+		switch typ.AsString() {
 		case "text", "input_text":
-			t := p.Get("text")
-			if t.Type != gjson.String {
-				err = fmt.Errorf("a %s part without text", typ)
-				return false
+			t, _ := pd.Get("text")
+			if !t.IsString() {
+				return jinja.Value{}, fmt.Errorf("a %s part without text", typ.AsString())
 			}
-			texts = append(texts, t.Str)
+			texts = append(texts, t.AsString())
 			part := jinja.NewDict()
 			part.AsDict().Set("type", jinja.NewString("text"))
-			part.AsDict().Set("text", jinja.NewString(t.Str))
+			part.AsDict().Set("text", t)
 			parts = append(parts, part)
 		case "image_url", "image", "input_image":
 			parts = append(parts, placeholder("image"))
@@ -264,13 +268,8 @@ func (ct *ChatTemplate) content(v gjson.Result, role string) (jinja.Value, error
 			parts = append(parts, placeholder("audio"))
 		case "thinking", "reasoning":
 		default:
-			err = fmt.Errorf("part of unknown type %q", typ)
-			return false
+			return jinja.Value{}, fmt.Errorf("part of unknown type %q", typ.AsString())
 		}
-		return true
-	})
-	if err != nil {
-		return jinja.Value{}, err
 	}
 	if !ct.contentParts || role == "tool" && len(parts) == len(texts) {
 		return jinja.NewString(strings.Join(texts, " ")), nil
@@ -285,38 +284,32 @@ func placeholder(typ string) jinja.Value {
 	return p
 }
 
-// toolCalls parses each call's arguments, a JSON string, into an object,
-// as SGLang does (strictly: arguments that are not a JSON object fail).
-func toolCalls(v gjson.Result) (jinja.Value, error) {
-	if !v.IsArray() {
-		return toValue(v), nil
+// parseToolArguments parses each call's arguments, a JSON string, into an
+// object in place, as SGLang does (strictly: arguments that are not a JSON
+// object fail).
+func parseToolArguments(calls jinja.Value) error {
+	if !calls.IsList() {
+		return nil
 	}
-	var calls []jinja.Value
-	var err error
-	v.ForEach(func(_, call gjson.Result) bool {
-		c := toValue(call)
-		if !c.IsDict() {
-			calls = append(calls, c)
-			return true
+	for _, call := range calls.AsList().Items {
+		if !call.IsDict() {
+			continue
 		}
-		fn, ok := c.AsDict().Get("function")
-		if ok && fn.IsDict() {
-			if args, ok := fn.AsDict().Get("arguments"); ok && args.IsString() {
-				parsed := gjson.Parse(args.AsString())
-				if !gjson.Valid(args.AsString()) || !parsed.IsObject() {
-					err = fmt.Errorf("arguments %q are not a JSON object", args.AsString())
-					return false
-				}
-				fn.AsDict().Set("arguments", toValue(parsed))
-			}
+		fn, ok := call.AsDict().Get("function")
+		if !ok || !fn.IsDict() {
+			continue
 		}
-		calls = append(calls, c)
-		return true
-	})
-	if err != nil {
-		return jinja.Value{}, err
+		args, ok := fn.AsDict().Get("arguments")
+		if !ok || !args.IsString() {
+			continue
+		}
+		parsed, err := parseValue(args.AsString())
+		if err != nil || !parsed.IsDict() {
+			return fmt.Errorf("arguments %q are not a JSON object", args.AsString())
+		}
+		fn.AsDict().Set("arguments", parsed)
 	}
-	return jinja.NewList(calls), nil
+	return nil
 }
 
 // sglangTools is the tools list as SGLang passes it to the template (its
@@ -324,79 +317,49 @@ func toolCalls(v gjson.Result) (jinja.Value, error) {
 // defer_loading}; a function keeps the client's keys in order, then
 // description and parameters (null when absent), and drops null strict
 // and defer_loading.
-func sglangTools(tools gjson.Result) jinja.Value {
+func sglangTools(tools jinja.Value) jinja.Value {
 	var out []jinja.Value
-	tools.ForEach(func(_, t gjson.Result) bool {
-		tool := jinja.NewDict()
-		td := tool.AsDict()
-		typ := t.Get("type")
-		if typ.Exists() && typ.Type != gjson.Null {
-			td.Set("type", toValue(typ))
+	if !tools.IsList() {
+		return jinja.NewList(out)
+	}
+	for _, t := range tools.AsList().Items {
+		td := jinja.NewDict()
+		if !t.IsDict() {
+			out = append(out, t)
+			continue
+		}
+		src := t.AsDict()
+		if typ, ok := src.Get("type"); ok && !typ.IsNone() {
+			td.AsDict().Set("type", typ)
 		} else {
-			td.Set("type", jinja.NewString("function"))
+			td.AsDict().Set("type", jinja.NewString("function"))
 		}
 		fn := jinja.NewDict()
 		fd := fn.AsDict()
-		t.Get("function").ForEach(func(k, v gjson.Result) bool {
-			key := k.String()
-			if v.Type == gjson.Null && (key == "strict" || key == "defer_loading") {
-				return true
+		if f, ok := src.Get("function"); ok && f.IsDict() {
+			for _, key := range f.AsDict().Keys {
+				v := f.AsDict().Data[key]
+				if v.IsNone() && (key == "strict" || key == "defer_loading") {
+					continue
+				}
+				fd.Set(key, v)
 			}
-			fd.Set(key, toValue(v))
-			return true
-		})
+		}
 		for _, k := range []string{"description", "parameters"} {
 			if !fd.Has(k) {
 				fd.Set(k, jinja.None())
 			}
 		}
-		defer_ := t.Get("defer_loading")
-		if !fd.Has("defer_loading") && defer_.Exists() && defer_.Type != gjson.Null {
-			fd.Set("defer_loading", toValue(defer_))
+		deferLoading, ok := src.Get("defer_loading")
+		if !ok {
+			deferLoading = jinja.None()
 		}
-		td.Set("function", fn)
-		td.Set("defer_loading", toValue(defer_))
-		out = append(out, tool)
-		return true
-	})
+		if !fd.Has("defer_loading") && !deferLoading.IsNone() {
+			fd.Set("defer_loading", deferLoading)
+		}
+		td.AsDict().Set("function", fn)
+		td.AsDict().Set("defer_loading", deferLoading)
+		out = append(out, td)
+	}
 	return jinja.NewList(out)
-}
-
-// toValue turns JSON into template values, keeping the order of keys as
-// Python's json module does.
-func toValue(v gjson.Result) jinja.Value {
-	switch v.Type {
-	case gjson.Null:
-		return jinja.None()
-	case gjson.False:
-		return jinja.NewBool(false)
-	case gjson.True:
-		return jinja.NewBool(true)
-	case gjson.String:
-		return jinja.NewString(v.Str)
-	case gjson.Number:
-		if !strings.ContainsAny(v.Raw, ".eE") {
-			if n := v.Int(); fmt.Sprint(n) == strings.TrimPrefix(v.Raw, "+") {
-				return jinja.NewInt(n)
-			}
-		}
-		return jinja.NewFloat(v.Num)
-	}
-	if v.IsArray() {
-		var items []jinja.Value
-		v.ForEach(func(_, x gjson.Result) bool {
-			items = append(items, toValue(x))
-			return true
-		})
-		return jinja.NewList(items)
-	}
-	if v.IsObject() {
-		d := jinja.NewDict()
-		v.ForEach(func(k, x gjson.Result) bool {
-			d.AsDict().Set(k.String(), toValue(x))
-			return true
-		})
-		return d
-	}
-	return jinja.Undefined()
 }

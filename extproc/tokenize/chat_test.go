@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ardanlabs/jinja"
 	"github.com/tidwall/gjson"
 )
 
@@ -170,6 +171,33 @@ func TestChatBadInput(t *testing.T) {
 		_, err := m.EncodeChat(nil, chatCase{body: body}.request())
 		if !errors.Is(err, ErrInvalidMessages) {
 			t.Errorf("%s: got %v, want invalid messages", body, err)
+		}
+	}
+}
+
+// TestParseValue holds the JSON reader to gjson on strings and to Python's
+// json module on numbers and key order.
+func TestParseValue(t *testing.T) {
+	for _, raw := range []string{
+		`"plain"`, `""`, `"a\nb\tc\\d\"e\/f"`, `"\u00e9\u4f60"`, `"\ud83d\ude00 emoji"`, `"lone \ud800 x"`,
+		`"\b\f\r"`, `"end\\"`, `"` + strings.Repeat(`code\n\tline `, 100) + `"`,
+	} {
+		v, err := parseValue(raw)
+		if want := gjson.Parse(raw).Str; err != nil || v.AsString() != want {
+			t.Errorf("%s: got %q (%v), want %q", raw, v.AsString(), err, want)
+		}
+	}
+	v, err := parseValue(`{"b": 1, "a": [1.0, -2, 3e2, 12345678901234567890, true, null], "b": 2}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := pyToJSON([]jinja.Value{v}, nil)
+	if want := `{"b": 2, "a": [1.0, -2, 300.0, 1.2345678901234567e+19, true, null]}`; got.AsString() != want {
+		t.Errorf("got %s, want %s", got.AsString(), want)
+	}
+	for _, bad := range []string{`{"a" 1}`, `[1,]`, `"open`, `{"a":1}x`, `tru`, `"\x"`} {
+		if _, err := parseValue(bad); err == nil {
+			t.Errorf("%s: no error", bad)
 		}
 	}
 }

@@ -109,3 +109,16 @@ func TestGoldenText(t *testing.T) {
 		})
 	}
 }
+
+// TestFixturesUseScanners: every fixture's split patterns run on a
+// scanner, not on regexp2 (40 times slower).
+func TestFixturesUseScanners(t *testing.T) {
+	for _, family := range families {
+		m := loadModel(t, family)
+		for i, s := range m.Tokenizer.pre.splits {
+			if _, ok := s.(regexpSplitter); ok {
+				t.Errorf("%s: split %d runs on regexp2", family, i)
+			}
+		}
+	}
+}

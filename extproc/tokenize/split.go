@@ -123,6 +123,12 @@ func newSplitter(pattern string) (splitter, error) {
 		return llamaSplitter{maxDigits: 3}, nil
 	case qwenPattern:
 		return llamaSplitter{maxDigits: 1}, nil
+	case deepseekDigits:
+		return scanSplitter{match: matchDigits}, nil
+	case deepseekCJK:
+		return scanSplitter{match: matchCJK}, nil
+	case deepseekWords:
+		return scanSplitter{match: matchDeepseekWords}, nil
 	}
 	return newRegexpSplitter(pattern)
 }

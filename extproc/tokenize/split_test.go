@@ -59,6 +59,38 @@ func TestLlamaSplitterMatchesRegexp(t *testing.T) {
 	}
 }
 
+// TestDeepseekScannersMatchRegexp holds DeepSeek-V3's scanners to regexp2
+// running the same patterns (none uses (?i), where the two differ).
+func TestDeepseekScannersMatchRegexp(t *testing.T) {
+	texts := []string{"", " ", "a", "1234567", "abc123def", "你好世界ひらがなカタカナ", "x.y", ".NET", "'s", " !!\n\n",
+		"e\u0301\u0301 cafe\u0301", "\u200bzero", "\x00\x01ab", "  \t \n  x", "a  b", "😀😀 x", "١٢٣٤"}
+	for _, c := range textCases() {
+		texts = append(texts, c.Text)
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	for range 3000 {
+		texts = append(texts, randomText(rng, 1+rng.IntN(60)))
+	}
+	for _, tc := range []struct {
+		name, pattern string
+		scan          splitter
+	}{
+		{"digits", deepseekDigits, scanSplitter{match: matchDigits}},
+		{"cjk", deepseekCJK, scanSplitter{match: matchCJK}},
+		{"words", deepseekWords, scanSplitter{match: matchDeepseekWords}},
+	} {
+		re, err := newRegexpSplitter(tc.pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range texts {
+			if got, want := pieces(tc.scan, s), pieces(re, s); !slices.Equal(got, want) {
+				t.Fatalf("%s: %q:\n got %q\nwant %q", tc.name, s, got, want)
+			}
+		}
+	}
+}
+
 // TestLlamaSplitter pins pieces that the look-ahead and the digit runs
 // decide.
 func TestLlamaSplitter(t *testing.T) {
