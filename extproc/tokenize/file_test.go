@@ -19,7 +19,6 @@ func byteVocab() string {
 	return b.String()
 }
 
-
 // TestParseRefuses: what the package cannot reproduce is refused with the
 // construct named, never approximated.
 func TestParseRefuses(t *testing.T) {
