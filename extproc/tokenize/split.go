@@ -124,9 +124,9 @@ func newSplitter(pattern string) (splitter, error) {
 	case qwenPattern:
 		return llamaSplitter{maxDigits: 1}, nil
 	case deepseekDigits:
-		return scanSplitter{match: matchDigits}, nil
+		return scanSplitter{match: matchDigits, next: nextDigit}, nil
 	case deepseekCJK:
-		return scanSplitter{match: matchCJK}, nil
+		return scanSplitter{match: matchCJK, next: nextCJK}, nil
 	case deepseekWords:
 		return scanSplitter{match: matchDeepseekWords}, nil
 	}

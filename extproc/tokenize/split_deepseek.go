@@ -19,15 +19,26 @@ type matcher func(s string) int
 
 // scanSplitter isolates the matches of a pattern that a matcher
 // reproduces; the text between matches forms pieces too, as in
-// regexpSplitter.
+// regexpSplitter. next, when set, skips to where a match may start: the
+// first byte of the rest that could begin one.
 type scanSplitter struct {
 	match matcher
+	next  func(s string) int
 }
 
 // split implements splitter.
 func (sc scanSplitter) split(s string, dst []int) []int {
 	gap := false
 	for i := 0; i < len(s); {
+		if sc.next != nil {
+			if j := sc.next(s[i:]); j > 0 {
+				i += j
+				gap = true
+				if i >= len(s) {
+					break
+				}
+			}
+		}
 		if n := sc.match(s[i:]); n > 0 {
 			if gap {
 				dst = append(dst, i)
@@ -47,17 +58,111 @@ func (sc scanSplitter) split(s string, dst []int) []int {
 	return dst
 }
 
-// matchDigits is \p{N}{1,3}.
-func matchDigits(s string) int {
+// Character flags of DeepSeek-V3's patterns.
+const (
+	flagL          uint8 = 1 << iota // \p{L}
+	flagM                            // \p{M}
+	flagP                            // \p{P}
+	flagS                            // \p{S}
+	flagN                            // \p{N}
+	flagSpace                        // \s
+	flagNewline                      // \r, \n
+	flagASCIIPunct                   // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]
+)
+
+// asciiFlags are the ASCII characters' flags.
+var asciiFlags = func() (t [utf8.RuneSelf]uint8) {
+	for c := range t {
+		r := rune(c)
+		t[c] = unicodeFlags(r)
+		if r >= '!' && r <= '/' || r >= ':' && r <= '@' || r >= '[' && r <= '`' || r >= '{' && r <= '~' {
+			t[c] |= flagASCIIPunct
+		}
+	}
+	return t
+}()
+
+// unicodeFlags classifies r with Unicode's tables.
+func unicodeFlags(r rune) uint8 {
+	var f uint8
+	switch {
+	case unicode.IsLetter(r):
+		f |= flagL
+	case unicode.Is(unicode.M, r):
+		f |= flagM
+	case unicode.IsPunct(r):
+		f |= flagP
+	case unicode.IsSymbol(r):
+		f |= flagS
+	case unicode.IsNumber(r):
+		f |= flagN
+	}
+	if unicode.IsSpace(r) {
+		f |= flagSpace
+	}
+	if r == '\r' || r == '\n' {
+		f |= flagNewline
+	}
+	return f
+}
+
+// flagsAt returns the flags of the rune at the start of s and its size
+// (0 at the end).
+func flagsAt(s string) (uint8, int) {
+	if len(s) == 0 {
+		return 0, 0
+	}
+	if c := s[0]; c < utf8.RuneSelf {
+		return asciiFlags[c], 1
+	}
+	r, size := utf8.DecodeRuneInString(s)
+	return unicodeFlags(r), size
+}
+
+// runFlags is the length of the run of runes at the start of s that have
+// one of the flags in mask.
+func runFlags(s string, mask uint8) int {
 	end := 0
-	for k := 0; k < 3 && end < len(s); k++ {
-		r, size := utf8.DecodeRuneInString(s[end:])
-		if !unicode.IsNumber(r) {
+	for end < len(s) {
+		f, size := flagsAt(s[end:])
+		if f&mask == 0 {
 			break
 		}
 		end += size
 	}
 	return end
+}
+
+// matchDigits is \p{N}{1,3}.
+func matchDigits(s string) int {
+	end := 0
+	for k := 0; k < 3 && end < len(s); k++ {
+		f, size := flagsAt(s[end:])
+		if f&flagN == 0 {
+			break
+		}
+		end += size
+	}
+	return end
+}
+
+// nextDigit skips to the first \p{N}.
+func nextDigit(s string) int {
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= '0' && c <= '9' {
+				return i
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if unicode.IsNumber(r) {
+			return i
+		}
+		i += size
+	}
+	return len(s)
 }
 
 // isKanaOrHan is [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff].
@@ -67,16 +172,10 @@ func isKanaOrHan(r rune) bool {
 
 // matchCJK is [\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+.
 func matchCJK(s string) int {
-	return runOf(s, isKanaOrHan)
-}
-
-// runOf is the length of the run of runes at the start of s that in
-// accepts.
-func runOf(s string, in func(rune) bool) int {
 	end := 0
 	for end < len(s) {
 		r, size := utf8.DecodeRuneInString(s[end:])
-		if !in(r) {
+		if !isKanaOrHan(r) {
 			break
 		}
 		end += size
@@ -84,14 +183,17 @@ func runOf(s string, in func(rune) bool) int {
 	return end
 }
 
-func isLetterOrMark(r rune) bool  { return unicode.IsLetter(r) || unicode.Is(unicode.M, r) }
-func isPunctOrSymbol(r rune) bool { return unicode.IsPunct(r) || unicode.IsSymbol(r) }
-func isNewline(r rune) bool       { return r == '\r' || r == '\n' }
-func isASCIILetter(r rune) bool   { return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' }
-
-// isASCIIPunct is [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~].
-func isASCIIPunct(r rune) bool {
-	return r >= '!' && r <= '/' || r >= ':' && r <= '@' || r >= '[' && r <= '`' || r >= '{' && r <= '~'
+// nextCJK skips to the first rune of matchCJK's ranges: they are encoded
+// with lead bytes 0xE3 to 0xE9, which no other byte of UTF-8 equals.
+func nextCJK(s string) int {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0xE3 && c <= 0xE9 {
+			if r, _ := utf8.DecodeRuneInString(s[i:]); isKanaOrHan(r) {
+				return i
+			}
+		}
+	}
+	return len(s)
 }
 
 // matchDeepseekWords is DeepSeek-V3's third pattern, its alternatives
@@ -100,40 +202,43 @@ func isASCIIPunct(r rune) bool {
 //	[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+ | [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+ |
 //	 ?[\p{P}\p{S}]+[\r\n]* | \s*[\r\n]+ | \s+(?!\S) | \s+
 func matchDeepseekWords(s string) int {
-	c, n := utf8.DecodeRuneInString(s)
-	next, _ := utf8.DecodeRuneInString(s[n:])
-	hasNext := n < len(s)
+	c, n := flagsAt(s)
+	next, _ := flagsAt(s[n:])
 	// [ASCII punctuation][A-Za-z]+
-	if isASCIIPunct(c) && hasNext && isASCIILetter(next) {
-		return n + runOf(s[n:], isASCIILetter)
+	if c&flagASCIIPunct != 0 && n < len(s) && isASCIILetter(s[n]) {
+		end := n
+		for end < len(s) && isASCIILetter(s[end]) {
+			end++
+		}
+		return end
 	}
 	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
-	if !isNewline(c) && !unicode.IsLetter(c) && !isPunctOrSymbol(c) && hasNext && isLetterOrMark(next) {
-		return n + runOf(s[n:], isLetterOrMark)
+	if c&(flagNewline|flagL|flagP|flagS) == 0 && next&(flagL|flagM) != 0 {
+		return n + runFlags(s[n:], flagL|flagM)
 	}
-	if isLetterOrMark(c) {
-		return runOf(s, isLetterOrMark)
+	if c&(flagL|flagM) != 0 {
+		return runFlags(s, flagL|flagM)
 	}
 	// ' '?[\p{P}\p{S}]+[\r\n]*
-	if c == ' ' && hasNext && isPunctOrSymbol(next) {
-		end := 1 + runOf(s[1:], isPunctOrSymbol)
-		return end + runOf(s[end:], isNewline)
+	if s[0] == ' ' && next&(flagP|flagS) != 0 {
+		end := 1 + runFlags(s[1:], flagP|flagS)
+		return end + runFlags(s[end:], flagNewline)
 	}
-	if isPunctOrSymbol(c) {
-		end := runOf(s, isPunctOrSymbol)
-		return end + runOf(s[end:], isNewline)
+	if c&(flagP|flagS) != 0 {
+		end := runFlags(s, flagP|flagS)
+		return end + runFlags(s[end:], flagNewline)
 	}
-	if !unicode.IsSpace(c) {
+	if c&flagSpace == 0 {
 		return 0
 	}
 	// \s*[\r\n]+ | \s+(?!\S) | \s+
 	end, lastNewline, lastStart := 0, -1, 0
 	for end < len(s) {
-		r, size := utf8.DecodeRuneInString(s[end:])
-		if !unicode.IsSpace(r) {
+		f, size := flagsAt(s[end:])
+		if f&flagSpace == 0 {
 			break
 		}
-		if isNewline(r) {
+		if f&flagNewline != 0 {
 			lastNewline = end + size
 		}
 		lastStart = end
@@ -148,3 +253,6 @@ func matchDeepseekWords(s string) int {
 		return lastStart
 	}
 }
+
+// isASCIILetter is [A-Za-z].
+func isASCIILetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }

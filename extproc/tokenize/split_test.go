@@ -75,8 +75,8 @@ func TestDeepseekScannersMatchRegexp(t *testing.T) {
 		name, pattern string
 		scan          splitter
 	}{
-		{"digits", deepseekDigits, scanSplitter{match: matchDigits}},
-		{"cjk", deepseekCJK, scanSplitter{match: matchCJK}},
+		{"digits", deepseekDigits, scanSplitter{match: matchDigits, next: nextDigit}},
+		{"cjk", deepseekCJK, scanSplitter{match: matchCJK, next: nextCJK}},
 		{"words", deepseekWords, scanSplitter{match: matchDeepseekWords}},
 	} {
 		re, err := newRegexpSplitter(tc.pattern)
