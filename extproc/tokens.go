@@ -44,6 +44,7 @@ func tokenizeBody(m *tokenize.Model, route Route, b *Body, req *scheduler.Reques
 		ids, err := m.EncodeChat(req.TokenIDs[:0], tokenize.ChatRequest{
 			Messages:           b.field("messages"),
 			Tools:              b.field("tools"),
+			ToolChoice:         b.field("tool_choice"),
 			ChatTemplateKwargs: b.field("chat_template_kwargs"),
 			ReasoningEffort:    b.field("reasoning_effort"),
 		})

@@ -93,7 +93,7 @@ func runTokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error
 		BlockTokens: pc.Tokenizer.BlockTokens(cfg.Prefix.BlockTokens), Tokens: len(ids), IDs: ids}
 	if r == extproc.RouteChat {
 		b := gjson.ParseBytes(body)
-		out.Rendered, _ = m.Chat.Render(tokenize.ChatRequest{Messages: b.Get("messages"), Tools: b.Get("tools"),
+		out.Rendered, _ = m.Chat.Render(tokenize.ChatRequest{Messages: b.Get("messages"), Tools: b.Get("tools"), ToolChoice: b.Get("tool_choice"),
 			ChatTemplateKwargs: b.Get("chat_template_kwargs"), ReasoningEffort: b.Get("reasoning_effort")})
 	}
 	hashes := prefix.Hasher{BlockTokens: out.BlockTokens}.Tokens(ids, nil)

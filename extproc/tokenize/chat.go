@@ -17,6 +17,9 @@ type ChatRequest struct {
 	Messages gjson.Result
 	// Tools is the body's tools array, if any.
 	Tools gjson.Result
+	// ToolChoice is the body's tool_choice, if any: "none" passes no
+	// tools to the template, a named function only that one.
+	ToolChoice gjson.Result
 	// ChatTemplateKwargs is SGLang's chat_template_kwargs object, if any.
 	ChatTemplateKwargs gjson.Result
 	// ReasoningEffort is the body's reasoning_effort, if any.
@@ -113,14 +116,19 @@ func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 	data["tools"] = jinja.None()
 	data["documents"] = jinja.None()
 	tmpl := ct.main
-	if req.Tools.IsArray() {
+	if req.Tools.IsArray() && len(req.Tools.Array()) > 0 && req.ToolChoice.String() != "none" {
 		tools, err := parseValue(req.Tools.Raw)
 		if err != nil {
 			return "", fmt.Errorf("%w: tools: %v", ErrInvalidMessages, err)
 		}
-		data["tools"] = sglangTools(tools)
-		if ct.toolUse != nil {
-			tmpl = ct.toolUse
+		if name := req.ToolChoice.Get("function.name"); req.ToolChoice.IsObject() {
+			tools = namedTool(tools, name.String())
+		}
+		if tools.AsList().Len() > 0 {
+			data["tools"] = sglangTools(tools)
+			if ct.toolUse != nil {
+				tmpl = ct.toolUse
+			}
 		}
 	}
 	var effort jinja.Value
@@ -310,6 +318,23 @@ func parseToolArguments(calls jinja.Value) error {
 		fn.AsDict().Set("arguments", parsed)
 	}
 	return nil
+}
+
+// namedTool keeps the tools whose function is named name, as SGLang does
+// for a tool_choice that names a function.
+func namedTool(tools jinja.Value, name string) jinja.Value {
+	var out []jinja.Value
+	for _, t := range tools.AsList().Items {
+		if !t.IsDict() {
+			continue
+		}
+		if fn, ok := t.AsDict().Get("function"); ok && fn.IsDict() {
+			if n, ok := fn.AsDict().Get("name"); ok && n.IsString() && n.AsString() == name {
+				out = append(out, t)
+			}
+		}
+	}
+	return jinja.NewList(out)
 }
 
 // sglangTools is the tools list as SGLang passes it to the template (its

@@ -47,6 +47,16 @@ func chatCases() []chatCase {
 			refMessages: `[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris","days":2}}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21.5}"},{"role":"user","content":"thanks"}]`,
 		},
 		{
+			name:     "tool choice names a tool",
+			body:     `{"tools":[` + weatherTool + `,{"type":"function","function":{"name":"get_time","parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"get_weather"}},"messages":[{"role":"user","content":"Weather?"}]}`,
+			refTools: `[` + weatherToolRef + `]`,
+		},
+		{
+			name:     "tool choice none",
+			body:     `{"tools":[` + weatherTool + `],"tool_choice":"none","messages":[{"role":"user","content":"Weather?"}]}`,
+			refTools: `null`,
+		},
+		{
 			name:        "content parts",
 			body:        `{"messages":[{"role":"user","content":[{"type":"text","text":"first part"},{"type":"text","text":"second part"}]}]}`,
 			refMessages: `[{"role":"user","content":"first part second part"}]`,
@@ -90,7 +100,7 @@ func longChat(turns, size int) string {
 func (c chatCase) request() ChatRequest {
 	b := gjson.Parse(c.body)
 	return ChatRequest{
-		Messages: b.Get("messages"), Tools: b.Get("tools"),
+		Messages: b.Get("messages"), Tools: b.Get("tools"), ToolChoice: b.Get("tool_choice"),
 		ChatTemplateKwargs: b.Get("chat_template_kwargs"), ReasoningEffort: b.Get("reasoning_effort"),
 		NoGenerationPrompt: c.noGenerationPrompt,
 	}

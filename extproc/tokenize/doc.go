@@ -26,11 +26,11 @@
 // # Split patterns
 //
 // Go's regexp cannot express the look-ahead of `\s+(?!\S)`. The split
-// pattern shared by Llama-3 and Qwen (digits in runs of one or of up to
-// three) has a hand-written scanner; any other pattern runs on
-// github.com/dlclark/regexp2, a backtracking engine with Oniguruma's
-// look-around. A differential test holds the scanner to regexp2 on the same
-// pattern.
+// patterns of Llama-3 and Qwen (digits in runs of one or of up to three)
+// and DeepSeek-V3's three have hand-written scanners; any other pattern
+// runs on github.com/dlclark/regexp2, a backtracking engine with
+// Oniguruma's look-around. Differential tests hold the scanners to
+// regexp2 on the same patterns.
 //
 // # Cost
 //
