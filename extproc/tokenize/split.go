@@ -311,28 +311,33 @@ func (l llamaSplitter) match(s string) int {
 			}
 		}
 	}
-	// c is a space or a newline: \s*[\r\n]+ | \s+(?!\S) | \s+
+	// c is a space or a newline.
+	return matchSpaces(s)
+}
+
+// matchSpaces is \s*[\r\n]+ | \s+(?!\S) | \s+ at the start of s, which
+// starts with whitespace: up to the run's last newline if it has one;
+// else all of it before the end or a single character, or all but its
+// last character (which \s+(?!\S) leaves to the next piece).
+func matchSpaces(s string) int {
 	end, lastNewline, lastStart := 0, -1, 0
 	for end < len(s) {
-		c2, n2 := classify(s[end:])
-		if c2 != classSpace && c2 != classNewline {
+		f, size := flagsAt(s[end:])
+		if f&flagSpace == 0 {
 			break
 		}
-		if c2 == classNewline {
-			lastNewline = end + n2
+		if f&flagNewline != 0 {
+			lastNewline = end + size
 		}
 		lastStart = end
-		end += n2
+		end += size
 	}
 	switch {
 	case lastNewline > 0:
 		return lastNewline
 	case end == len(s) || lastStart == 0:
-		// Followed by the end, or a single whitespace before a
-		// non-space: \s+(?!\S) needs one character to leave, so \s+.
 		return end
 	default:
-		// \s+(?!\S): all but the last whitespace character.
 		return lastStart
 	}
 }

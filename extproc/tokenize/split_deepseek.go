@@ -231,27 +231,7 @@ func matchDeepseekWords(s string) int {
 	if c&flagSpace == 0 {
 		return 0
 	}
-	// \s*[\r\n]+ | \s+(?!\S) | \s+
-	end, lastNewline, lastStart := 0, -1, 0
-	for end < len(s) {
-		f, size := flagsAt(s[end:])
-		if f&flagSpace == 0 {
-			break
-		}
-		if f&flagNewline != 0 {
-			lastNewline = end + size
-		}
-		lastStart = end
-		end += size
-	}
-	switch {
-	case lastNewline > 0:
-		return lastNewline
-	case end == len(s) || lastStart == 0:
-		return end
-	default:
-		return lastStart
-	}
+	return matchSpaces(s)
 }
 
 // isASCIILetter is [A-Za-z].
