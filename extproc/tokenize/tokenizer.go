@@ -127,12 +127,6 @@ func (t *Tokenizer) encodeText(dst []int32, text string, sc *encodeScratch) []in
 // before the tokenizer is used.
 func (t *Tokenizer) SetPieceCacheBytes(n int64) { t.pieces = newPieceCache(n) }
 
-// TokenText returns the content of an added token, for printing ids.
-func (t *Tokenizer) TokenText(id int64) (string, bool) {
-	s, ok := t.addedIDs[int32(id)]
-	return s, ok
-}
-
 // Decode returns the text of ids: the bytes their tokens stand for (added
 // tokens as their content). Ids outside the vocabulary are written as
 // <id>. A slice that cuts a character in two decodes it as U+FFFD.
