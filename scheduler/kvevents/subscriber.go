@@ -1,0 +1,254 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"go.uber.org/zap"
+)
+
+// Source is where one (engine, DP rank) publishes its events.
+type Source struct {
+	// Endpoint is the rank's PUB socket, tcp://host:port (SGLang: the
+	// configured port plus the rank).
+	Endpoint string
+	// Replay is the rank's ROUTER socket for missed batches; empty when
+	// the engine serves none.
+	Replay string
+	// Topic is the publisher's topic; SGLang's default is "".
+	Topic string
+}
+
+// Handler receives one rank's events in order. Calls never overlap.
+type Handler interface {
+	// Apply applies one batch, whose sequence number is seq.
+	Apply(seq uint64, b Batch)
+	// Reset drops what the rank's events built so far: the subscription
+	// (re)started, the publisher restarted, batches were lost and could
+	// not be replayed, or a batch was garbage. Apply calls follow.
+	Reset(reason string)
+}
+
+// Stats counts what a subscriber saw.
+type Stats struct {
+	Batches, Events, Malformed, Gaps, Replayed, Resets uint64
+	// LastBatch is when the last batch arrived; zero before the first.
+	LastBatch time.Time
+}
+
+// Subscriber keeps one rank's subscription: it connects, reconnects
+// with backoff, checks sequence numbers, replays what it missed where the
+// engine allows, and hands batches to its Handler.
+type Subscriber struct {
+	src Source
+	h   Handler
+	log *zap.Logger
+
+	// RetryMin and RetryMax bound the backoff between connections;
+	// ReplayTimeout bounds one replay.
+	RetryMin, RetryMax, ReplayTimeout time.Duration
+
+	seq     uint64
+	haveSeq bool
+
+	batches, events, malformed, gaps, replayed, resets atomic.Uint64
+	lastBatch                                          atomic.Int64
+}
+
+// NewSubscriber returns a subscriber of src that feeds h.
+func NewSubscriber(src Source, h Handler, log *zap.Logger) *Subscriber {
+	return &Subscriber{src: src, h: h, log: log.With(zap.String("kv_events", src.Endpoint)),
+		RetryMin: 100 * time.Millisecond, RetryMax: 5 * time.Second, ReplayTimeout: 2 * time.Second}
+}
+
+// Stats returns the subscriber's counters.
+func (s *Subscriber) Stats() Stats {
+	st := Stats{Batches: s.batches.Load(), Events: s.events.Load(), Malformed: s.malformed.Load(),
+		Gaps: s.gaps.Load(), Replayed: s.replayed.Load(), Resets: s.resets.Load()}
+	if ns := s.lastBatch.Load(); ns != 0 {
+		st.LastBatch = time.Unix(0, ns)
+	}
+	return st
+}
+
+// Run subscribes until ctx ends.
+func (s *Subscriber) Run(ctx context.Context) {
+	backoff := s.RetryMin
+	for ctx.Err() == nil {
+		received, err := s.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if received {
+			backoff = s.RetryMin
+		}
+		s.log.Info("KV event subscription ended; reconnecting", zap.Error(err), zap.Duration("after", backoff))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, s.RetryMax)
+	}
+}
+
+// session connects once and receives until the socket fails; received
+// reports whether any message arrived.
+func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(s.RetryMin), zmq4.WithAutomaticReconnect(true))
+	defer sub.Close()
+	if err := sub.Dial(s.src.Endpoint); err != nil {
+		return false, fmt.Errorf("dial %s: %w", s.src.Endpoint, err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
+		return false, fmt.Errorf("subscribe: %w", err)
+	}
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		s.handle(ctx, msg.Frames)
+	}
+}
+
+// endSeq is the replay's end marker (-1).
+const endSeq = ^uint64(0)
+
+// handle checks one message's sequence and applies it.
+func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
+	seq, b, err := parseMessage(frames)
+	if err != nil {
+		s.malformed.Add(1)
+		s.log.Warn("malformed KV event message; the rank's events start over", zap.Error(err))
+		s.reset("malformed message")
+		s.haveSeq = false
+		return
+	}
+	switch {
+	case !s.haveSeq:
+		s.reset("subscribed")
+	case seq <= s.seq:
+		s.reset(fmt.Sprintf("sequence went back from %d to %d: the publisher restarted", s.seq, seq))
+	case seq > s.seq+1:
+		s.gaps.Add(1)
+		if !s.replay(ctx, s.seq+1, seq) {
+			s.reset(fmt.Sprintf("batches %d to %d lost", s.seq+1, seq-1))
+		}
+	}
+	s.apply(seq, b)
+}
+
+// reset counts a reset and passes it on.
+func (s *Subscriber) reset(reason string) {
+	s.resets.Add(1)
+	s.h.Reset(reason)
+}
+
+// apply hands one batch on.
+func (s *Subscriber) apply(seq uint64, b Batch) {
+	s.seq, s.haveSeq = seq, true
+	s.batches.Add(1)
+	s.events.Add(uint64(len(b.Events)))
+	s.lastBatch.Store(time.Now().UnixNano())
+	s.h.Apply(seq, b)
+}
+
+// parseMessage reads [topic, seq, payload].
+func parseMessage(frames [][]byte) (uint64, Batch, error) {
+	if len(frames) != 3 {
+		return 0, Batch{}, fmt.Errorf("%d frames, want topic, sequence and payload", len(frames))
+	}
+	if len(frames[1]) != 8 {
+		return 0, Batch{}, fmt.Errorf("a sequence of %d bytes", len(frames[1]))
+	}
+	b, err := DecodeBatch(frames[2])
+	if err != nil {
+		return 0, Batch{}, err
+	}
+	return binary.BigEndian.Uint64(frames[1]), b, nil
+}
+
+// replay asks the publisher's replay socket for batches from up to (not
+// including) until and applies them; false when it has no replay socket,
+// fails, or no longer holds them all.
+func (s *Subscriber) replay(ctx context.Context, from, until uint64) bool {
+	if s.src.Replay == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.ReplayTimeout)
+	defer cancel()
+	got, err := fetchReplay(ctx, s.src.Replay, from, until)
+	if err == nil && len(got) != int(until-from) {
+		err = fmt.Errorf("the publisher returned %d of the %d batches", len(got), until-from)
+	}
+	if err != nil {
+		s.log.Warn("KV event replay failed", zap.Uint64("from", from), zap.Uint64("until", until), zap.Error(err))
+		return false
+	}
+	for _, r := range got {
+		s.apply(r.seq, r.batch)
+	}
+	s.replayed.Add(uint64(len(got)))
+	return true
+}
+
+// replayed is one batch a replay returned.
+type replayed struct {
+	seq   uint64
+	batch Batch
+}
+
+// errReplay marks a replay answer that breaks the protocol.
+var errReplay = errors.New("bad replay answer")
+
+// fetchReplay sends ["", from] to a ROUTER and reads ["", topic, seq,
+// payload] answers until the end marker, keeping those before until, in
+// order and without holes.
+func fetchReplay(ctx context.Context, endpoint string, from, until uint64) ([]replayed, error) {
+	dealer := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(1))
+	defer dealer.Close()
+	if err := dealer.Dial(endpoint); err != nil {
+		return nil, fmt.Errorf("dial %s: %w", endpoint, err)
+	}
+	start := binary.BigEndian.AppendUint64(nil, from)
+	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, start)); err != nil {
+		return nil, err
+	}
+	var out []replayed
+	next := from
+	for {
+		msg, err := dealer.Recv()
+		if err != nil {
+			return nil, err
+		}
+		f := msg.Frames
+		if len(f) != 4 || len(f[0]) != 0 || len(f[2]) != 8 {
+			return nil, fmt.Errorf("%w: %d frames", errReplay, len(f))
+		}
+		seq := binary.BigEndian.Uint64(f[2])
+		if seq == endSeq {
+			return out, nil
+		}
+		if seq < next || seq >= until {
+			continue
+		}
+		if seq != next {
+			return nil, fmt.Errorf("%w: batch %d where %d was due", errReplay, seq, next)
+		}
+		b, err := DecodeBatch(f[3])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, replayed{seq: seq, batch: b})
+		next++
+	}
+}
