@@ -122,3 +122,30 @@ func TestFixturesUseScanners(t *testing.T) {
 		}
 	}
 }
+
+// TestGoldenTextPrompts: a text prompt's ids (/v1/completions, /generate
+// with text) are Hugging Face's with special tokens, and for DeepSeek-V3
+// (a LlamaTokenizerFast with add_bos_token) also the BOS SGLang's fix
+// adds, which tokenizer.json's post-processor does not.
+func TestGoldenTextPrompts(t *testing.T) {
+	texts := []string{"Hello world", "", "你好 <|im_start|> 😀"}
+	for _, family := range families {
+		t.Run(family, func(t *testing.T) {
+			m := loadModel(t, family)
+			var cases []goldenCase
+			for _, text := range texts {
+				cases = append(cases, goldenCase{Kind: "text", Text: text, AddSpecial: true})
+			}
+			want := golden(t, family, cases)
+			for i, text := range texts {
+				ids := want[i].IDs
+				if family == "deepseek_v3" {
+					ids = append([]int64{0}, ids...) // <｜begin▁of▁sentence｜>
+				}
+				if d := firstDiff(m.EncodeText(nil, text), ids); d != "" {
+					t.Errorf("%q: %s", text, d)
+				}
+			}
+		})
+	}
+}
