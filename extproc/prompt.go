@@ -29,8 +29,13 @@ func Describe(route Route, raw []byte) (scheduler.Request, error) {
 // scaled by Items. A text prompt is written over req.Prompt's memory
 // (req.Prompt[:0]), so a caller can hand in a reused buffer.
 func describe(route Route, b *Body, req *scheduler.Request) {
-	dst := req.Prompt[:0]
-	req.Prompt = nil
+	describeMeta(b, req)
+	describePrompt(route, b, req)
+}
+
+// describeMeta fills the model, the number of items and the requested
+// output length.
+func describeMeta(b *Body, req *scheduler.Request) {
 	// A clone: gjson's string would share the memory of the whole body, and
 	// the model outlives the request (reservations, per-model estimates).
 	req.Model = strings.Clone(b.field("model").String())
@@ -42,6 +47,13 @@ func describe(route Route, b *Body, req *scheduler.Request) {
 			break
 		}
 	}
+}
+
+// describePrompt fills the prompt: its stable text form, or the token ids
+// the client sent.
+func describePrompt(route Route, b *Body, req *scheduler.Request) {
+	dst := req.Prompt[:0]
+	req.Prompt = nil
 	switch route {
 	case RouteChat:
 		req.Prompt = renderMessages(dst, b.field("messages"))

@@ -320,9 +320,11 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	if body != nil {
 		buf := s.promptBuffer()
 		sreq.Prompt = *buf
-		describe(req.route, body, sreq)
 		defer func() { s.releasePrompt(buf, sreq.Prompt) }()
-		if pool.Tokenizer != nil {
+		if pool.Tokenizer == nil {
+			describe(req.route, body, sreq)
+		} else {
+			describeMeta(body, sreq)
 			start := time.Now()
 			outcome, err := tokenizeBody(pool.Tokenizer, req.route, body, sreq)
 			s.opts.Metrics.observeTokenize(pool.Name, outcome, time.Since(start))

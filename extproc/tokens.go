@@ -35,26 +35,19 @@ var errInvalidMessages = errors.New("invalid messages")
 // render leaves the request to the text estimate (counted, logged by the
 // caller): it may be a construct duet's template engine lacks, and
 // routing by estimate loses nothing but precision.
+//
+// It fills the prompt as describePrompt does, except that a chat's text
+// form is the rendered template (whose length calibrates the token
+// estimate as well as the messages' would): the messages are read once.
 func tokenizeBody(m *tokenize.Model, route Route, b *Body, req *scheduler.Request) (outcome string, err error) {
+	if route == RouteChat {
+		return tokenizeChat(m, b, req)
+	}
+	describePrompt(route, b, req)
 	if len(req.TokenIDs) > 0 {
 		return tokenizeGiven, nil
 	}
 	switch route {
-	case RouteChat:
-		ids, err := m.EncodeChat(req.TokenIDs[:0], tokenize.ChatRequest{
-			Messages:           b.field("messages"),
-			Tools:              b.field("tools"),
-			ToolChoice:         b.field("tool_choice"),
-			ChatTemplateKwargs: b.field("chat_template_kwargs"),
-			ReasoningEffort:    b.field("reasoning_effort"),
-		})
-		switch {
-		case errors.Is(err, tokenize.ErrInvalidMessages):
-			return tokenizeRejected, fmt.Errorf("%w: %v", errInvalidMessages, err)
-		case err != nil:
-			return tokenizeFallback, err
-		}
-		req.TokenIDs = ids
 	case RouteCompletions:
 		prompt := b.field("prompt")
 		if prompt.IsArray() {
@@ -73,6 +66,32 @@ func tokenizeBody(m *tokenize.Model, route Route, b *Body, req *scheduler.Reques
 	default:
 		return tokenizeSkipped, nil
 	}
+	return tokenizeOK, nil
+}
+
+// tokenizeChat renders a chat request with the model's template and
+// tokenizes it; the rendered text is the prompt's text form.
+func tokenizeChat(m *tokenize.Model, b *Body, req *scheduler.Request) (outcome string, err error) {
+	if m.Chat == nil {
+		describePrompt(RouteChat, b, req)
+		return tokenizeFallback, fmt.Errorf("%w: the tokenizer config has no chat_template", tokenize.ErrTemplate)
+	}
+	text, err := m.Chat.Render(tokenize.ChatRequest{
+		Messages:           b.field("messages"),
+		Tools:              b.field("tools"),
+		ToolChoice:         b.field("tool_choice"),
+		ChatTemplateKwargs: b.field("chat_template_kwargs"),
+		ReasoningEffort:    b.field("reasoning_effort"),
+	})
+	switch {
+	case errors.Is(err, tokenize.ErrInvalidMessages):
+		return tokenizeRejected, fmt.Errorf("%w: %v", errInvalidMessages, err)
+	case err != nil:
+		describePrompt(RouteChat, b, req)
+		return tokenizeFallback, err
+	}
+	req.TokenIDs = m.Tokenizer.Encode(req.TokenIDs[:0], text, false)
+	req.Prompt = append(req.Prompt[:0], text...)
 	return tokenizeOK, nil
 }
 
@@ -97,7 +116,7 @@ func PromptTokens(m *tokenize.Model, route Route, raw []byte) ([]int64, error) {
 		return nil, err
 	}
 	var req scheduler.Request
-	describe(route, b, &req)
+	describeMeta(b, &req)
 	outcome, err := tokenizeBody(m, route, b, &req)
 	switch {
 	case err != nil:
