@@ -131,6 +131,31 @@ func (h Hasher) Tokens(ids []int64, dst []uint64) []uint64 {
 	return dst
 }
 
+// TokenChainSeed is h[-1] of a token chain: what a prompt's first token
+// block is chained to.
+const TokenChainSeed = tokenSeed
+
+// NextTokenBlock returns the hash of a token block chained to the block
+// whose hash is prev, exactly as [Hasher.Tokens] computes each block's:
+// xxhash64(prev || the ids as 8 little-endian bytes each). It lets a
+// chain be extended block by block, as engines report their pages.
+func NextTokenBlock(prev uint64, block []int64) uint64 {
+	var d xxhash.Digest
+	var buf [8 * tokenChunk]byte
+	binary.LittleEndian.PutUint64(buf[:8], prev)
+	d.Reset()
+	d.Write(buf[:8])
+	for len(block) > 0 {
+		k := min(len(block), tokenChunk)
+		for j, id := range block[:k] {
+			binary.LittleEndian.PutUint64(buf[8*j:], uint64(id))
+		}
+		d.Write(buf[:8*k])
+		block = block[k:]
+	}
+	return d.Sum64()
+}
+
 // orDefault returns v, or def when v is not positive.
 func orDefault(v, def int) int {
 	if v <= 0 {

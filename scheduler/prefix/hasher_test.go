@@ -228,3 +228,22 @@ func TestHasherReusesDst(t *testing.T) {
 		t.Errorf("hashing allocates %v times with a large enough dst", allocs)
 	}
 }
+
+// TestNextTokenBlockChainsAsTokens: extending a chain block by block
+// gives Hasher.Tokens' hashes, for small and streamed block sizes.
+func TestNextTokenBlockChainsAsTokens(t *testing.T) {
+	ids := make([]int64, 1000)
+	for i := range ids {
+		ids[i] = int64(i*7919%151000) - 3
+	}
+	for _, size := range []int{1, 16, 32, 33, 64, 100} {
+		want := Hasher{BlockTokens: size}.Tokens(ids, nil)
+		sum := TokenChainSeed
+		for i := range want {
+			sum = NextTokenBlock(sum, ids[i*size:(i+1)*size])
+			if sum != want[i] {
+				t.Fatalf("block size %d: block %d: %x, want %x", size, i, sum, want[i])
+			}
+		}
+	}
+}
