@@ -1,8 +1,9 @@
 // Package kvevents reads the KV cache events that SGLang (and vLLM)
 // engines publish: what each (engine, DP rank) stored in, removed from or
-// cleared out of its prefix cache. It decodes the wire format and keeps a
-// subscription per rank alive; what the events mean for routing is the
-// prefix index's business.
+// cleared out of its prefix cache. It decodes the wire format
+// ([DecodeBatch]), keeps a subscription per rank alive ([Subscriber]), and
+// holds what a rank's events say in duet's own token block keys
+// ([RankView]); how routing weighs that view is the scheduler's business.
 //
 // # Wire format (SGLang 0.5.23, disaggregation/kv_events.py)
 //
