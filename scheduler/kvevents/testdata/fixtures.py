@@ -6,41 +6,11 @@ array_like events, earlier SGLang). Writes a JSON list on stdout:
 """
 import json
 import sys
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import msgspec
 
-
-class Batch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[Any]
-    attn_dp_rank: Optional[int] = None
-
-
-# SGLang 0.5.23: tagged maps, None fields omitted.
-class MapEvent(msgspec.Struct, tag=True, omit_defaults=True):
-    pass
-
-
-class BlockStored(MapEvent):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
-    cache_salt: Optional[str] = None
-    session_id: Optional[str] = None
-    lora_name: Optional[str] = None
-
-
-class BlockRemoved(MapEvent):
-    block_hashes: list[int]
-    medium: Optional[str] = None
-
-
-class AllBlocksCleared(MapEvent):
-    pass
+from sglang_events import AllBlocksCleared, Batch, BlockRemoved, BlockStored  # noqa: E402
 
 
 # The older shape: tagged arrays, every field positional.

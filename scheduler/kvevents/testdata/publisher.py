@@ -11,30 +11,10 @@ used, and serves replays until stdin closes.
 """
 import sys
 import threading
-from typing import Any, Optional
-
 import msgspec
 import zmq
 
-
-class Batch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[Any]
-    attn_dp_rank: Optional[int] = None
-
-
-class Event(msgspec.Struct, tag=True, omit_defaults=True):
-    pass
-
-
-class BlockStored(Event):
-    block_hashes: list[int]
-    parent_block_hash: Optional[int]
-    token_ids: list[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
-
+from sglang_events import Batch, BlockStored  # noqa: E402
 
 ctx = zmq.Context.instance()
 pub = ctx.socket(zmq.PUB)
