@@ -2,6 +2,7 @@ package tokenize
 
 import (
 	"fmt"
+	"iter"
 	"strings"
 )
 
@@ -110,4 +111,32 @@ func (v *addedVocab) find(s string, from int) (start, end int, id int32) {
 		}
 	}
 	return -1, 0, 0
+}
+
+// segment is a run of text between added tokens, or one added token.
+type segment struct {
+	text  string
+	id    int32
+	token bool
+}
+
+// segments yields s cut at its added tokens, in order: each run of text
+// between them (never empty) and each token. A nil vocabulary yields s
+// whole.
+func (v *addedVocab) segments(s string) iter.Seq[segment] {
+	return func(yield func(segment) bool) {
+		for from := 0; from < len(s); {
+			start, end, id := v.find(s, from)
+			if start < 0 {
+				start, end = len(s), len(s)
+			}
+			if start > from && !yield(segment{text: s[from:start]}) {
+				return
+			}
+			if end > start && !yield(segment{id: id, token: true}) {
+				return
+			}
+			from = end
+		}
+	}
 }

@@ -95,11 +95,9 @@ func newBPE(m *modelSpec) (*bpe, error) {
 	return b, nil
 }
 
-// encodeWord appends the ids of one piece of text.
+// encodeWord appends the ids of one piece of text of two bytes or more
+// (wordCache.encode answers single bytes).
 func (b *bpe) encodeWord(dst []int32, word string) []int32 {
-	if len(word) == 1 {
-		return append(dst, b.byteID[word[0]])
-	}
 	if b.ignoreMerges {
 		if id, ok := b.vocab[word]; ok {
 			return append(dst, id)

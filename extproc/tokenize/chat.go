@@ -116,7 +116,7 @@ func (ct *ChatTemplate) Render(req ChatRequest) (string, error) {
 	data["tools"] = jinja.None()
 	data["documents"] = jinja.None()
 	tmpl := ct.main
-	if req.Tools.IsArray() && len(req.Tools.Array()) > 0 && req.ToolChoice.String() != "none" {
+	if req.Tools.IsArray() && req.ToolChoice.String() != "none" {
 		tools, err := parseValue(req.Tools.Raw)
 		if err != nil {
 			return "", fmt.Errorf("%w: tools: %v", ErrInvalidMessages, err)

@@ -220,56 +220,6 @@ func (l llamaSplitter) split(s string, dst []int) []int {
 	return dst
 }
 
-// charClass is the classes the pattern distinguishes.
-type charClass uint8
-
-const (
-	classOther charClass = iota // none of the below
-	classLetter
-	classNumber
-	classSpace   // \s other than \r and \n
-	classNewline // \r or \n
-)
-
-// classify returns the class of the rune at the start of s and its size;
-// size is 0 at the end.
-func classify(s string) (charClass, int) {
-	if len(s) == 0 {
-		return classOther, 0
-	}
-	if c := s[0]; c < utf8.RuneSelf {
-		return asciiClass[c], 1
-	}
-	r, size := utf8.DecodeRuneInString(s)
-	switch {
-	case unicode.IsLetter(r):
-		return classLetter, size
-	case unicode.IsNumber(r):
-		return classNumber, size
-	case unicode.IsSpace(r):
-		return classSpace, size
-	}
-	return classOther, size
-}
-
-// asciiClass classifies ASCII bytes.
-var asciiClass = func() (t [utf8.RuneSelf]charClass) {
-	for c := range t {
-		r := rune(c)
-		switch {
-		case r == '\r' || r == '\n':
-			t[c] = classNewline
-		case unicode.IsLetter(r):
-			t[c] = classLetter
-		case unicode.IsNumber(r):
-			t[c] = classNumber
-		case unicode.IsSpace(r):
-			t[c] = classSpace
-		}
-	}
-	return t
-}()
-
 // match returns the length of the pattern's match at the start of s
 // (s is not empty).
 func (l llamaSplitter) match(s string) int {
@@ -279,36 +229,37 @@ func (l llamaSplitter) match(s string) int {
 			return 1 + n
 		}
 	}
-	c, n := classify(s)
-	switch c {
-	case classLetter:
-		return n + run(s[n:], classLetter)
-	case classNumber:
+	c, n := flagsAt(s)
+	next, _ := flagsAt(s[n:])
+	switch {
+	case c&flagL != 0:
+		return n + runFlags(s[n:], flagL)
+	case c&flagN != 0:
 		end := n
 		for d := 1; d < l.maxDigits; d++ {
-			c2, n2 := classify(s[end:])
-			if n2 == 0 || c2 != classNumber {
+			f, size := flagsAt(s[end:])
+			if f&flagN == 0 {
 				break
 			}
-			end += n2
+			end += size
 		}
 		return end
-	case classOther, classSpace:
+	case c&flagNewline == 0:
 		// [^\r\n\p{L}\p{N}]?\p{L}+
-		if next, _ := classify(s[n:]); len(s) > n && next == classLetter {
-			return n + run(s[n:], classLetter)
-		}
-		if c == classOther {
-			// [^\s\p{L}\p{N}]+[\r\n]*
-			end := n + run(s[n:], classOther)
-			return end + run(s[end:], classNewline)
+		if next&flagL != 0 {
+			return n + runFlags(s[n:], flagL)
 		}
 		// ' '?[^\s\p{L}\p{N}]+[\r\n]*
-		if s[0] == ' ' {
-			if next, _ := classify(s[1:]); len(s) > 1 && next == classOther {
-				end := 1 + run(s[1:], classOther)
-				return end + run(s[end:], classNewline)
-			}
+		start := -1
+		switch {
+		case c&flagRest != 0:
+			start = 0
+		case s[0] == ' ' && next&flagRest != 0:
+			start = 1
+		}
+		if start >= 0 {
+			end := start + runFlags(s[start:], flagRest)
+			return end + runFlags(s[end:], flagNewline)
 		}
 	}
 	// c is a space or a newline.
@@ -340,19 +291,6 @@ func matchSpaces(s string) int {
 	default:
 		return lastStart
 	}
-}
-
-// run returns the length of the run of class c at the start of s.
-func run(s string, c charClass) int {
-	end := 0
-	for end < len(s) {
-		c2, n := classify(s[end:])
-		if c2 != c {
-			break
-		}
-		end += n
-	}
-	return end
 }
 
 // contraction returns the length of s's leading s, t, re, ve, m, ll or d

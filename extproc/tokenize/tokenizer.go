@@ -42,21 +42,12 @@ func (t *Tokenizer) Encode(dst []int64, text string, addSpecial bool) []int64 {
 	if addSpecial {
 		dst = append(dst, t.prefix...)
 	}
-	for from := 0; from <= len(text); {
-		start, end, id := t.raw.find(text, from)
-		if start < 0 {
-			start, end = len(text), len(text)
+	for seg := range t.raw.segments(text) {
+		if seg.token {
+			dst = append(dst, int64(seg.id))
+		} else {
+			dst = t.encodePiece(dst, seg.text)
 		}
-		if start > from {
-			dst = t.encodePiece(dst, text[from:start])
-		}
-		if end > start {
-			dst = append(dst, int64(id))
-		}
-		if end == len(text) {
-			break
-		}
-		from = end
 	}
 	if addSpecial {
 		dst = append(dst, t.suffix...)
@@ -73,10 +64,7 @@ const minCachedPiece = 256
 func (t *Tokenizer) encodePiece(dst []int64, piece string) []int64 {
 	if len(piece) >= minCachedPiece {
 		if ids, ok := t.pieces.get(piece); ok {
-			for _, id := range ids {
-				dst = append(dst, int64(id))
-			}
-			return dst
+			return appendIDs(dst, ids)
 		}
 	}
 	sc, _ := t.scratch.Get().(*encodeScratch)
@@ -84,31 +72,27 @@ func (t *Tokenizer) encodePiece(dst []int64, piece string) []int64 {
 		sc = &encodeScratch{}
 	}
 	ids := sc.ids[:0]
-	norm := t.normalizer.apply(piece)
-	for from := 0; from <= len(norm); {
-		start, end, id := t.normalized.find(norm, from)
-		if start < 0 {
-			start, end = len(norm), len(norm)
+	for seg := range t.normalized.segments(t.normalizer.apply(piece)) {
+		if seg.token {
+			ids = append(ids, seg.id)
+		} else {
+			ids = t.encodeText(ids, seg.text, sc)
 		}
-		if start > from {
-			ids = t.encodeText(ids, norm[from:start], sc)
-		}
-		if end > start {
-			ids = append(ids, id)
-		}
-		if end == len(norm) {
-			break
-		}
-		from = end
 	}
-	for _, id := range ids {
-		dst = append(dst, int64(id))
-	}
+	dst = appendIDs(dst, ids)
 	if len(piece) >= minCachedPiece {
 		t.pieces.put(piece, ids)
 	}
 	sc.ids = ids
 	t.scratch.Put(sc)
+	return dst
+}
+
+// appendIDs appends ids to dst.
+func appendIDs(dst []int64, ids []int32) []int64 {
+	for _, id := range ids {
+		dst = append(dst, int64(id))
+	}
 	return dst
 }
 
