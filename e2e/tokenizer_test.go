@@ -45,7 +45,7 @@ func TestTokenizerRoutesOnTokenIDs(t *testing.T) {
 	for turn := 1; turn <= 3; turn++ {
 		history += fmt.Sprintf(`,{"role":"user","content":%q}`, fmt.Sprintf("Question %d: why does the build fail?", turn))
 		body := []byte(fmt.Sprintf(`{"model":"sim-model","messages":[%s],"max_tokens":16}`, history))
-		ids, err := extproc.PromptTokens(model, extproc.RouteChat, body)
+		ids, _, err := extproc.PromptTokens(model, extproc.RouteChat, body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -72,11 +72,7 @@ func tokenizeBody(m *tokenize.Model, route Route, b *Body, req *scheduler.Reques
 // tokenizeChat renders a chat request with the model's template and
 // tokenizes it; the rendered text is the prompt's text form.
 func tokenizeChat(m *tokenize.Model, b *Body, req *scheduler.Request) (outcome string, err error) {
-	if m.Chat == nil {
-		describePrompt(RouteChat, b, req)
-		return tokenizeFallback, fmt.Errorf("%w: the tokenizer config has no chat_template", tokenize.ErrTemplate)
-	}
-	text, err := m.Chat.Render(tokenize.ChatRequest{
+	ids, text, err := m.EncodeChat(req.TokenIDs[:0], tokenize.ChatRequest{
 		Messages:           b.field("messages"),
 		Tools:              b.field("tools"),
 		ToolChoice:         b.field("tool_choice"),
@@ -90,7 +86,7 @@ func tokenizeChat(m *tokenize.Model, b *Body, req *scheduler.Request) (outcome s
 		describePrompt(RouteChat, b, req)
 		return tokenizeFallback, err
 	}
-	req.TokenIDs = m.Tokenizer.Encode(req.TokenIDs[:0], text, false)
+	req.TokenIDs = ids
 	req.Prompt = append(req.Prompt[:0], text...)
 	return tokenizeOK, nil
 }
@@ -108,21 +104,22 @@ func (m *Metrics) observeTokenize(pool, outcome string, took time.Duration) {
 
 // PromptTokens parses raw, a request body sent on route, and returns its
 // prompt's token ids exactly as duet computes them for a pool with
-// tokenizer m (see tokenizeBody): the ids the prefix index keys. `duet
-// tokenize` and the tests use it.
-func PromptTokens(m *tokenize.Model, route Route, raw []byte) ([]int64, error) {
+// tokenizer m (see tokenizeBody): the ids the prefix index keys. It also
+// returns the prompt's text form, for a chat the rendered template.
+// `duet tokenize` and the tests use it.
+func PromptTokens(m *tokenize.Model, route Route, raw []byte) (ids []int64, prompt string, err error) {
 	b, err := ParseBody(route, raw)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var req scheduler.Request
 	describeMeta(b, &req)
 	outcome, err := tokenizeBody(m, route, b, &req)
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, "", err
 	case outcome == tokenizeSkipped:
-		return nil, fmt.Errorf("%s requests are routed by the text estimate, not tokenized", route)
+		return nil, "", fmt.Errorf("%s requests are routed by the text estimate, not tokenized", route)
 	}
-	return req.TokenIDs, nil
+	return req.TokenIDs, string(req.Prompt), nil
 }

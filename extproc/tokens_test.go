@@ -46,7 +46,7 @@ func TestTokenizedRouting(t *testing.T) {
 	m := qwen3(t, "")
 	failing := qwen3(t, "{{ raise_exception('this template refuses everything') }}")
 	chat := []byte(`{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hello, 你好!"}]}`)
-	wantChat, err := PromptTokens(m, RouteChat, chat)
+	wantChat, _, err := PromptTokens(m, RouteChat, chat)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,18 +132,18 @@ func BenchmarkPromptPath(b *testing.B) {
 		// A fresh model per variant: its caches start empty.
 		fresh := qwen3(b, "")
 		fresh.Tokenizer.SetPieceCacheBytes(0)
-		if _, err := PromptTokens(fresh, RouteChat, body); err != nil { // the word cache warm
+		if _, _, err := PromptTokens(fresh, RouteChat, body); err != nil { // the word cache warm
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("%dKiB/tokens-new", size>>10), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if _, err := PromptTokens(fresh, RouteChat, body); err != nil {
+				if _, _, err := PromptTokens(fresh, RouteChat, body); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
-		if _, err := PromptTokens(m, RouteChat, body); err != nil {
+		if _, _, err := PromptTokens(m, RouteChat, body); err != nil {
 			b.Fatal(err)
 		}
 		b.Run(fmt.Sprintf("%dKiB/tokens-seen-history", size>>10), func(b *testing.B) {
@@ -152,7 +152,7 @@ func BenchmarkPromptPath(b *testing.B) {
 			for b.Loop() {
 				nb := turns[i%len(turns)]
 				i++
-				if _, err := PromptTokens(m, RouteChat, nb); err != nil {
+				if _, _, err := PromptTokens(m, RouteChat, nb); err != nil {
 					b.Fatal(err)
 				}
 			}

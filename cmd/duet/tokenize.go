@@ -85,16 +85,14 @@ func runTokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	ids, err := extproc.PromptTokens(m, r, body)
+	ids, prompt, err := extproc.PromptTokens(m, r, body)
 	if err != nil {
 		return err
 	}
 	out := tokenizeOutput{Pool: pc.Name, Route: r.String(), PageSize: max(pc.Tokenizer.PageSize, 1),
 		BlockTokens: pc.Tokenizer.BlockTokens(cfg.Prefix.BlockTokens), Tokens: len(ids), IDs: ids}
 	if r == extproc.RouteChat {
-		b := gjson.ParseBytes(body)
-		out.Rendered, _ = m.Chat.Render(tokenize.ChatRequest{Messages: b.Get("messages"), Tools: b.Get("tools"), ToolChoice: b.Get("tool_choice"),
-			ChatTemplateKwargs: b.Get("chat_template_kwargs"), ReasoningEffort: b.Get("reasoning_effort")})
+		out.Rendered = prompt
 	}
 	hashes := prefix.Hasher{BlockTokens: out.BlockTokens}.Tokens(ids, nil)
 	for i, h := range hashes {

@@ -50,7 +50,7 @@ func TestTokenizeCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := extproc.PromptTokens(m, extproc.RouteChat, []byte(body))
+	want, _, err := extproc.PromptTokens(m, extproc.RouteChat, []byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}

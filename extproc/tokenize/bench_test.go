@@ -70,18 +70,18 @@ func BenchmarkEncodeChat(b *testing.B) {
 		fresh.Tokenizer.SetPieceCacheBytes(0)
 		for _, size := range []int{1 << 10, 32 << 10, 256 << 10} {
 			body := chatBody(size, 1)
-			if _, err := fresh.EncodeChat(nil, request(body)); err != nil { // warms the word cache
+			if _, _, err := fresh.EncodeChat(nil, request(body)); err != nil { // warms the word cache
 				b.Fatal(err)
 			}
 			b.Run(fmt.Sprintf("%s/%dKiB/new", family, size>>10), func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				var ids []int64
 				for b.Loop() {
-					ids, _ = fresh.EncodeChat(ids[:0], request(body))
+					ids, _, _ = fresh.EncodeChat(ids[:0], request(body))
 				}
 				b.ReportMetric(float64(len(ids)), "tokens")
 			})
-			if _, err := seen.EncodeChat(nil, request(body)); err != nil {
+			if _, _, err := seen.EncodeChat(nil, request(body)); err != nil {
 				b.Fatal(err)
 			}
 			turns := make([][]byte, 64)
@@ -93,7 +93,7 @@ func BenchmarkEncodeChat(b *testing.B) {
 				var ids []int64
 				i := 0
 				for b.Loop() {
-					ids, _ = seen.EncodeChat(ids[:0], request(turns[i%len(turns)]))
+					ids, _, _ = seen.EncodeChat(ids[:0], request(turns[i%len(turns)]))
 					i++
 				}
 			})

@@ -155,7 +155,7 @@ func TestGoldenChat(t *testing.T) {
 					t.Errorf("%s: rendering differs from transformers at byte %d:\n got %q\nwant %q", c.name, at, clip(text, at), clip(*want[i].Text, at))
 					continue
 				}
-				ids, err := m.EncodeChat(nil, c.request())
+				ids, _, err := m.EncodeChat(nil, c.request())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -178,7 +178,7 @@ func TestChatBadInput(t *testing.T) {
 		`{"messages":[{"role":"user","content":[{"type":"hologram"}]}]}`,
 		`{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`,
 	} {
-		_, err := m.EncodeChat(nil, chatCase{body: body}.request())
+		_, _, err := m.EncodeChat(nil, chatCase{body: body}.request())
 		if !errors.Is(err, ErrInvalidMessages) {
 			t.Errorf("%s: got %v, want invalid messages", body, err)
 		}

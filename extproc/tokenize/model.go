@@ -97,14 +97,15 @@ func (m *Model) EncodeText(dst []int64, text string) []int64 {
 }
 
 // EncodeChat renders a chat request with the chat template and appends
-// its ids to dst (without special tokens: the template writes them).
-func (m *Model) EncodeChat(dst []int64, req ChatRequest) ([]int64, error) {
+// its ids to dst (without special tokens: the template writes them); it
+// returns the rendered prompt too.
+func (m *Model) EncodeChat(dst []int64, req ChatRequest) ([]int64, string, error) {
 	if m.Chat == nil {
-		return dst, fmt.Errorf("%w: the tokenizer config has no chat_template", ErrTemplate)
+		return dst, "", fmt.Errorf("%w: the tokenizer config has no chat_template", ErrTemplate)
 	}
 	text, err := m.Chat.Render(req)
 	if err != nil {
-		return dst, err
+		return dst, "", err
 	}
-	return m.Tokenizer.Encode(dst, text, false), nil
+	return m.Tokenizer.Encode(dst, text, false), text, nil
 }
