@@ -111,21 +111,8 @@ func (h Hasher) Tokens(ids []int64, dst []uint64) []uint64 {
 		}
 		return dst
 	}
-	var d xxhash.Digest
 	for i := range n {
-		binary.LittleEndian.PutUint64(buf[:8], sum)
-		d.Reset()
-		d.Write(buf[:8])
-		block := ids[i*size : (i+1)*size]
-		for len(block) > 0 {
-			k := min(len(block), tokenChunk)
-			for j, id := range block[:k] {
-				binary.LittleEndian.PutUint64(buf[8*j:], uint64(id))
-			}
-			d.Write(buf[:8*k])
-			block = block[k:]
-		}
-		sum = d.Sum64()
+		sum = NextTokenBlock(sum, ids[i*size:(i+1)*size])
 		dst = append(dst, sum)
 	}
 	return dst
