@@ -224,11 +224,11 @@ func (e *Event) decodeField(d *msgpack.Decoder, key string) error {
 			return fmt.Errorf("unknown event type %q", tag)
 		}
 	case "block_hashes":
-		e.BlockHashes, err = hashes(d)
+		e.BlockHashes, err = list(d, 4096, hash)
 	case "parent_block_hash":
 		e.ParentHash, e.HasParent, err = optHash(d)
 	case "token_ids":
-		e.TokenIDs, err = ints(d)
+		e.TokenIDs, err = list(d, 1<<16, (*msgpack.Decoder).DecodeInt64)
 	case "block_size":
 		var n int64
 		n, _, err = optInt(d)
@@ -318,8 +318,9 @@ func optHash(d *msgpack.Decoder) (uint64, bool, error) {
 	return h, err == nil, err
 }
 
-// hashes reads a list of hashes.
-func hashes(d *msgpack.Decoder) ([]uint64, error) {
+// list reads a list (or nil) of items that read decodes, preallocating at
+// most capHint of them whatever length the list declares.
+func list[T any](d *msgpack.Decoder, capHint int, read func(*msgpack.Decoder) (T, error)) ([]T, error) {
 	if null, err := isNil(d); null || err != nil {
 		return nil, err
 	}
@@ -327,29 +328,9 @@ func hashes(d *msgpack.Decoder) ([]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]uint64, 0, min(n, 4096))
+	out := make([]T, 0, min(n, capHint))
 	for range n {
-		h, err := hash(d)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, h)
-	}
-	return out, nil
-}
-
-// ints reads a list of integers.
-func ints(d *msgpack.Decoder) ([]int64, error) {
-	if null, err := isNil(d); null || err != nil {
-		return nil, err
-	}
-	n, err := arrayLen(d)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]int64, 0, min(n, 1<<16))
-	for range n {
-		v, err := d.DecodeInt64()
+		v, err := read(d)
 		if err != nil {
 			return nil, err
 		}
