@@ -32,20 +32,22 @@ func byteLevelDecode(s string) (out []byte, ok bool) {
 	return out, true
 }
 
+// charBytes maps each byte-level character (below 512) back to the byte
+// it stands for, -1 for characters outside the alphabet.
+var charBytes = func() (t [512]int16) {
+	for i := range t {
+		t[i] = -1
+	}
+	for b, c := range byteChars {
+		t[c] = int16(b)
+	}
+	return t
+}()
+
 // charByte is the byte a byte-level character stands for.
 func charByte(r rune) (byte, bool) {
-	if r < 0 || r >= 256+256 {
+	if r < 0 || int(r) >= len(charBytes) || charBytes[r] < 0 {
 		return 0, false
 	}
-	if r < 256 && byteChars[r] == r {
-		return byte(r), true
-	}
-	if r >= 256 {
-		for b, c := range byteChars {
-			if c == r {
-				return byte(b), true
-			}
-		}
-	}
-	return 0, false
+	return byte(charBytes[r]), true
 }

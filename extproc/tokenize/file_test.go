@@ -84,3 +84,20 @@ func TestAddedVocabFind(t *testing.T) {
 		}
 	}
 }
+
+// TestByteLevelAlphabet: every byte's character maps back to it, and no
+// other character below 512 does.
+func TestByteLevelAlphabet(t *testing.T) {
+	seen := map[rune]bool{}
+	for b, c := range byteChars {
+		if got, ok := charByte(c); !ok || got != byte(b) {
+			t.Errorf("byte %#x: character %q maps back to %#x, %v", b, c, got, ok)
+		}
+		seen[c] = true
+	}
+	for r := rune(-1); r < 600; r++ {
+		if _, ok := charByte(r); ok != seen[r] {
+			t.Errorf("character %q: in the alphabet %v, want %v", r, ok, seen[r])
+		}
+	}
+}
