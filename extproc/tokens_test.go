@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/duet-router/duet/extproc/tokenize"
 )
@@ -76,8 +78,9 @@ func TestTokenizedRouting(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &fakePicker{decision: pdPick}
 			metrics := NewMetrics(prometheus.NewRegistry())
+			core, logs := observer.New(zap.WarnLevel)
 			c := clientFor(t, Options{Pools: []Pool{{Name: "qwen", Picker: p, PrefillCluster: "duet_prefill", Tokenizer: tt.model}},
-				MaxBodyBytes: 1 << 20, Metrics: metrics})
+				MaxBodyBytes: 1 << 20, Metrics: metrics, Logger: zap.New(core)})
 			resp := exchange(t, c, "POST", tt.path, map[string]string{"content-type": "application/json"}, []byte(tt.body))
 			if got := testutil.ToFloat64(metrics.tokenize.WithLabelValues("qwen", tt.outcome)); got != 1 {
 				t.Errorf("duet_tokenize_requests_total{outcome=%q} = %v, want 1", tt.outcome, got)
@@ -101,6 +104,11 @@ func TestTokenizedRouting(t *testing.T) {
 			}
 			if !slices.Equal(req.TokenIDs, tt.want) {
 				t.Errorf("picker got ids %v, want %v", req.TokenIDs, tt.want)
+			}
+			// docs/troubleshooting.md quotes the fallback's warning.
+			warned := logs.FilterMessage("chat template failed; routing by the text estimate").Len() == 1
+			if warned != (tt.outcome == tokenizeFallback) {
+				t.Errorf("fallback warning logged: %v, want %v", warned, tt.outcome == tokenizeFallback)
 			}
 		})
 	}

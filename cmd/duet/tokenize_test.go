@@ -103,7 +103,7 @@ func TestTokenizerFailsStart(t *testing.T) {
 	}
 	for _, tc := range []struct{ file, config, want string }{
 		{filepath.Join(tmp, "missing.json"), dir + "/tokenizer_config.json", "missing.json: open"},
-		{corrupt, dir + "/tokenizer_config.json", corrupt + ": not a tokenizer.json"},
+		{corrupt, dir + "/tokenizer_config.json", corrupt + ": not a tokenizer.json: unexpected end of JSON input"},
 		{wordPiece, dir + "/tokenizer_config.json", `wordpiece.json: pre_tokenizer: type "BertPreTokenizer": not supported`},
 		{dir + "/tokenizer.json", filepath.Join(tmp, "no_config.json"), "no_config.json: open"},
 	} {
