@@ -136,6 +136,11 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 	switch {
 	case !s.haveSeq:
 		s.reset("subscribed")
+		// Joined a running publisher: what it published before may still
+		// be in its replay buffer, and with it the view is whole.
+		if seq > 0 && s.replay(ctx, 0, seq) {
+			s.log.Info("KV events replayed from the publisher's first batch", zap.Uint64("batches", seq))
+		}
 	case seq <= s.seq:
 		s.reset(fmt.Sprintf("sequence went back from %d to %d: the publisher restarted", s.seq, seq))
 	case seq > s.seq+1:

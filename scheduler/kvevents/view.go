@@ -56,6 +56,11 @@ type RankView struct {
 	pages map[uint64]*pageState
 	// blocks maps a duet block hash to the tiers that hold it.
 	blocks map[uint64]Tier
+	// expected maps blocks routed to the rank and not yet reported to
+	// the time (Unix nanoseconds) until which they count as held; sweptAt
+	// is its size after the last sweep of expired entries.
+	expected map[uint64]int64
+	sweptAt  int
 
 	counts ViewCounts
 }
@@ -88,7 +93,7 @@ type ViewCounts struct {
 // holding at most maxPages pages.
 func NewRankView(blockTokens, maxPages int) *RankView {
 	return &RankView{blockTokens: max(blockTokens, 1), maxPages: max(maxPages, 1),
-		pages: map[uint64]*pageState{}, blocks: map[uint64]Tier{}}
+		pages: map[uint64]*pageState{}, blocks: map[uint64]Tier{}, expected: map[uint64]int64{}}
 }
 
 // Apply implements Handler.
@@ -123,6 +128,8 @@ func (v *RankView) Reset(string) {
 func (v *RankView) clear() {
 	clear(v.pages)
 	clear(v.blocks)
+	clear(v.expected)
+	v.sweptAt = 0
 	v.counts.Cleared++
 }
 
@@ -162,6 +169,9 @@ func (v *RankView) store(e *Event) {
 		p.tiers |= tier
 		for _, c := range p.completes {
 			v.blocks[c] |= tier
+			if tier == TierGPU {
+				delete(v.expected, c)
+			}
 		}
 		v.counts.Stored++
 	}
@@ -191,24 +201,83 @@ func (v *RankView) remove(e *Event) {
 }
 
 // Match returns how many of a request's leading blocks (duet's token
-// block hashes) the rank holds on its GPU, and in any tier.
-func (v *RankView) Match(blocks []uint64) (gpu, anyTier int) {
+// block hashes, a chain from block 0) the rank holds on its GPU, and in any
+// tier. Blocks expected (Expect) and not yet reported count as held on
+// the GPU until their deadline; now is the caller's clock in Unix
+// nanoseconds.
+//
+// A radix cache evicts leaves first and HiCache backs up what leaves the
+// GPU, so along one chain the held blocks are a leading run, and the GPU's
+// a leading run of those: Match finds both ends by binary search, in
+// O(log n) lookups for a prompt of n blocks.
+func (v *RankView) Match(blocks []uint64, now int64) (gpu, anyTier int) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	gpuDone := false
-	for _, b := range blocks {
-		t := v.blocks[b]
-		if t == 0 {
-			break
-		}
-		if !gpuDone && t&TierGPU != 0 {
-			gpu++
-		} else {
-			gpuDone = true
-		}
-		anyTier++
-	}
+	anyTier = leadingRun(len(blocks), func(i int) bool { return v.tiersAt(blocks[i], now) != 0 })
+	gpu = leadingRun(anyTier, func(i int) bool { return v.tiersAt(blocks[i], now)&TierGPU != 0 })
 	return gpu, anyTier
+}
+
+// tiersAt returns the tiers holding block b, with TierGPU for a block
+// expected until after now. The caller holds mu.
+func (v *RankView) tiersAt(b uint64, now int64) Tier {
+	t := v.blocks[b]
+	if t&TierGPU == 0 {
+		if deadline, ok := v.expected[b]; ok && deadline > now {
+			t |= TierGPU
+		}
+	}
+	return t
+}
+
+// leadingRun returns the length of the run of i in [0, n) from 0 for
+// which held is true, assuming held is true on a leading run only.
+func leadingRun(n int, held func(i int) bool) int {
+	if n == 0 || !held(0) {
+		return 0
+	}
+	lo, hi := 0, n // held(lo); !held(hi) where hi < n
+	if held(n - 1) {
+		return n
+	}
+	hi = n - 1
+	for hi-lo > 1 {
+		mid := int(uint(lo+hi) >> 1)
+		if held(mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo + 1
+}
+
+// Expect records that blocks (a chain from block 0) were routed to the
+// rank and will be cached once it computes them: until deadline (Unix
+// nanoseconds), or until the engine reports them, Match counts them as
+// held on the GPU. Engines report a prompt's pages only as its prefill
+// runs, so without this a conversation's next turn, sent before the
+// previous one's events, would look uncached. Expired entries are swept
+// once they outnumber the live ones.
+func (v *RankView) Expect(blocks []uint64, deadline, now int64) {
+	if len(blocks) == 0 {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, b := range blocks {
+		if v.blocks[b]&TierGPU == 0 {
+			v.expected[b] = deadline
+		}
+	}
+	if len(v.expected) > 2*v.sweptAt+1024 {
+		for b, d := range v.expected {
+			if d <= now {
+				delete(v.expected, b)
+			}
+		}
+		v.sweptAt = len(v.expected)
+	}
 }
 
 // Blocks returns how many duet blocks the view holds, and Pages how many

@@ -60,20 +60,20 @@ func TestRankViewMatchesHasher(t *testing.T) {
 			v.Apply(0, Batch{Events: []Event{e.store(tokens, at, to, "")}})
 			at = to
 		}
-		if gpu, all := v.Match(blocks); gpu != len(blocks) || all != len(blocks) {
+		if gpu, all := v.Match(blocks, 0); gpu != len(blocks) || all != len(blocks) {
 			t.Fatalf("page %d, block %d: matched %d/%d of %d blocks", tc.page, tc.block, gpu, all, len(blocks))
 		}
 		// A request that diverges after 5 blocks matches 5.
 		other := append([]int64(nil), tokens...)
 		other[5*tc.block+tc.block/2]++
-		if gpu, _ := v.Match(prefix.Hasher{BlockTokens: tc.block}.Tokens(other, nil)); gpu != 5 {
+		if gpu, _ := v.Match(prefix.Hasher{BlockTokens: tc.block}.Tokens(other, nil), 0); gpu != 5 {
 			t.Errorf("page %d, block %d: a request diverging in block 5 matched %d", tc.page, tc.block, gpu)
 		}
 		// Evict the leaves from page p on: blocks ending at or before p stay.
 		p := pages/2 + 1
 		v.Apply(0, Batch{Events: []Event{e.removeFrom(p, "")}})
 		want := p * tc.page / tc.block
-		if gpu, _ := v.Match(blocks); gpu != want {
+		if gpu, _ := v.Match(blocks, 0); gpu != want {
 			t.Errorf("page %d, block %d: after evicting from page %d: matched %d, want %d", tc.page, tc.block, p, gpu, want)
 		}
 	}
@@ -94,11 +94,11 @@ func TestRankViewTiersAndResets(t *testing.T) {
 	// from the GPU.
 	backup := e.store(tokens, 0, 4, "CPU_PINNED")
 	v.Apply(0, Batch{Events: []Event{backup, e.removeFrom(2, "GPU")}})
-	if gpu, all := v.Match(blocks); gpu != 2 || all != 4 {
+	if gpu, all := v.Match(blocks, 0); gpu != 2 || all != 4 {
 		t.Errorf("after the GPU eviction: %d on GPU, %d in any tier; want 2 and 4", gpu, all)
 	}
 	v.Apply(0, Batch{Events: []Event{{Kind: AllBlocksCleared}}})
-	if _, all := v.Match(blocks); all != 0 {
+	if _, all := v.Match(blocks, 0); all != 0 {
 		t.Errorf("after AllBlocksCleared: %d blocks", all)
 	}
 
@@ -145,7 +145,7 @@ func BenchmarkRankView(b *testing.B) {
 		e := &engine{pageSize: 16}
 		v.Apply(0, Batch{Events: []Event{e.store(tokens, 0, 64, "")}})
 		for b.Loop() {
-			v.Match(blocks)
+			v.Match(blocks, 0)
 		}
 	})
 	b.Run("store-4-pages", func(b *testing.B) {
@@ -162,4 +162,46 @@ func BenchmarkRankView(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// TestRankViewExpect: blocks routed to a rank count as held on its GPU
+// until their deadline or until the engine reports them; a report ends the
+// expectation, so a later eviction is not hidden by it.
+func TestRankViewExpect(t *testing.T) {
+	tokens := make([]int64, 64)
+	for i := range tokens {
+		tokens[i] = int64(i + 7)
+	}
+	blocks := prefix.Hasher{BlockTokens: 16}.Tokens(tokens, nil)
+	e := &engine{pageSize: 16}
+	tests := []struct {
+		name      string
+		expect    int // leading blocks expected, deadline 100
+		stored    int // leading pages stored, then the last evict pages evicted
+		evict     int
+		now       int64
+		gpu, all  int
+	}{
+		{name: "nothing", now: 0},
+		{name: "expected, before the deadline", expect: 3, now: 50, gpu: 3, all: 3},
+		{name: "expected, past the deadline", expect: 3, now: 100},
+		{name: "expected beyond what is stored", expect: 4, stored: 2, now: 50, gpu: 4, all: 4},
+		{name: "reported, then evicted", expect: 4, stored: 4, evict: 2, now: 50, gpu: 2, all: 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := NewRankView(16, 1000)
+			e.chain = nil
+			v.Expect(blocks[:tc.expect], 100, 0)
+			if tc.stored > 0 {
+				v.Apply(0, Batch{Events: []Event{e.store(tokens, 0, tc.stored, "")}})
+			}
+			if tc.evict > 0 {
+				v.Apply(0, Batch{Events: []Event{e.removeFrom(tc.stored-tc.evict, "GPU")}})
+			}
+			if gpu, all := v.Match(blocks, tc.now); gpu != tc.gpu || all != tc.all {
+				t.Errorf("Match: %d on GPU, %d in any tier; want %d and %d", gpu, all, tc.gpu, tc.all)
+			}
+		})
+	}
 }

@@ -1,0 +1,168 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/scheduler/prefix"
+)
+
+// fakeClock is a settable clock.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+// TestTrackerStates: a rank fed in process goes from fallback to live on
+// its publisher's first batch, or through warming when it joined late;
+// lagging batches make it fall back until they catch up; an
+// AllBlocksCleared makes a warming view whole.
+func TestTrackerStates(t *testing.T) {
+	tokens := make([]int64, 64)
+	for i := range tokens {
+		tokens[i] = int64(i + 3)
+	}
+	blocks := prefix.Hasher{BlockTokens: 16}.Tokens(tokens, nil)
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	ts := func() float64 { return float64(clock.t.UnixNano()) / 1e9 }
+	type step struct {
+		do       func(h Handler, e *engine)
+		wantOK   bool
+		wantGPU  int
+		partial  bool
+		describe string
+	}
+	store := func(seq uint64, pages int) func(Handler, *engine) {
+		return func(h Handler, e *engine) {
+			e.chain = nil
+			h.Apply(seq, Batch{TS: ts(), Events: []Event{e.store(tokens, 0, pages, "")}})
+		}
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{name: "from the first batch", steps: []step{
+			{do: func(Handler, *engine) {}, describe: "before any batch"},
+			{do: store(0, 3), wantOK: true, wantGPU: 3, describe: "after batch 0"},
+		}},
+		{name: "joined late", steps: []step{
+			{do: store(7, 2), wantOK: true, wantGPU: 2, partial: true, describe: "after batch 7"},
+			{do: func(Handler, *engine) { clock.t = clock.t.Add(2 * time.Minute) }, wantOK: true, wantGPU: 2, describe: "after the warmup"},
+		}},
+		{name: "cleared", steps: []step{
+			{do: store(7, 2), wantOK: true, wantGPU: 2, partial: true, describe: "after batch 7"},
+			{do: func(h Handler, e *engine) {
+				h.Apply(8, Batch{TS: ts(), Events: []Event{{Kind: AllBlocksCleared}}})
+			}, wantOK: true, describe: "after AllBlocksCleared"},
+		}},
+		{name: "lagging", steps: []step{
+			{do: store(0, 4), wantOK: true, wantGPU: 4, describe: "in time"},
+			{do: func(h Handler, e *engine) {
+				h.Apply(1, Batch{TS: ts() - 10, Events: nil})
+			}, describe: "10s late"},
+			{do: func(h Handler, e *engine) {
+				h.Apply(2, Batch{TS: ts() - 1, Events: nil})
+			}, wantOK: true, wantGPU: 4, describe: "1s late"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker[string](TrackerConfig{BlockTokens: 16, Clock: clock.now}, nil)
+			tr.SetTargets([]Target[string]{{Key: "r0", Name: "engine#0"}})
+			h := tr.Handler("r0")
+			e := &engine{pageSize: 16}
+			for _, st := range tc.steps {
+				st.do(h, e)
+				m, ok := tr.Match("r0", blocks)
+				if ok != st.wantOK || m.GPU != st.wantGPU || m.Partial != st.partial {
+					t.Fatalf("%s: Match = %+v, %v; want GPU %d, partial %v, ok %v", st.describe, m, ok, st.wantGPU, st.partial, st.wantOK)
+				}
+			}
+		})
+	}
+	tr := NewTracker[string](TrackerConfig{BlockTokens: 16}, nil)
+	if _, ok := tr.Match("unknown", blocks); ok {
+		t.Error("Match of a rank not followed is ok")
+	}
+	if tr.Handler("unknown") != nil {
+		t.Error("Handler of a rank not followed")
+	}
+}
+
+// TestTrackerRouted: routed blocks count until reported.
+func TestTrackerRouted(t *testing.T) {
+	tokens := make([]int64, 48)
+	for i := range tokens {
+		tokens[i] = int64(i * 5)
+	}
+	blocks := prefix.Hasher{BlockTokens: 16}.Tokens(tokens, nil)
+	tr := NewTracker[int](TrackerConfig{BlockTokens: 16, ExpectFor: time.Second}, nil)
+	tr.SetTargets([]Target[int]{{Key: 1}})
+	tr.Handler(1).Apply(0, Batch{})
+	now := time.Now()
+	tr.Routed(1, blocks, now)
+	if m, ok := tr.Match(1, blocks); !ok || m.GPU != 3 || m.Blocks != 0 {
+		t.Fatalf("after Routed: %+v, %v", m, ok)
+	}
+	tr.Routed(1, blocks, now.Add(-2*time.Second))
+	if m, _ := tr.Match(1, blocks); m.GPU != 0 {
+		t.Fatalf("after the expectation expired: %+v", m)
+	}
+	tr.SetTargets(nil)
+	if _, ok := tr.Match(1, blocks); ok {
+		t.Fatal("a dropped rank still matches")
+	}
+}
+
+// TestTrackerPublisherDies: a subscribed rank is live while its publisher
+// runs, falls back when its port stops answering, and is live again
+// when a new publisher (sequence from 0) takes its port.
+func TestTrackerPublisherDies(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	port := freePort(t)
+	src := Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)}
+	tr := NewTracker[string](TrackerConfig{BlockTokens: 2, ProbeInterval: 50 * time.Millisecond, MaxLag: -1}, zap.NewNop())
+	tr.SetTargets([]Target[string]{{Key: "r", Name: "engine#0", Source: src}})
+	go tr.Run(ctx)
+
+	// batch(seq) stores one 2-token block whose tokens are 1, 2.
+	blocks := prefix.Hasher{BlockTokens: 2}.Tokens([]int64{1, 2}, nil)
+	waitFor := func(what string, cond func(m Match, ok bool) bool, publish func()) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if publish != nil {
+				publish()
+			}
+			if cond(tr.Match("r", blocks)) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		m, ok := tr.Match("r", blocks)
+		t.Fatalf("waited for %s: Match = %+v, %v; status %+v", what, m, ok, tr.Status())
+	}
+
+	pctx, pcancel := context.WithCancel(ctx)
+	p := startPublisher(t, pctx, port, 0)
+	waitFor("a view", func(m Match, ok bool) bool { return ok && m.GPU == 1 }, func() { p.publish(false) })
+	p.pub.Close()
+	pcancel()
+	waitFor("the fallback", func(_ Match, ok bool) bool { return !ok }, nil)
+	if st := tr.Status(); len(st) != 1 || st[0].Fallbacks["unreachable"] != 1 {
+		t.Fatalf("status %+v: want one fallback for an unreachable port", st)
+	}
+
+	p2 := startPublisher(t, ctx, port, 0)
+	waitFor("the new publisher's view, complete", func(m Match, ok bool) bool { return ok && !m.Partial && m.GPU == 1 }, func() {
+		p2.mu.Lock()
+		p2.seq = 0 // each probe is the new publisher's first batch
+		p2.mu.Unlock()
+		p2.publish(false)
+	})
+}
