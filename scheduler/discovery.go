@@ -40,6 +40,7 @@ type member struct {
 	knownPort   int
 	knownSource string
 	knownCache  DecodeCache
+	knownEvents KVEvents
 	warnedDP    int    // discovered DP size already warned about
 	warnedPort  int    // discovered bootstrap port already warned about
 	warnedMode  string // disaggregation_mode already warned about
@@ -51,6 +52,7 @@ type serverInfo struct {
 	bootstrapPort int    // 0 if not reported
 	mode          string // disaggregation_mode; "" if not reported
 	decodeCache   DecodeCache
+	kvEvents      KVEvents // zero if not advertised
 }
 
 // probe is what one discovery round learned about one endpoint, before it is
@@ -187,7 +189,30 @@ func parseServerInfo(body []byte, prefill bool) (serverInfo, error) {
 	if !prefill {
 		info.decodeCache = parseDecodeCache(root)
 	}
+	info.kvEvents = parseKVEvents(root.Get("kv_events"))
 	return info, nil
+}
+
+// parseKVEvents reads SGLang's kv_events descriptor in /server_info:
+// {"publisher": "zmq", "endpoint_host", "endpoint_port_base", "topic",
+// "block_size", "dp_size", "replay_endpoint_port_base"}. Anything else
+// (absent, null, another publisher, a bad port) means no events.
+func parseKVEvents(d gjson.Result) KVEvents {
+	if !d.IsObject() || d.Get("publisher").Str != "zmq" {
+		return KVEvents{}
+	}
+	port, ok := intValue(d.Get("endpoint_port_base"), 1, 65535)
+	if !ok {
+		return KVEvents{}
+	}
+	ev := KVEvents{Host: d.Get("endpoint_host").Str, Port: port, Topic: d.Get("topic").Str}
+	if r, ok := intValue(d.Get("replay_endpoint_port_base"), 1, 65535); ok {
+		ev.ReplayPort = r
+	}
+	if b, ok := intValue(d.Get("block_size"), 1, 1<<16); ok {
+		ev.BlockSize = b
+	}
+	return ev
 }
 
 // parseDecodeCache reads a decode engine's radix cache settings: SGLang's
@@ -248,15 +273,23 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	var dp, port int
 	var source string
 	var cache DecodeCache
+	events := m.spec.KVEvents
 	switch {
 	case p.infoErr == nil:
 		s.checkDiscovered(log, m, p.info)
 		m.known = true
 		m.knownDP, m.knownPort, m.knownSource, m.knownCache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 		dp, port, source, cache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
+		m.knownEvents = p.info.kvEvents
+		if p.info.kvEvents.Port > 0 {
+			events = p.info.kvEvents
+		}
 	case m.known:
 		errs = append(errs, p.infoErr)
 		dp, port, source, cache = m.knownDP, m.knownPort, m.knownSource, m.knownCache
+		if m.knownEvents.Port > 0 {
+			events = m.knownEvents
+		}
 	case m.spec.DPSize > 0:
 		errs = append(errs, p.infoErr)
 		dp, source = m.spec.DPSize, sourceConfig
@@ -273,7 +306,7 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	} else {
 		port = 0
 	}
-	ep.DPSize, ep.BootstrapPort, ep.Source, ep.DecodeCache = dp, port, source, cache
+	ep.DPSize, ep.BootstrapPort, ep.Source, ep.DecodeCache, ep.KVEvents = dp, port, source, cache, events
 	ep.Ready = dp > 0 && p.resolveErr == nil
 	err := errors.Join(errs...)
 	ep.LastError = ""
@@ -328,6 +361,9 @@ func (s *Scheduler) logTransition(log *zap.Logger, old, ep Endpoint) {
 	if ep.DecodeCache.Radix {
 		fields = append(fields, zap.Bool("decode_radix_cache", true), zap.Float64("host_cache_ratio", ep.DecodeCache.HostRatio))
 	}
+	if ep.KVEvents.Port > 0 {
+		fields = append(fields, zap.Int("kv_events_port", ep.KVEvents.Port), zap.Int("kv_events_replay_port", ep.KVEvents.ReplayPort))
+	}
 	if ep.LastError != "" {
 		fields = append(fields, zap.String("error", ep.LastError))
 	}
@@ -338,7 +374,7 @@ func (s *Scheduler) logTransition(log *zap.Logger, old, ep Endpoint) {
 		log.Warn("endpoint not ready", fields...)
 	case ep.LastError != "" && ep.LastError != old.LastError:
 		log.Warn("endpoint discovery failed", fields...)
-	case ep.Ready && (ep.Address != old.Address || ep.DPSize != old.DPSize || ep.BootstrapPort != old.BootstrapPort || ep.DecodeCache != old.DecodeCache):
+	case ep.Ready && (ep.Address != old.Address || ep.DPSize != old.DPSize || ep.BootstrapPort != old.BootstrapPort || ep.DecodeCache != old.DecodeCache || ep.KVEvents != old.KVEvents):
 		log.Info("endpoint changed", fields...)
 	case ep.LastError == "" && old.LastError != "":
 		log.Info("endpoint discovery recovered", fields...)

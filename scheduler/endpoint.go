@@ -36,6 +36,30 @@ type EndpointSpec struct {
 	BootstrapPort int
 	// DPSize is the engine's data-parallel size; 0 means discover it.
 	DPSize int
+	// KVEvents is where the engine publishes its KV cache events, for
+	// engines whose /server_info does not say (SGLang before kv_events
+	// was advertised); the zero value means none. What /server_info
+	// advertises wins.
+	KVEvents KVEvents
+}
+
+// KVEvents is where an engine publishes its KV cache events (SGLang's
+// --kv-events-config, advertised as kv_events in /server_info): one ZMQ
+// PUB socket per DP rank, rank r on Port+r, and optionally a ROUTER that
+// replays missed batches, rank r on ReplayPort+r.
+type KVEvents struct {
+	// Host is the host to dial; empty (or a wildcard such as "*" or
+	// "0.0.0.0", as the engine binds it) means the engine's own address.
+	Host string
+	// Port is rank 0's PUB port; 0 means the engine publishes none.
+	Port int
+	// ReplayPort is rank 0's replay port; 0 means none.
+	ReplayPort int
+	// Topic is the publisher's topic (SGLang's default is "").
+	Topic string
+	// BlockSize is the tokens per published block (the engine's page
+	// size); 0 when unknown.
+	BlockSize int
 }
 
 // Endpoint is an engine as the scheduler knows it. It is a value snapshot:
@@ -65,6 +89,9 @@ type Endpoint struct {
 	// prefill engines and for decode engines started without SGLang's
 	// --disaggregation-decode-enable-radix-cache.
 	DecodeCache DecodeCache
+	// KVEvents is where the engine publishes its KV cache events, as its
+	// /server_info advertises them or, failing that, as configured.
+	KVEvents KVEvents
 	// Ready reports whether the endpoint may be scheduled.
 	Ready bool
 	// LastError is the error of the last discovery round, if any.

@@ -101,6 +101,16 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	if len(decodeCands) == 0 {
 		return fail(allEjected(RoleDecode, len(snap.decode.targets)))
 	}
+	// The engines' word, where the view has one: token blocks only.
+	viewed := s.cacheView != nil && len(req.TokenIDs) > 0 && perBlock > 0
+	if viewed {
+		if prefillIndexed {
+			s.applyView(req, prefillCands, matches, perBlock)
+		}
+		if decodeIndexed || decodeCache {
+			s.applyView(req, decodeCands, matches, perBlock)
+		}
+	}
 	if pd {
 		i, c, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
 		if err != nil {
@@ -178,6 +188,9 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		}
 		if len(req.Blocks) > 0 && indexed[i] {
 			ts.indexedBlocks.Store(int64(s.index.Insert(ts.key, req.Blocks)))
+			if viewed {
+				s.cacheView.Routed(ts.key, req.Blocks, now)
+			}
 		}
 		if ts.picks != nil {
 			ts.picks.Inc()

@@ -96,6 +96,12 @@ type Config struct {
 	// their own. This is SGLang's behaviour behind a rank-unaware router,
 	// the baseline that rank-aware scheduling is measured against.
 	EngineRanks bool
+	// CacheView, if set, is the engines' own account of their caches (KV
+	// events): for requests hashed in token blocks it replaces the prefix
+	// index's estimate on every target it has a word for. The scheduler
+	// names the targets to follow (SetTargets) whenever the pools change;
+	// the caller runs the view (kvevents.Tracker.Run).
+	CacheView CacheView
 	// Clock, if set, is the scheduler's clock: reservations, load
 	// freshness, scrape times, health and the decisions shown on the status
 	// page read it instead of time.Now. The routing-quality simulator
@@ -209,6 +215,7 @@ type Scheduler struct {
 	onEject              func(Ejection)
 	onPicked             func(Picked)
 	pool                 string // Config.Pool
+	cacheView            CacheView
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -247,6 +254,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		onEject:    cfg.OnEject,
 		onPicked:   cfg.OnPicked,
 		pool:       cfg.Pool,
+		cacheView:  cfg.CacheView,
 		now:        time.Now,
 	}
 	if cfg.Clock != nil {
@@ -405,7 +413,11 @@ func newMember(role Role, spec EndpointSpec) (*member, error) {
 // publish makes the members' current states the snapshot picks use. The
 // caller holds discoverMu or is New.
 func (s *Scheduler) publish() {
-	s.snap.Store(newSnapshot(s.states(), s.engineRanks, s.ledger, s.metrics, s.health, s.forgetPrefixes))
+	eps := s.states()
+	s.snap.Store(newSnapshot(eps, s.engineRanks, s.ledger, s.metrics, s.health, s.forgetPrefixes))
+	if s.cacheView != nil {
+		s.cacheView.SetTargets(cacheTargets(eps))
+	}
 }
 
 // states returns the members' current states. The caller holds discoverMu

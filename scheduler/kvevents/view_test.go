@@ -175,12 +175,12 @@ func TestRankViewExpect(t *testing.T) {
 	blocks := prefix.Hasher{BlockTokens: 16}.Tokens(tokens, nil)
 	e := &engine{pageSize: 16}
 	tests := []struct {
-		name      string
-		expect    int // leading blocks expected, deadline 100
-		stored    int // leading pages stored, then the last evict pages evicted
-		evict     int
-		now       int64
-		gpu, all  int
+		name     string
+		expect   int // leading blocks expected, deadline 100
+		stored   int // leading pages stored, then the last evict pages evicted
+		evict    int
+		now      int64
+		gpu, all int
 	}{
 		{name: "nothing", now: 0},
 		{name: "expected, before the deadline", expect: 3, now: 50, gpu: 3, all: 3},
