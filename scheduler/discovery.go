@@ -274,6 +274,9 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	var source string
 	var cache DecodeCache
 	events := m.spec.KVEvents
+	if events.Port == 0 {
+		events = s.kvEvents
+	}
 	switch {
 	case p.infoErr == nil:
 		s.checkDiscovered(log, m, p.info)

@@ -96,6 +96,10 @@ type Config struct {
 	// their own. This is SGLang's behaviour behind a rank-unaware router,
 	// the baseline that rank-aware scheduling is measured against.
 	EngineRanks bool
+	// KVEvents is where engines publish their KV cache events when neither
+	// their /server_info nor their EndpointSpec says (older SGLang); the
+	// zero value means only advertised or configured events are followed.
+	KVEvents KVEvents
 	// CacheView, if set, is the engines' own account of their caches (KV
 	// events): for requests hashed in token blocks it replaces the prefix
 	// index's estimate on every target it has a word for. The scheduler
@@ -216,6 +220,7 @@ type Scheduler struct {
 	onPicked             func(Picked)
 	pool                 string // Config.Pool
 	cacheView            CacheView
+	kvEvents             KVEvents // Config.KVEvents
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -255,6 +260,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		onPicked:   cfg.OnPicked,
 		pool:       cfg.Pool,
 		cacheView:  cfg.CacheView,
+		kvEvents:   cfg.KVEvents,
 		now:        time.Now,
 	}
 	if cfg.Clock != nil {

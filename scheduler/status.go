@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"github.com/duet-router/duet/scheduler/kvevents"
 	"strings"
 	"time"
 )
@@ -90,6 +91,27 @@ type TargetStatus struct {
 	// PrefixBlocks is the number of prompt blocks the prefix index
 	// believes the target caches.
 	PrefixBlocks int
+	// Events is what the target's KV events say, beside the prefix
+	// index's estimate; nil when the pool does not follow them.
+	Events *EventsStatus
+}
+
+// EventsStatus is one target's view from its KV events.
+type EventsStatus struct {
+	// State is "live", "warming" or "fallback" (kvevents.State).
+	State string
+	// Blocks is how many prefix blocks the events say the target holds.
+	Blocks int
+	// Lag is how long ago the engine stamped the last batch; zero before
+	// one arrived (HasBatch false).
+	Lag      time.Duration
+	HasBatch bool
+}
+
+// rankStatuser is a CacheView that reports per-target status
+// (kvevents.Tracker does).
+type rankStatuser interface {
+	RankStatus(key TargetKey) (kvevents.RankStatus[TargetKey], bool)
 }
 
 // DecisionStatus is one recent pick, successful or not.
@@ -280,6 +302,11 @@ func (s *Scheduler) Status() Status {
 			t := Target{Endpoint: &es.Endpoint, Rank: es.Targets[j].Rank}
 			es.Targets[j].Name = t.String()
 			es.Targets[j].PrefixBlocks = s.index.Blocks(t.Key())
+			if rs, ok := s.cacheView.(rankStatuser); ok {
+				if r, ok := rs.RankStatus(t.Key()); ok {
+					es.Targets[j].Events = &EventsStatus{State: r.State.String(), Blocks: r.Blocks, Lag: r.Lag, HasBatch: !r.LastBatch.IsZero()}
+				}
+			}
 		}
 		sortByRank(es.Targets)
 	}

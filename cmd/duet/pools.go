@@ -13,6 +13,7 @@ import (
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/tokenize"
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
 // pool is one pool as serve runs it: its configuration and its scheduler,
@@ -22,6 +23,9 @@ type pool struct {
 	sched *scheduler.Scheduler
 	// tokenizer is the pool's model tokenizer; nil without one.
 	tokenizer *tokenize.Model
+	// events follows the pool's engines' KV events; nil when the pool
+	// does not (kv_events.mode).
+	events *kvevents.Tracker[scheduler.TargetKey]
 }
 
 // poolSet is every pool, in configuration order.
@@ -47,13 +51,35 @@ func newPools(cfg *config.Config, base scheduler.Config, log *zap.Logger, reg pr
 		scfg.Pool = pc.Name
 		scfg.OnPicked, scfg.OnEject = base.OnPicked, base.OnEject
 		scfg.Registerer = poolRegisterer(reg, pc.Name)
-		sched, err := scheduler.New(scfg, log.With(zap.String("pool", pc.Name)))
+		plog := log.With(zap.String("pool", pc.Name))
+		var events *kvevents.Tracker[scheduler.TargetKey]
+		if cfg.KVEvents.Enabled(pc) {
+			events = newTracker(cfg, pc, plog)
+			scfg.CacheView = events
+			if scfg.Registerer != nil {
+				scfg.Registerer.MustRegister(events.Collector())
+			}
+		}
+		sched, err := scheduler.New(scfg, plog)
 		if err != nil {
 			return nil, fmt.Errorf("scheduler of pool %s: %w", pc.Name, err)
 		}
-		out = append(out, &pool{cfg: pc, sched: sched, tokenizer: tok})
+		out = append(out, &pool{cfg: pc, sched: sched, tokenizer: tok, events: events})
 	}
 	return out, nil
+}
+
+// newTracker returns the follower of pool p's KV events.
+func newTracker(cfg *config.Config, p config.Pool, log *zap.Logger) *kvevents.Tracker[scheduler.TargetKey] {
+	k := cfg.KVEvents
+	return kvevents.NewTracker[scheduler.TargetKey](kvevents.TrackerConfig{
+		BlockTokens:   blockTokens(cfg, p),
+		MaxPages:      k.MaxPages,
+		ExpectFor:     k.ExpectFor,
+		MaxLag:        k.MaxLag,
+		Warmup:        k.Warmup,
+		ProbeInterval: k.ProbeInterval,
+	}, log)
 }
 
 // loadTokenizer loads a pool's tokenizer files; nil without a tokenizer
@@ -85,6 +111,9 @@ func (ps poolSet) byName(name string) *pool {
 func (ps poolSet) run(ctx context.Context) {
 	for _, p := range ps {
 		go p.sched.Run(ctx)
+		if p.events != nil {
+			go p.events.Run(ctx)
+		}
 	}
 }
 

@@ -359,6 +359,9 @@ func schedulerConfig(cfg *config.Config, p config.Pool) scheduler.Config {
 		DiscoveryInterval: cfg.Discovery.Interval,
 		DiscoveryTimeout:  cfg.Discovery.Timeout,
 		EngineRanks:       cfg.EngineRanks,
+		KVEvents: scheduler.KVEvents{
+			Port: cfg.KVEvents.Port, ReplayPort: cfg.KVEvents.ReplayPort, Topic: cfg.KVEvents.Topic,
+		},
 		Load: scheduler.LoadConfig{
 			Interval:       cfg.Load.Interval,
 			Timeout:        cfg.Load.Timeout,

@@ -13,15 +13,17 @@ import (
 	"go.uber.org/zap"
 )
 
-// Defaults of TrackerConfig.
+// Defaults of TrackerConfig's zero values.
 const (
-	defaultMaxPages      = 1 << 20
-	defaultExpectFor     = 30 * time.Second
-	defaultMaxLag        = 5 * time.Second
-	defaultWarmup        = time.Minute
-	defaultProbeInterval = 2 * time.Second
-	probeTimeout         = time.Second
+	DefaultMaxPages      = 1 << 20
+	DefaultExpectFor     = 30 * time.Second
+	DefaultMaxLag        = 5 * time.Second
+	DefaultWarmup        = time.Minute
+	DefaultProbeInterval = 2 * time.Second
 )
+
+// probeTimeout bounds one TCP probe.
+const probeTimeout = time.Second
 
 // TrackerConfig configures a Tracker.
 type TrackerConfig struct {
@@ -164,19 +166,19 @@ func NewTracker[K comparable](cfg TrackerConfig, log *zap.Logger) *Tracker[K] {
 		cfg.BlockTokens = 16
 	}
 	if cfg.MaxPages <= 0 {
-		cfg.MaxPages = defaultMaxPages
+		cfg.MaxPages = DefaultMaxPages
 	}
 	if cfg.ExpectFor <= 0 {
-		cfg.ExpectFor = defaultExpectFor
+		cfg.ExpectFor = DefaultExpectFor
 	}
 	if cfg.MaxLag == 0 {
-		cfg.MaxLag = defaultMaxLag
+		cfg.MaxLag = DefaultMaxLag
 	}
 	if cfg.Warmup <= 0 {
-		cfg.Warmup = defaultWarmup
+		cfg.Warmup = DefaultWarmup
 	}
 	if cfg.ProbeInterval == 0 {
-		cfg.ProbeInterval = defaultProbeInterval
+		cfg.ProbeInterval = DefaultProbeInterval
 	}
 	t := &Tracker[K]{cfg: cfg, log: log, now: time.Now, ranks: map[K]*rank[K]{}}
 	if cfg.Clock != nil {
@@ -459,19 +461,36 @@ func (t *Tracker[K]) Status() []RankStatus[K] {
 	defer t.mu.RUnlock()
 	out := make([]RankStatus[K], 0, len(t.ranks))
 	for _, r := range t.ranks {
-		st := RankStatus[K]{Target: r.target, State: r.state(now), View: r.view.Counts(), Fallbacks: map[string]uint64{}}
-		st.Blocks, st.Pages = r.view.Blocks()
-		if ts := math.Float64frombits(r.lastTS.Load()); ts > 0 {
-			st.LastBatch = time.Unix(0, int64(ts*1e9))
-			st.Lag = now.Sub(st.LastBatch)
-		}
-		if r.sub != nil {
-			st.Stats = r.sub.Stats()
-		}
-		for i := range r.fallbacks {
-			st.Fallbacks[fallbackReasonNames[i]] = r.fallbacks[i].Load()
-		}
-		out = append(out, st)
+		out = append(out, r.status(now))
 	}
 	return out
+}
+
+// RankStatus returns key's status; false when key is not followed.
+func (t *Tracker[K]) RankStatus(key K) (RankStatus[K], bool) {
+	now := t.now()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	r, ok := t.ranks[key]
+	if !ok {
+		return RankStatus[K]{}, false
+	}
+	return r.status(now), true
+}
+
+// status returns r's status at now. The caller holds t.mu.
+func (r *rank[K]) status(now time.Time) RankStatus[K] {
+	st := RankStatus[K]{Target: r.target, State: r.state(now), View: r.view.Counts(), Fallbacks: map[string]uint64{}}
+	st.Blocks, st.Pages = r.view.Blocks()
+	if ts := math.Float64frombits(r.lastTS.Load()); ts > 0 {
+		st.LastBatch = time.Unix(0, int64(ts*1e9))
+		st.Lag = now.Sub(st.LastBatch)
+	}
+	if r.sub != nil {
+		st.Stats = r.sub.Stats()
+	}
+	for i := range r.fallbacks {
+		st.Fallbacks[fallbackReasonNames[i]] = r.fallbacks[i].Load()
+	}
+	return st
 }

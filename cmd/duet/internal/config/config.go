@@ -54,6 +54,9 @@ type Config struct {
 	// without a pools section (each pool names its own): duet then routes
 	// on token ids (docs/tokenizer.md). Off by default.
 	Tokenizer *Tokenizer `yaml:"tokenizer"`
+	// KVEvents configures following the engines' KV cache events
+	// (docs/kv-events.md).
+	KVEvents KVEventsOptions `yaml:"kv_events"`
 	// Tokens tunes the token estimate.
 	Tokens TokenOptions `yaml:"tokens"`
 	// Request bounds what duet accepts from clients.
@@ -421,6 +424,7 @@ func (c *Config) applyDefaults() {
 		c.Discovery.Timeout = DefaultDiscoveryTimeout
 	}
 	c.Health.applyDefaults()
+	c.KVEvents.applyDefaults()
 	if t := c.Envoy.DuetTLS; t != nil {
 		setDefault(&t.ServerName, DefaultDuetServerName)
 	}
@@ -502,6 +506,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, validateEndpoints("", c.Prefill, c.Decode, map[string]string{})...)
 	errs = append(errs, c.validatePools()...)
 	errs = append(errs, c.validateTokenizers()...)
+	errs = append(errs, c.KVEvents.validate()...)
 	if c.Request.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("request.max_body_bytes: %d is below the 1024-byte minimum", c.Request.MaxBodyBytes))
 	}

@@ -309,6 +309,20 @@ type Rank struct {
 	// PrefixBlocks is the size of the target's prefix-index entry, in
 	// prompt blocks.
 	PrefixBlocks int `json:"prefix_blocks"`
+	// KVEvents is what the rank's KV events say it caches; null when the
+	// pool does not follow them.
+	KVEvents *RankEvents `json:"kv_events"`
+}
+
+// RankEvents is one rank's view from its KV events.
+type RankEvents struct {
+	// State is live, warming or fallback (docs/kv-events.md).
+	State string `json:"state"`
+	// Blocks is the prefix blocks the events say the rank holds.
+	Blocks int `json:"blocks"`
+	// LagSeconds is how long ago the engine stamped the last batch; null
+	// before the first.
+	LagSeconds *float64 `json:"lag_seconds"`
 }
 
 // Decision is one recent pick.
@@ -480,6 +494,13 @@ func endpointOf(es scheduler.EndpointStatus, now time.Time, rates map[targetID]f
 			LoadFresh:      t.Load.Fresh,
 			Picks:          t.Picks,
 			PrefixBlocks:   t.PrefixBlocks,
+		}
+		if ev := t.Events; ev != nil {
+			r.KVEvents = &RankEvents{State: ev.State, Blocks: ev.Blocks}
+			if ev.HasBatch {
+				lag := ev.Lag.Seconds()
+				r.KVEvents.LagSeconds = &lag
+			}
 		}
 		if !t.ScrapedAt.IsZero() {
 			age := max(now.Sub(t.ScrapedAt).Seconds(), 0)
