@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
 // This file is the calibrated engine model (--profile): a deterministic,
@@ -48,11 +50,14 @@ const (
 // engineRequest is one item inside the engine. Fields are guarded by the
 // owner of the engineCore (engineLoop's mutex).
 type engineRequest struct {
-	id      uint64
-	kind    reqKind
-	rank    int
-	prompt  int
-	blocks  []uint64
+	id     uint64
+	kind   reqKind
+	rank   int
+	prompt int
+	blocks []uint64
+	// ids are the prompt's token ids when known (token-id prompts), else
+	// nil: the cache blocks carry them into the KV events.
+	ids     []int64
 	maxNew  int
 	arrived time.Duration
 
@@ -133,7 +138,12 @@ type engineRank struct {
 
 	cache *prefixCache
 	// host is the decode radix cache's host tier (nil without it).
-	host    *hostCache
+	host *hostCache
+	// live holds the rank's requests that are not done.
+	live map[*engineRequest]struct{}
+	// events are the cache events recorded and not yet handed to the
+	// sink (only while one is set).
+	events  []kvevents.Event
 	private int
 	growth  int
 	plan    rankStep
@@ -224,13 +234,15 @@ type engineCore struct {
 	now    time.Duration
 	events eventHeap
 	seq    uint64
+	// sink receives the cache events (nil: none are recorded).
+	sink cacheSink
 }
 
 // newEngineCore builds the model with empty ranks at time 0.
 func newEngineCore(p engineParams) *engineCore {
 	c := &engineCore{p: p}
 	for i := 0; i < p.dpSize; i++ {
-		r := &engineRank{idx: i, cache: newPrefixCache(p.prof.BlockSize)}
+		r := &engineRank{idx: i, cache: newPrefixCache(p.prof.BlockSize), live: make(map[*engineRequest]struct{})}
 		if p.decodeRadix && p.hostBlocks > 0 {
 			r.host = newHostCache(p.hostBlocks)
 		}
@@ -258,6 +270,8 @@ type requestSpec struct {
 	rank   int
 	prompt int
 	blocks []uint64
+	// ids are the prompt's token ids, nil when unknown.
+	ids    []int64
 	maxNew int
 	// tail and seed give the answer's blocks (decode radix cache).
 	tail HashTail
@@ -277,7 +291,7 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 	}
 	c.seq++
 	q := &engineRequest{
-		id: c.seq, kind: spec.kind, rank: spec.rank, prompt: spec.prompt, blocks: spec.blocks,
+		id: c.seq, kind: spec.kind, rank: spec.rank, prompt: spec.prompt, blocks: spec.blocks, ids: spec.ids,
 		maxNew: min(spec.maxNew, c.p.capacity-spec.prompt), arrived: t, notify: make(chan struct{}, 1),
 		tail: spec.tail, seed: spec.seed,
 	}
@@ -286,11 +300,13 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 	}
 	r := c.ranks[spec.rank]
 	r.waiting = append(r.waiting, q)
+	r.live[q] = struct{}{}
 	r.promptTotal += int64(q.prompt)
 	c.unstall(r.group, t)
 	if c.p.mode == ModeDecode {
 		c.admitPrealloc(r, t)
 	}
+	c.flushEvents(t)
 	return q, nil
 }
 
@@ -334,6 +350,7 @@ func (c *engineCore) abort(q *engineRequest, t time.Duration) {
 	}
 	q.aborted = true
 	c.finish(r, q, t)
+	c.flushEvents(t)
 }
 
 // remove deletes q from list, keeping the order.
@@ -432,12 +449,8 @@ func (c *engineCore) allocate(r *engineRank, q *engineRequest, n int) {
 	q.private += n
 	r.private += n
 	for r.cache.tokens()+r.private > c.p.capacity {
-		h, ok := r.cache.evictLRU()
-		if !ok {
+		if !c.evictGPU(r) {
 			break
-		}
-		if r.host != nil {
-			r.host.add(h)
 		}
 	}
 }
@@ -457,6 +470,7 @@ func (c *engineCore) release(r *engineRank, q *engineRequest) {
 func (c *engineCore) finish(r *engineRank, q *engineRequest, t time.Duration) {
 	q.state = stDone
 	q.doneAt = t
+	delete(r.live, q)
 	if c.p.decodeRadix && q.kind == kindDecode && !q.aborted {
 		c.insertFinished(r, q)
 	}
@@ -480,17 +494,24 @@ func (c *engineCore) insertPrompt(r *engineRank, q *engineRequest) {
 // beyond those q's chain already holds, one block while q holds a block's
 // worth: a block cached meanwhile is shared and the duplicate freed, and a
 // block in the host tier (a decode's hierarchical cache) is dropped from
-// there.
+// there. The prompt's blocks carry q's token ids, when it has them.
 func (c *engineCore) insertBlocks(r *engineRank, q *engineRequest, hashes []uint64) {
 	bt := c.p.prof.BlockSize
+	var fromHost []uint64
 	for i := len(q.chain); i < len(hashes) && q.private >= bt; i++ {
-		b, created := r.cache.insert(hashes[i])
-		if created && r.host != nil {
-			r.host.remove(hashes[i])
+		b, created := r.cache.insert(chainKey(hashes, q.ids, i, bt))
+		if created {
+			c.recordStore(r, b, mediumGPU)
+			if r.host != nil && r.host.remove(b.hash) != nil && c.sink != nil {
+				fromHost = append(fromHost, b.hash)
+			}
 		}
 		q.chain = append(q.chain, b)
 		q.private -= bt
 		r.private -= bt
+	}
+	for _, h := range fromHost {
+		c.recordRemove(r, h, mediumHost)
 	}
 }
 
@@ -751,9 +772,11 @@ func (c *engineCore) advance(now time.Duration) {
 			e := heap.Pop(&c.events).(engineEvent)
 			c.now = max(c.now, e.at)
 			c.handle(e)
+			c.flushEvents(c.now)
 		case g != nil && ts <= now:
 			c.now = max(c.now, ts)
 			c.startGroup(g, ts)
+			c.flushEvents(c.now)
 		default:
 			if now != never {
 				c.now = max(c.now, now)

@@ -496,20 +496,20 @@ func TestHostCacheLRU(t *testing.T) {
 	}{
 		{name: "bounded, oldest dropped", ops: func(h *hostCache) {
 			for _, x := range []uint64{1, 2, 3, 4} {
-				h.add(x)
+				h.add(&cacheBlock{hash: x})
 			}
 		}, query: []uint64{2, 3, 4}, want: 3, size: 3},
 		{name: "re-added block is most recent", ops: func(h *hostCache) {
-			h.add(1)
-			h.add(2)
-			h.add(3)
-			h.add(1)
-			h.add(4)
+			h.add(&cacheBlock{hash: 1})
+			h.add(&cacheBlock{hash: 2})
+			h.add(&cacheBlock{hash: 3})
+			h.add(&cacheBlock{hash: 1})
+			h.add(&cacheBlock{hash: 4})
 		}, query: []uint64{1, 3, 4}, want: 3, size: 3},
 		{name: "removed block ends the match", ops: func(h *hostCache) {
-			h.add(1)
-			h.add(2)
-			h.add(3)
+			h.add(&cacheBlock{hash: 1})
+			h.add(&cacheBlock{hash: 2})
+			h.add(&cacheBlock{hash: 3})
 			h.remove(2)
 		}, query: []uint64{1, 2, 3}, want: 1, size: 2},
 	}

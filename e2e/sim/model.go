@@ -167,7 +167,7 @@ func (m *Model) Config() Config { return m.cfg }
 // not exist or the prompt can never fit the rank's KV pool.
 func (m *Model) Submit(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
 	m.Advance(t)
-	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed}
+	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, ids: prompt.TokenIDs, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed}
 	switch m.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
@@ -224,6 +224,24 @@ func (m *Model) KVArrived(t time.Duration, it *Item) {
 func (m *Model) Abort(t time.Duration, it *Item) {
 	m.Advance(t)
 	m.core.abort(it.q, t)
+}
+
+// FlushCache empties, at t, the prefix cache of every rank that holds no
+// request, as SGLang's flush_cache does on each idle scheduler, and
+// reports whether rank 0 was flushed (SGLang answers with rank 0's
+// result). Each flushed rank reports AllBlocksCleared.
+func (m *Model) FlushCache(t time.Duration) bool {
+	m.Advance(t)
+	return m.core.flushIdle(t)
+}
+
+// ResetCache empties every rank's prefix cache at t, whatever it holds,
+// as a restarted engine starts (each rank reports AllBlocksCleared). The
+// KV of requests in flight stays theirs (uncached), so the model carries
+// on; it is cached again when they insert it.
+func (m *Model) ResetCache(t time.Duration) {
+	m.Advance(t)
+	m.core.resetCache(t)
 }
 
 // Advance processes everything due at or before t.
@@ -356,6 +374,11 @@ type Prompt struct {
 	// Seed is the request's sampling seed, nil without one: the answer
 	// is then ReplyText(*Seed, n), else "tok0 tok1 ...".
 	Seed *int64
+	// TokenIDs are the prompt's token ids when the request carries them
+	// (/generate input_ids, a completions prompt of token ids), else nil.
+	// The cache blocks of the prompt carry them into the KV events
+	// (OnCacheEvents); Blocks must be those ParsePrompt computes from them.
+	TokenIDs []int64
 }
 
 // ParsePrompt parses an inference request body sent to path (one of the
@@ -376,5 +399,5 @@ func ParsePrompt(path string, body []byte, blockTokens int) (Prompt, error) {
 		return Prompt{}, fmt.Errorf("parse prompt: %d %s", aerr.status, aerr.msg)
 	}
 	it := req.items[0]
-	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens, Tail: it.tail, Seed: it.seed}, nil
+	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens, Tail: it.tail, Seed: it.seed, TokenIDs: it.ids}, nil
 }

@@ -42,6 +42,9 @@ type itemInput struct {
 	// tail continues blocks over the answer (the decode radix cache
 	// caches prompt and answer).
 	tail HashTail
+	// ids are the prompt's token ids (input_ids, or a completions prompt
+	// of token ids), nil for text; the engine model only.
+	ids []int64
 	// seed is the request's sampling seed (chat and completions seed,
 	// /generate sampling_params.sampling_seed); with one, the answer is
 	// ReplyText(seed, ...).
@@ -53,6 +56,8 @@ type promptInfo struct {
 	tokens int
 	blocks []uint64
 	tail   HashTail
+	// ids are the token ids of a token-id prompt (engine model only).
+	ids []int64
 }
 
 // parseOptions tune parseInferRequest for the server's configuration.
@@ -183,7 +188,7 @@ func parseCompletions(root gjson.Result, req *inferRequest, blockTokens int) *ap
 	req.batch = batch
 	seed := optSeed(root.Get("seed"))
 	for _, p := range prompts {
-		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail, seed: seed})
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail, ids: p.ids, seed: seed})
 	}
 	return nil
 }
@@ -228,7 +233,7 @@ func parseGenerate(root gjson.Result, req *inferRequest, blockTokens int) *apiEr
 		if err != nil {
 			return err
 		}
-		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail,
+		req.items = append(req.items, itemInput{promptTokens: p.tokens, maxTokens: maxTokens, blocks: p.blocks, tail: p.tail, ids: p.ids,
 			seed: optSeed(params.Get("sampling_seed"))})
 	}
 	return nil
@@ -281,7 +286,8 @@ func promptsOf(v gjson.Result, field, missing string, blockTokens int) ([]prompt
 				return nil, false, badRequestf("%s: mixed token ids and other values", field)
 			}
 		}
-		return []promptInfo{{tokens: len(elems), blocks: idBlocks(elems, blockTokens)}}, false, nil
+		blocks, ids := idBlocks(elems, blockTokens)
+		return []promptInfo{{tokens: len(elems), blocks: blocks, ids: ids}}, false, nil
 	case elems[0].Type == gjson.String:
 		out := make([]promptInfo, len(elems))
 		for i, e := range elems {
@@ -304,7 +310,8 @@ func promptsOf(v gjson.Result, field, missing string, blockTokens int) ([]prompt
 					return nil, false, badRequestf("%s: token ids must be integers", field)
 				}
 			}
-			out[i] = promptInfo{tokens: len(ids), blocks: idBlocks(ids, blockTokens)}
+			blocks, tids := idBlocks(ids, blockTokens)
+			out[i] = promptInfo{tokens: len(ids), blocks: blocks, ids: tids}
 		}
 		return out, true, nil
 	}

@@ -11,7 +11,7 @@ import (
 // the item becomes an engine request on its rank and its tokens are
 // streamed as the engine's steps make them.
 func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
-	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, maxNew: p.in.maxTokens,
+	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, ids: p.in.ids, maxNew: p.in.maxTokens,
 		tail: p.in.tail, seed: p.in.seed}
 	switch s.cfg.Mode {
 	case ModePrefill:

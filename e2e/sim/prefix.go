@@ -76,9 +76,9 @@ func (b *blockHasher) text(s string) {
 }
 
 // ids feeds token ids, one unit per id.
-func (b *blockHasher) ids(v []gjson.Result) {
+func (b *blockHasher) ids(v []int64) {
 	for _, id := range v {
-		n := uint64(id.Int())
+		n := uint64(id)
 		for i := 0; i < 8; i++ {
 			b.mix(byte(n >> (8 * i)))
 		}
@@ -103,8 +103,22 @@ func textBlocksTail(s string, blockTokens int) ([]uint64, HashTail) {
 	return b.blocks, b.tail(tailText)
 }
 
-// idBlocks returns the block hashes of a token-id prompt.
-func idBlocks(ids []gjson.Result, blockTokens int) []uint64 {
+// idBlocks returns the block hashes and the token ids of a token-id
+// prompt (both nil without blocks: the simple model keeps no cache).
+func idBlocks(v []gjson.Result, blockTokens int) ([]uint64, []int64) {
+	if blockTokens <= 0 {
+		return nil, nil
+	}
+	ids := make([]int64, len(v))
+	for i, id := range v {
+		ids[i] = id.Int()
+	}
+	return tokenBlocks(ids, blockTokens), ids
+}
+
+// tokenBlocks returns the block hashes of token ids, blocks of
+// blockTokens ids.
+func tokenBlocks(ids []int64, blockTokens int) []uint64 {
 	if blockTokens <= 0 {
 		return nil
 	}

@@ -2,9 +2,17 @@ package sim
 
 import "container/list"
 
-// cacheBlock is one cached prefix block of a rank's KV pool.
+// cacheBlock is one cached prefix block of a rank's KV pool (or of its
+// host tier).
 type cacheBlock struct {
 	hash uint64
+	// parent is the hash of the block before this one in its chain;
+	// hasParent is false for a chain's first block.
+	parent    uint64
+	hasParent bool
+	// ids are the block's token ids when the engine knows them (token-id
+	// prompts), else nil (text the simulator only counts).
+	ids []int64
 	// refs counts the requests holding the block (it cannot be evicted
 	// while refs > 0).
 	refs int
@@ -66,16 +74,39 @@ func (c *prefixCache) pin(b *cacheBlock) {
 	b.refs++
 }
 
-// insert returns the block for hash, pinned: the cached one if present,
-// else a new one (the caller accounts its KV).
-func (c *prefixCache) insert(hash uint64) (b *cacheBlock, created bool) {
-	if b, ok := c.blocks[hash]; ok {
+// insert returns the block of key's hash, pinned: the cached one if
+// present, else a new one with key's chain and token ids (the caller
+// accounts its KV).
+func (c *prefixCache) insert(key blockKey) (b *cacheBlock, created bool) {
+	if b, ok := c.blocks[key.hash]; ok {
 		c.pin(b)
 		return b, false
 	}
-	b = &cacheBlock{hash: hash, refs: 1}
-	c.blocks[hash] = b
+	b = &cacheBlock{hash: key.hash, parent: key.parent, hasParent: key.hasParent, ids: key.ids, refs: 1}
+	c.blocks[key.hash] = b
 	return b, true
+}
+
+// blockKey names a block to insert: its hash, its parent's and its token
+// ids (nil when unknown).
+type blockKey struct {
+	hash      uint64
+	parent    uint64
+	hasParent bool
+	ids       []int64
+}
+
+// chainKey is the key of block i of a chain of hashes whose token ids are
+// ids (nil, or too short for block i: unknown), blocks of bt tokens.
+func chainKey(hashes []uint64, ids []int64, i, bt int) blockKey {
+	k := blockKey{hash: hashes[i]}
+	if i > 0 {
+		k.parent, k.hasParent = hashes[i-1], true
+	}
+	if end := (i + 1) * bt; bt > 0 && end <= len(ids) {
+		k.ids = ids[i*bt : end : end]
+	}
+	return k
 }
 
 // release drops one reference on each block of a chain, leaf first, so
@@ -90,26 +121,34 @@ func (c *prefixCache) release(chain []*cacheBlock) {
 	}
 }
 
-// evictLRU drops the least recently used free block and returns its hash;
-// false if no block is free.
-func (c *prefixCache) evictLRU() (uint64, bool) {
+// evictLRU drops the least recently used free block and returns it; nil
+// if no block is free.
+func (c *prefixCache) evictLRU() *cacheBlock {
 	e := c.free.Front()
 	if e == nil {
-		return 0, false
+		return nil
 	}
 	b := c.free.Remove(e).(*cacheBlock)
 	b.lru = nil
 	delete(c.blocks, b.hash)
-	return b.hash, true
+	return b
+}
+
+// clear drops every block, pinned or not, and returns how many.
+func (c *prefixCache) clear() int {
+	n := len(c.blocks)
+	clear(c.blocks)
+	c.free.Init()
+	return n
 }
 
 // hostCache is the host tier of a decode rank's radix cache (decode
 // HiCache): the blocks evicted from the GPU tier, kept in host memory up
-// to a capacity and evicted from there least recently used first. It only
-// holds hashes: a block's KV lives in exactly one tier.
+// to a capacity and evicted from there least recently used first. A
+// block's KV lives in exactly one tier.
 type hostCache struct {
 	capBlocks int
-	lru       *list.List // of uint64 hashes, least recently used at the front
+	lru       *list.List // of *cacheBlock, least recently used at the front
 	blocks    map[uint64]*list.Element
 }
 
@@ -118,26 +157,32 @@ func newHostCache(capBlocks int) *hostCache {
 	return &hostCache{capBlocks: capBlocks, lru: list.New(), blocks: make(map[uint64]*list.Element)}
 }
 
-// add keeps hash (a block evicted from the GPU tier) as the most recently
-// used host block, evicting the least recently used ones beyond capacity.
-func (h *hostCache) add(hash uint64) {
-	if e, ok := h.blocks[hash]; ok {
+// add keeps b (a block evicted from the GPU tier) as the most recently
+// used host block. The least recently used blocks beyond capacity are
+// evicted first, to make room, and returned.
+func (h *hostCache) add(b *cacheBlock) (evicted []*cacheBlock) {
+	if e, ok := h.blocks[b.hash]; ok {
 		h.lru.MoveToBack(e)
-		return
+		return nil
 	}
-	h.blocks[hash] = h.lru.PushBack(hash)
-	for h.lru.Len() > h.capBlocks {
-		e := h.lru.Front()
-		delete(h.blocks, h.lru.Remove(e).(uint64))
+	for h.lru.Len() >= h.capBlocks && h.lru.Len() > 0 {
+		old := h.lru.Remove(h.lru.Front()).(*cacheBlock)
+		delete(h.blocks, old.hash)
+		evicted = append(evicted, old)
 	}
+	h.blocks[b.hash] = h.lru.PushBack(&cacheBlock{hash: b.hash, parent: b.parent, hasParent: b.hasParent, ids: b.ids})
+	return evicted
 }
 
-// remove drops hash (loaded back to, or cached again in, the GPU tier).
-func (h *hostCache) remove(hash uint64) {
-	if e, ok := h.blocks[hash]; ok {
-		h.lru.Remove(e)
-		delete(h.blocks, hash)
+// remove drops hash (loaded back to, or cached again in, the GPU tier)
+// and returns the block it held; nil if it held none.
+func (h *hostCache) remove(hash uint64) *cacheBlock {
+	e, ok := h.blocks[hash]
+	if !ok {
+		return nil
 	}
+	delete(h.blocks, hash)
+	return h.lru.Remove(e).(*cacheBlock)
 }
 
 // match returns the longest prefix of hashes held by the host tier.
@@ -154,3 +199,11 @@ func (h *hostCache) match(hashes []uint64) []uint64 {
 
 // len is the number of blocks held.
 func (h *hostCache) len() int { return h.lru.Len() }
+
+// clear drops every block and returns how many.
+func (h *hostCache) clear() int {
+	n := h.lru.Len()
+	clear(h.blocks)
+	h.lru.Init()
+	return n
+}

@@ -96,12 +96,20 @@ func (c *engineCore) preallocRadix(r *engineRank, q *engineRequest, t time.Durat
 // loadHost moves the host-tier blocks hashes into r's GPU tier, pinned by
 // q (they continue its chain), their device pages taken from q's
 // reservation. The load-back time is accounted by the caller.
+// The blocks enter the GPU tier and leave the host tier (the model keeps a
+// block in one tier; SGLang keeps the host copy too).
 func (c *engineCore) loadHost(r *engineRank, q *engineRequest, hashes []uint64) {
 	bt := c.p.prof.BlockSize
 	for _, h := range hashes {
-		r.host.remove(h)
-		b, _ := r.cache.insert(h)
+		hb := r.host.remove(h)
+		b, created := r.cache.insert(blockKey{hash: h, parent: hb.parent, hasParent: hb.hasParent, ids: hb.ids})
+		if created {
+			c.recordStore(r, b, mediumGPU)
+		}
 		q.chain = append(q.chain, b)
+	}
+	for _, h := range hashes {
+		c.recordRemove(r, h, mediumHost)
 	}
 	take := min(len(hashes)*bt, q.growth)
 	q.growth -= take
