@@ -33,7 +33,8 @@ type stackPool struct {
 	name            string
 	models, aliases []string
 	prefill, decode []string
-	// simArgs are the engines' flags after the demo's (harness.SimArgs).
+	// simArgs are the engines' flags after the demo's (harness.SimArgs and,
+	// on the PD pool, the demo engines' own: demoArgs).
 	simArgs []string
 	// policy is the pool's decode policy (empty: the top-level one).
 	policy string
@@ -54,6 +55,23 @@ var stackPools = []stackPool{
 		simArgs: []string{"--flavor", "vllm", "--model", "Qwen/Qwen3-8B"},
 		policy:  "least_tokens",
 	},
+}
+
+// demoArgs are the duet-sim flags beyond harness.SimArgs's of the demo's
+// engine i of mode (opts.Prefill's or opts.Decode's Args), which the PD
+// pool's engines run too; none for another mode.
+func demoArgs(opts harness.Options, mode string, i int) []string {
+	var specs []harness.SimSpec
+	switch mode {
+	case "prefill":
+		specs = opts.Prefill
+	case "decode":
+		specs = opts.Decode
+	}
+	if i >= len(specs) {
+		return nil
+	}
+	return slices.Clone(specs[i].Args)
 }
 
 // vllmDPSize is the vLLM engines' DP size: vLLM serves no /server_info, so
@@ -168,9 +186,9 @@ func TestPoolsConfigs(t *testing.T) {
 			if len(pool.prefill) == 0 {
 				mode, dp = "null", vllmDPSize
 			}
-			for _, name := range role.names {
+			for j, name := range role.names {
 				want2 = append(want2, name)
-				want := harness.SimArgs(mode, harness.SimSpec{DPSize: dp, Args: pool.simArgs}, hostPort("0.0.0.0", simPort), bootstrapPort, opts)
+				want := harness.SimArgs(mode, harness.SimSpec{DPSize: dp, Args: append(demoArgs(opts, mode, j), pool.simArgs...)}, hostPort("0.0.0.0", simPort), bootstrapPort, opts)
 				if got := service(t, p, name).Command; !slices.Equal(got, want) {
 					t.Errorf("%s: command %q, want %q", name, got, want)
 				}

@@ -1,16 +1,17 @@
-// Command demo brings up the local stack (a real Envoy, duet, two prefill
-// and two decode simulated SGLang engines, each with two DP ranks: the
-// topology of harness.DemoOptions, which deploy/compose runs too), sends
-// streaming and non-streaming requests through Envoy, and prints which
-// (engine, DP rank) served each leg. Run it with `make demo`; -hold keeps the
-// stack up for your own requests until Ctrl-C.
+// Command demo brings up the local stack (a real Envoy, duet with its
+// default policies, two prefill and two decode simulated SGLang engines,
+// each with two DP ranks and duet-sim's engine model: the topology of
+// harness.DemoOptions, which deploy/compose runs too). It then plays three
+// multi-turn conversations through Envoy (package conversations) and prints,
+// per turn, the (engine, DP rank) that served its prefill and its decode and
+// the prompt tokens the engines found cached; then a few other request
+// shapes, streaming and not, with where each leg went. Run it with `make
+// demo`; -hold keeps the stack up for your own requests until Ctrl-C.
 package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/duet-router/duet/e2e/demo/conversations"
 	"github.com/duet-router/duet/e2e/harness"
 )
 
@@ -35,6 +37,8 @@ func main() {
 	}
 }
 
+// run starts the demo's stack, sends its traffic and, with hold, keeps the
+// stack up until ctx ends.
 func run(ctx context.Context, hold bool) error {
 	opts := harness.DemoOptions()
 	fmt.Printf("Starting Envoy + duet + %d prefill + %d decode simulated SGLang engines ...\n", len(opts.Prefill), len(opts.Decode))
@@ -43,23 +47,95 @@ func run(ctx context.Context, hold bool) error {
 		return err
 	}
 	defer s.Close()
-	version, _ := s.Tools.EnvoyVersion()
-	fmt.Printf("  Envoy %s   %s\n  duet admin   %s/metrics\n", version, s.EnvoyURL, s.DuetAdminURL)
-	for _, sim := range s.Prefill {
-		fmt.Printf("  prefill      %s dp %d (bootstrap port %d)\n", sim.Address, sim.DPSize, sim.BootstrapPort)
+	if err := banner(ctx, s, opts); err != nil {
+		return err
 	}
-	for _, sim := range s.Decode {
-		fmt.Printf("  decode       %s dp %d\n", sim.Address, sim.DPSize)
+	if err := chats(ctx, s); err != nil {
+		return err
 	}
-	fmt.Printf("  Envoy->duet  %s (credentials from `duet certs` in %s)\n", opts.Auth, s.Credentials.Dir)
-	fmt.Printf("  logs         %s\n\n", s.Dir)
+	if err := shapes(ctx, s); err != nil {
+		return err
+	}
+	if hold {
+		fmt.Printf("\nThe stack is up. Try:\n  curl -s %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}'\nand watch %s/status. Ctrl-C stops it.\n", s.EnvoyURL, s.DuetAdminURL)
+		<-ctx.Done()
+	}
+	return nil
+}
 
+// banner prints the stack's parts and duet's policies.
+func banner(ctx context.Context, s *harness.Stack, opts harness.Options) error {
+	version, _ := s.Tools.EnvoyVersion()
+	policies, err := conversations.Policies(ctx, s)
+	if err != nil {
+		return err
+	}
+	caches, err := conversations.DecodeCaches(ctx, s)
+	if err != nil {
+		return err
+	}
+	line := func(label, format string, args ...any) {
+		fmt.Printf("  %-14s%s\n", label, fmt.Sprintf(format, args...))
+	}
+	line("Envoy "+version, "%s", s.EnvoyURL)
+	line("duet admin", "%s/status (live view), /metrics", s.DuetAdminURL)
+	line("duet policies", "prefill %s, decode %s: duet's defaults (the demo's configuration sets none)", policies["prefill"], policies["decode"])
+	for i, sim := range s.Prefill {
+		line(fmt.Sprintf("prefill-%d", i), "%s dp %d (bootstrap port %d)", sim.Address, sim.DPSize, sim.BootstrapPort)
+	}
+	for i, sim := range s.Decode {
+		cache := "?"
+		if i < len(caches) {
+			cache = caches[i]
+		}
+		line(fmt.Sprintf("decode-%d", i), "%s dp %d (decode cache %s)", sim.Address, sim.DPSize, cache)
+	}
+	line("engines", "duet-sim %s: every DP rank has its own prefix cache", strings.Join(opts.Prefill[0].Args, " "))
+	line("Envoy->duet", "%s (credentials from `duet certs` in %s)", opts.Auth, s.Credentials.Dir)
+	line("logs", "%s", s.Dir)
+	return nil
+}
+
+// chats plays the demo's conversations and prints each turn.
+func chats(ctx context.Context, s *harness.Stack) error {
+	convs := conversations.Demo()
+	fmt.Printf("\n%d conversations of %d turns; each turn resends the whole history plus a new user message,\n", len(convs), len(convs[0].Users))
+	fmt.Printf("as an OpenAI client does. The first turns arrive together, the later ones one at a time.\n\n")
+	fmt.Printf("%-12s %4s %7s %7s   %-15s %s\n", "conversation", "turn", "prompt", "cached", "prefill", "decode")
+	turns, err := conversations.Play(ctx, s, convs, func(t conversations.Turn) {
+		cached := "-"
+		if t.CachedTokens >= 0 {
+			cached = fmt.Sprint(t.CachedTokens)
+		}
+		fmt.Printf("%-12s %4d %7d %7s   %-15s %s\n", t.Conversation, t.Index, t.PromptTokens, cached, t.Prefill, t.Decode)
+	})
+	if err != nil {
+		return err
+	}
+	if err := conversations.Check(turns); err != nil {
+		return fmt.Errorf("the conversations did not keep their ranks:\n%w", err)
+	}
+	fmt.Print(`
+prompt and cached are the engines' usage (prompt_tokens, prompt_tokens_details.cached_tokens).
+Each conversation stays on one prefill rank and one decode rank from its first turn on: their caches
+hold its history, so each later turn computes and transfers only what is new. That is least_cost,
+duet's default policy on both roles: it prices each rank by the work the request adds there, and
+cached tokens are work saved. A first turn matches no cache, so it goes to the rank whose cache holds
+the least (prefill) and to the least loaded rank (decode): the conversations, started together, got
+different ranks.
+`)
+	return nil
+}
+
+// shapes sends other request shapes, streaming and not, and prints where
+// each leg went.
+func shapes(ctx context.Context, s *harness.Stack) error {
+	fmt.Printf("\nOther request shapes:\n")
 	requests := []struct {
 		name, path, body string
 		stream           bool
 	}{
 		{"chat", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"What is PD disaggregation?"}],"max_tokens":12}`, false},
-		{"chat", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"And DP attention?"}],"max_tokens":12}`, false},
 		{"chat stream", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"Stream a few tokens."}],"max_tokens":12,"stream":true}`, true},
 		{"completions", "/v1/completions", `{"model":"sim-model","prompt":"Once upon a time","max_tokens":8}`, false},
 		{"generate stream", "/generate", `{"text":"The quick brown fox","sampling_params":{"max_new_tokens":8},"stream":true}`, true},
@@ -70,11 +146,6 @@ func run(ctx context.Context, hold bool) error {
 		if err := send(ctx, s, id, r.name, r.path, r.body, r.stream); err != nil {
 			return err
 		}
-	}
-
-	if hold {
-		fmt.Printf("\nThe stack is up. Try:\n  curl -s %s/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{\"model\":\"sim-model\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}'\nCtrl-C stops it.\n", s.EnvoyURL)
-		<-ctx.Done()
 	}
 	return nil
 }
@@ -92,19 +163,17 @@ func send(ctx context.Context, s *harness.Stack, id, name, path, body string, st
 		return fmt.Errorf("%s: %w", name, err)
 	}
 	defer resp.Body.Close()
-	fmt.Printf("%-16s POST %-21s -> %d  decode %s dp%s", name, path, resp.StatusCode,
-		resp.Header.Get("X-Sim-Server"), resp.Header.Get("X-Sim-DP-Rank"))
+	fmt.Printf("  %-16s POST %-21s -> %d  decode %s dp%s", name, path, resp.StatusCode,
+		engineName(s, resp.Header.Get("X-Sim-Server")), resp.Header.Get("X-Sim-DP-Rank"))
 	if stream {
-		fmt.Print("\n                 streamed:")
 		sc := bufio.NewScanner(resp.Body)
 		events := 0
 		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "data: ") {
+			if strings.HasPrefix(sc.Text(), "data: ") {
 				events++
-				fmt.Print(" .")
 			}
 		}
-		fmt.Printf(" (%d SSE events)", events)
+		fmt.Printf(", streamed %d SSE events", events)
 	} else if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 		return err
 	}
@@ -113,39 +182,41 @@ func send(ctx context.Context, s *harness.Stack, id, name, path, body string, st
 	if err != nil {
 		return err
 	}
-	fmt.Printf("                 prefill %s\n", prefill)
+	fmt.Printf("%19sprefill %s\n", "", prefill)
 	return nil
+}
+
+// engineName names the engine at address by role and position, e.g.
+// decode-1, as the demo's banner lists them.
+func engineName(s *harness.Stack, address string) string {
+	for role, sims := range map[string][]*harness.Sim{"prefill": s.Prefill, "decode": s.Decode} {
+		for i, sim := range sims {
+			if sim.Address == address {
+				return fmt.Sprintf("%s-%d", role, i)
+			}
+		}
+	}
+	return address
 }
 
 // prefillLeg describes the mirrored prefill leg of request id, as the
 // prefill engine recorded it.
 func prefillLeg(ctx context.Context, s *harness.Stack, id string) (string, error) {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, sim := range s.Prefill {
-			recs, err := sim.Requests(ctx)
-			if err != nil {
-				return "", err
-			}
-			for _, r := range recs {
-				if r.RequestID() != id {
-					continue
-				}
-				rank := "-"
-				if r.DPRank != nil {
-					rank = fmt.Sprint(*r.DPRank)
-				}
-				var rooms bytes.Buffer
-				for i, room := range r.Rooms() {
-					if i > 0 {
-						rooms.WriteString(",")
-					}
-					fmt.Fprintf(&rooms, "%d (room %% %d = %d)", room, sim.DPSize, room%uint64(sim.DPSize))
-				}
-				return fmt.Sprintf("%s dp%s (rank from %s)  bootstrap_room %s", sim.Address, rank, r.Source(), rooms.String()), nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
+	found, err := harness.WaitRecords(ctx, s.Prefill, id, 1, 5*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("the prefill leg of %s: %w", id, err)
 	}
-	return "", errors.New("the prefill leg of " + id + " was not recorded")
+	sim, r, err := harness.OnlyRecord(found)
+	if err != nil {
+		return "", fmt.Errorf("the prefill leg of %s: %w", id, err)
+	}
+	rank := "-"
+	if r.DPRank != nil {
+		rank = fmt.Sprint(*r.DPRank)
+	}
+	var rooms []string
+	for _, room := range r.Rooms() {
+		rooms = append(rooms, fmt.Sprintf("%d (room %% %d = %d)", room, sim.DPSize, room%uint64(sim.DPSize)))
+	}
+	return fmt.Sprintf("%s dp%s (rank from %s), bootstrap_room %s", engineName(s, sim.Address), rank, r.Source(), strings.Join(rooms, ", ")), nil
 }

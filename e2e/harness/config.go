@@ -8,16 +8,36 @@ import (
 )
 
 // DemoOptions is the stack `make demo` runs: two prefill and two decode
-// simulated engines with two DP ranks each, tokens paced at 25 ms, duet
-// logging at info. The compose stack in deploy/compose runs the same
+// simulated engines with two DP ranks each, on duet-sim's engine model of
+// a dense 8B model on one H100 per rank (a prefix cache per rank,
+// cached_tokens in the usage, about 7 ms per decode step), the decode
+// engines with SGLang's decode radix cache; duet logs at info and runs its
+// default policies (DuetDefaultPolicies: no policy section, so least_cost
+// for prefill and decode). DecodeMsPerToken paces the simple-model engines
+// that take these options (the compose stack's vLLM pool); the engine
+// model ignores it. The compose stack in deploy/compose runs the same
 // configuration (its test compares them).
 func DemoOptions() Options {
 	return Options{
-		Prefill:          []SimSpec{{DPSize: 2}, {DPSize: 2}},
-		Decode:           []SimSpec{{DPSize: 2}, {DPSize: 2}},
-		DecodeMsPerToken: 25,
-		LogLevel:         "info",
+		Prefill:             []SimSpec{{DPSize: 2, Args: demoEngineArgs()}, {DPSize: 2, Args: demoEngineArgs()}},
+		Decode:              []SimSpec{{DPSize: 2, Args: demoDecodeArgs()}, {DPSize: 2, Args: demoDecodeArgs()}},
+		DecodeMsPerToken:    25,
+		LogLevel:            "info",
+		DuetDefaultPolicies: true,
 	}
+}
+
+// demoEngineArgs are the duet-sim flags of the demo's prefill engines:
+// the calibrated engine model of a dense 8B model, one H100 per rank, in
+// real time.
+func demoEngineArgs() []string { return []string{"--profile", "dense-8b-h100"} }
+
+// demoDecodeArgs are the duet-sim flags of the demo's decode engines:
+// demoEngineArgs and SGLang's decode radix cache
+// (--disaggregation-decode-enable-radix-cache), which keeps each rank's
+// earlier prompts and answers, and which duet discovers and follows.
+func demoDecodeArgs() []string {
+	return append(demoEngineArgs(), "--disaggregation-decode-enable-radix-cache")
 }
 
 // withDefaults returns o with every unset field at its default.
@@ -34,10 +54,10 @@ func (o Options) withDefaults() Options {
 	if o.LogLevel == "" {
 		o.LogLevel = "debug"
 	}
-	if o.PrefillPolicy == "" {
+	if o.PrefillPolicy == "" && !o.DuetDefaultPolicies {
 		o.PrefillPolicy = "round_robin"
 	}
-	if o.DecodePolicy == "" {
+	if o.DecodePolicy == "" && !o.DuetDefaultPolicies {
 		o.DecodePolicy = "round_robin"
 	}
 	if o.LoadInterval == 0 {
@@ -86,7 +106,15 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	if opts.CoverDelay > 0 {
 		fmt.Fprintf(&b, "  cover_delay: %s\n", opts.CoverDelay)
 	}
-	fmt.Fprintf(&b, "policy:\n  prefill: %s\n  decode: %s\n", opts.PrefillPolicy, opts.DecodePolicy)
+	if opts.PrefillPolicy != "" || opts.DecodePolicy != "" {
+		b.WriteString("policy:\n")
+		if opts.PrefillPolicy != "" {
+			fmt.Fprintf(&b, "  prefill: %s\n", opts.PrefillPolicy)
+		}
+		if opts.DecodePolicy != "" {
+			fmt.Fprintf(&b, "  decode: %s\n", opts.DecodePolicy)
+		}
+	}
 	if opts.EngineRanks {
 		b.WriteString("engine_ranks: true\n")
 	}

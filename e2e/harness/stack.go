@@ -38,8 +38,13 @@ type Options struct {
 	LogLevel string
 	// PrefillPolicy and DecodePolicy are duet's policy sections in YAML
 	// flow form, e.g. "least_tokens" or "{name: cache_aware, cache_threshold: 0.5}"
-	// (default round_robin, so that consecutive requests spread).
+	// (default round_robin, so that consecutive requests spread; see
+	// DuetDefaultPolicies).
 	PrefillPolicy, DecodePolicy string
+	// DuetDefaultPolicies leaves an empty PrefillPolicy or DecodePolicy out
+	// of duet's configuration, so that duet runs its own default there
+	// (least_cost), instead of setting round_robin. The demo sets it.
+	DuetDefaultPolicies bool
 	// LoadInterval is duet's load.interval (default 200ms).
 	LoadInterval time.Duration
 	// EngineRanks sets duet's engine_ranks: engines, not duet, choose DP ranks.
