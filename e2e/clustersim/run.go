@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/duet-router/duet/e2e/bench"
 	"github.com/duet-router/duet/e2e/sim"
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
 // Oracle replaces the scheduler with a choice made from the engines' true
@@ -96,6 +98,26 @@ type Config struct {
 	// the others through the event). Delivery is instant in virtual time;
 	// a LAN's NATS adds well under a millisecond.
 	Share bool
+	// Cache is what the scheduler knows of the engines' caches (default
+	// CacheEstimate: text blocks and duet's estimate).
+	Cache CacheMode
+	// EventDelay is how long after an engine's cache changes its KV
+	// events reach the views (CacheEvents).
+	EventDelay time.Duration
+	// Bypass is the share of requests that reach the engines without
+	// duet (another router, direct clients): engines and ranks drawn at
+	// random, no feedback. They are measured with the others.
+	Bypass float64
+	// Restarts empty engines' prefix caches mid-run, as a restarted engine
+	// starts (their ranks report AllBlocksCleared); in time order.
+	Restarts []Restart
+}
+
+// Restart empties one engine's prefix caches at a time.
+type Restart struct {
+	At     time.Duration
+	Role   scheduler.Role
+	Engine int
 }
 
 // epoch is virtual time zero on the scheduler's clock.
@@ -140,6 +162,20 @@ type run struct {
 	// hit-rate bound; seenDecode every block a decode radix cache held at
 	// the end of a request (prompts and answers), for the decode bound.
 	seen, seenDecode map[uint64]struct{}
+
+	// views are the replicas' KV event views (CacheEvents); deliveries
+	// the event batches on their way to them.
+	views       []fedView
+	deliveries  deliveryHeap
+	deliverySeq uint64
+	// routing is the prompt being routed (CacheOracle reads it).
+	routing *sim.Prompt
+	// tokens is scratch for the routed prompt's token ids.
+	tokens []int64
+	// bypass draws the requests that bypass duet, and their targets.
+	bypass *rand.Rand
+	// restarts are the restarts still due.
+	restarts []Restart
 }
 
 // request is one request in flight or done.
@@ -165,6 +201,7 @@ type request struct {
 	// earlier prompt and answer would (both 0 without the cache).
 	decodeCached, decodeBound int
 	prefixSent                bool // the decode's match was given to the prefill
+	bypassed                  bool // routed past duet (Config.Bypass)
 	generated                 int
 	err                       string
 	finished                  bool
@@ -191,8 +228,9 @@ func newRun(cfg Config) (*run, error) {
 		cfg.Replicas = 1
 	}
 	r := &run{cfg: cfg, rooms: rand.New(rand.NewPCG(cfg.Seed, 0x726f6f6d)), seen: map[uint64]struct{}{}, seenDecode: map[uint64]struct{}{},
-		feedbackTo: rand.New(rand.NewPCG(cfg.Seed, 0x66656564))}
+		feedbackTo: rand.New(rand.NewPCG(cfg.Seed, 0x66656564)), bypass: rand.New(rand.NewPCG(cfg.Seed, 0x62797061))}
 	r.end = cfg.Workload.Workload.Window + cfg.Drain
+	r.restarts = slices.Clone(cfg.Restarts)
 	aggregated := len(cfg.Cluster.Prefill) == 0
 	for i, spec := range cfg.Cluster.Prefill {
 		e, err := newEngine(scheduler.RolePrefill, i, spec, false)
@@ -212,6 +250,11 @@ func newRun(cfg Config) (*run, error) {
 	for _, e := range r.engines {
 		if e.blockTokens != cfg.Workload.blockTokens {
 			return nil, fmt.Errorf("clustersim: workload hashed with %d-token blocks, %s engine %d uses %d", cfg.Workload.blockTokens, e.role, e.index, e.blockTokens)
+		}
+	}
+	if cfg.Cache == CacheEvents {
+		for _, e := range r.engines {
+			r.followEvents(e)
 		}
 	}
 	if cfg.Oracle == OracleNone {
@@ -262,6 +305,20 @@ func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 	sc.HTTPClient = &http.Client{Transport: &transport{byHost: byHost, now: func() time.Duration { return r.now }}}
 	sc.Health.Interval = -1
 	sc.Load.Interval = r.cfg.LoadInterval
+	if r.cfg.Cache != CacheEstimate {
+		sc.Prefix.BlockTokens = r.cfg.Workload.blockTokens
+	}
+	switch r.cfg.Cache {
+	case CacheEvents:
+		v := fedView{kvevents.NewTracker[scheduler.TargetKey](kvevents.TrackerConfig{
+			BlockTokens: r.cfg.Workload.blockTokens, Clock: sc.Clock, ProbeInterval: -1, MaxLag: -1,
+		}, nil)}
+		r.views = append(r.views, v)
+		sc.CacheView = v
+		sc.KVEvents = scheduler.KVEvents{Port: simEventPort}
+	case CacheOracle:
+		sc.CacheView = oracleView{r: r}
+	}
 	if r.cfg.Share {
 		self := len(r.scheds) // this replica's position, once appended
 		sc.OnPicked = func(p scheduler.Picked) {
@@ -315,8 +372,16 @@ func (r *run) loop(ctx context.Context) error {
 			next = min(next, t)
 		}
 		next = min(next, r.nextSample)
+		if len(r.deliveries) > 0 {
+			next = min(next, r.deliveries[0].at)
+		}
+		if len(r.restarts) > 0 {
+			next = min(next, r.restarts[0].At)
+		}
 		r.now = max(r.now, next)
 		r.settle()
+		r.restart()
+		r.deliverEvents()
 		for i, s := range r.scheds {
 			if r.now >= r.nextScrape[i] {
 				s.ScrapeLoads(ctx)
@@ -350,6 +415,21 @@ func (r *run) settle() {
 		}
 		if !changed {
 			return
+		}
+	}
+}
+
+// restart empties the caches of the engines whose restart is due.
+func (r *run) restart() {
+	for len(r.restarts) > 0 && r.restarts[0].At <= r.now {
+		rs := r.restarts[0]
+		r.restarts = r.restarts[1:]
+		pool := r.decode
+		if rs.Role == scheduler.RolePrefill {
+			pool = r.prefill
+		}
+		if rs.Engine < len(pool) {
+			pool[rs.Engine].model.ResetCache(r.now)
 		}
 	}
 }
@@ -503,10 +583,20 @@ func (r *run) route(ctx context.Context, q *request) error {
 		r.oracleRoute(q)
 		return nil
 	}
+	if r.cfg.Bypass > 0 && r.bypass.Float64() < r.cfg.Bypass {
+		r.routeAround(q)
+		return nil
+	}
 	req := q.turnInfo.req
 	req.ID = q.id
 	req.Blocks = nil
+	if r.cfg.Cache != CacheEstimate {
+		r.tokens = promptTokenIDs(r.tokens, q.turnInfo.prompt, r.cfg.Workload.blockTokens, splitmix(uint64(len(r.requests))))
+		req.TokenIDs = r.tokens
+	}
+	r.routing = &q.turnInfo.prompt
 	d, err := r.scheds[q.replica].Pick(ctx, &req)
+	r.routing = nil
 	if err != nil {
 		return err
 	}
@@ -527,6 +617,23 @@ func (r *run) route(ctx context.Context, q *request) error {
 	}
 	return nil
 }
+
+// routeAround sends q past duet (Config.Bypass): engines and ranks drawn
+// at random, as a client or another router that knows nothing of duet's
+// state would; duet hears nothing of it.
+func (r *run) routeAround(q *request) {
+	q.bypassed = true
+	if len(r.prefill) > 0 {
+		q.pEng = r.prefill[r.bypass.IntN(len(r.prefill))]
+		q.pRank = r.bypass.IntN(q.pEng.dp)
+	}
+	q.dEng = r.decode[r.bypass.IntN(len(r.decode))]
+	q.dRank = r.bypass.IntN(q.dEng.dp)
+}
+
+// simEventPort is the KV event port the simulated engines are configured
+// with (the scheduler only needs one to follow them; nothing listens).
+const simEventPort = 5557
 
 // engineAt returns the engine whose URL is url.
 func (r *run) engineAt(url string) *engine {
@@ -628,7 +735,7 @@ func (r *run) nextTurn(q *request) {
 // feedback reports a leg (or, with role "", the whole request) to the
 // scheduler, as Envoy's access log would.
 func (r *run) feedback(q *request, role scheduler.Role, e *engine, rank int, failed bool) {
-	if len(r.scheds) == 0 {
+	if len(r.scheds) == 0 || q.bypassed {
 		return
 	}
 	to := q.replica

@@ -56,6 +56,8 @@ func run(ctx context.Context, args []string) error {
 	var routingList string
 	var decodeCache bool
 	fs.BoolVar(&decodeCache, "decode-cache", false, "run the decode radix cache comparison (docs/benchmarks/decode-cache.md) instead of the main matrix")
+	var kvEvents bool
+	fs.BoolVar(&kvEvents, "kv-events", false, "run the KV events comparison (docs/benchmarks/kv-events.md) instead of the main matrix")
 	fs.Float64Var(&o.rate, "rate", 0, "compare every scenario at this rate (sessions/s) without a goodput search (experiments)")
 	fs.StringVar(&routingList, "routings", "", "comma-separated routings to compare in every scenario, engine_default first (default: each scenario's own); a suffix +covered or +inflight sets load.prefill_accounting")
 	var cross, crossPolicies string
@@ -81,6 +83,9 @@ func run(ctx context.Context, args []string) error {
 	if decodeCache {
 		all = decodeCacheScenarios(tracePath)
 	}
+	if kvEvents {
+		all = kvEventsScenarios(tracePath)
+	}
 	if only != "" {
 		var picked []scenario
 		for _, name := range strings.Split(only, ",") {
@@ -97,7 +102,7 @@ func run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rep.DecodeCache = decodeCache
+	rep.DecodeCache, rep.KVEvents = decodeCache, kvEvents
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}

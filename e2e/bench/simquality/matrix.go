@@ -38,7 +38,18 @@ type routing struct {
 	replicas    int
 	feedbackAny bool
 	share       bool
+	// cache and eventDelay are what the scheduler knows of the engines'
+	// caches (clustersim.Config.Cache and EventDelay).
+	cache      clustersim.CacheMode
+	eventDelay time.Duration
 }
+
+// cacheSuffix is the routing name suffix that sets what the scheduler
+// knows of the engines' caches: +tokens (token ids, as with a tokenizer),
+// +events (and the engines' KV events, delivered at once), +events50 or
+// +events200 (after 50 or 200 ms), +oracleview (the engine model's true
+// caches).
+var cacheSuffix = regexp.MustCompile(`\+(tokens|events|oracleview)([0-9]*)$`)
 
 // replicaSuffix is the routing name suffix that runs N replicas, feedback
 // to the replica that routed the request (+r4) or to any replica (+r4any),
@@ -90,6 +101,22 @@ func routings(names []string) ([]routing, error) {
 			anyReplica, share = m[3] != "", m[1] == "s"
 			n = strings.TrimSuffix(n, m[0])
 		}
+		cache, delay := clustersim.CacheEstimate, time.Duration(0)
+		if m := cacheSuffix.FindStringSubmatch(n); m != nil {
+			switch m[1] {
+			case "tokens":
+				cache = clustersim.CacheTokens
+			case "events":
+				cache = clustersim.CacheEvents
+			case "oracleview":
+				cache = clustersim.CacheOracle
+			}
+			if m[2] != "" {
+				ms, _ := strconv.Atoi(m[2])
+				delay = time.Duration(ms) * time.Millisecond
+			}
+			n = strings.TrimSuffix(n, m[0])
+		}
 		var adjust func(*scheduler.Config)
 		for suffix, f := range variants {
 			if base, ok := strings.CutSuffix(n, suffix); ok {
@@ -101,6 +128,7 @@ func routings(names []string) ([]routing, error) {
 			return nil, err
 		}
 		rt.name, rt.replicas, rt.feedbackAny, rt.share = full, replicas, anyReplica, share
+		rt.cache, rt.eventDelay = cache, delay
 		if own := rt.scheduler; adjust != nil {
 			rt.scheduler = func(c *scheduler.Config) {
 				if own != nil {
@@ -192,6 +220,11 @@ type scenario struct {
 	// build, if set, builds the workload instead of bench.Generate (trace
 	// replays and generated traces).
 	build func(rate float64, window time.Duration, seed uint64) (bench.Workload, error)
+	// bypass is the share of requests that reach the engines without duet
+	// (clustersim.Config.Bypass).
+	bypass float64
+	// restarts empty engines' caches mid-run (clustersim.Config.Restarts).
+	restarts []clustersim.Restart
 }
 
 // headlineRoutings and otherRoutings are the comparisons.
@@ -265,6 +298,84 @@ func decodeCacheScenarios(tracePath string) []scenario {
 			cluster: withDecodeCache(big, true, false, 0), profile: dsv3, rate: 1, routings: decodeCacheRoutings, build: traceReplay(tracePath)},
 	}
 }
+
+// kvEventsRoutings compare, with duet's default policy, what the scheduler
+// knows of the engines' caches: its estimate on text blocks (today's, first:
+// the ratios are to it), the same on token ids (a tokenizer), the engines'
+// KV events delivered at once, after 50 ms and after 200 ms, and the engine
+// model's true caches (the ceiling).
+var kvEventsRoutings = []string{routingDefault, routingDefault + "+tokens", routingDefault + "+events",
+	routingDefault + "+events50", routingDefault + "+events200", routingDefault + "+oracleview"}
+
+// withReplicas returns routings run by n replicas that share nothing.
+func withReplicas(routings []string, n int) []string {
+	out := make([]string, len(routings))
+	for i, r := range routings {
+		out[i] = r + "+r" + strconv.Itoa(n)
+	}
+	return out
+}
+
+// multiTenant builds llm-d's precise-prefix benchmark shape: many tenants,
+// each with a long prefix of its own (150 tenants, 5.5k-6.5k tokens, about
+// 900k tokens: three quarters of the KV of the eight prefill ranks of the
+// standard cluster), each request a tenant's prefix and a question of its
+// own (no history).
+func multiTenant(rate float64, window time.Duration, seed uint64) (bench.Workload, error) {
+	return bench.Generate(bench.WorkloadMultiTurn, rate, window, seed, bench.Params{MultiTurn: bench.MultiTurnParams{
+		Systems: multiTenantTenants, System: bench.IntRange{Min: 5500, Max: 6500}, Turns: bench.IntRange{Min: 1, Max: 1},
+		Question: bench.IntRange{Min: 200, Max: 800}, Answer: bench.IntRange{Min: 100, Max: 300},
+	}})
+}
+
+// multiTenantTenants is the multi-tenant scenario's number of tenants.
+const multiTenantTenants = 150
+
+// kvEventsScenarios are the scenarios of the KV events comparison
+// (docs/benchmarks/kv-events.md): where duet's own traffic is all the
+// engines see (the trace, production-shaped conversations, multi-turn chat,
+// cache pressure, many tenants), with one replica and with four that share
+// nothing, and the cases the estimate is blind to: traffic that bypasses
+// duet, an engine restart mid-run, and decode radix caches with and
+// without a host tier.
+func kvEventsScenarios(tracePath string) []scenario {
+	std := clustersim.Uniform(dsv3, 2, 2, 4)
+	big := clustersim.Uniform(dsv3, 4, 4, 8)
+	r4 := withReplicas(kvEventsRoutings, 4)
+	tenants := func(name, title string, routings []string) scenario {
+		return scenario{name: name, title: title, workload: bench.WorkloadMultiTurn, cluster: std, profile: dsv3,
+			rate: multiTenantRate, routings: routings, build: multiTenant}
+	}
+	bypass := tenants("multi_tenant_bypass", "Multi-tenant, 30 % of requests bypassing duet (engines and ranks drawn at random)", kvEventsRoutings)
+	bypass.bypass = 0.3
+	restart := tenants("multi_tenant_restart", "Multi-tenant, both prefill engines restarted (caches emptied) at 4 and 6 minutes", kvEventsRoutings)
+	restart.restarts = []clustersim.Restart{{At: 4 * time.Minute, Role: scheduler.RolePrefill, Engine: 0}, {At: 6 * time.Minute, Role: scheduler.RolePrefill, Engine: 1}}
+	const agenticRate = 0.08
+	return []scenario{
+		tenants("multi_tenant", "Multi-tenant: 150 tenants with 5.5k-6.5k-token prefixes (KV demand ~75 % of the prefill ranks'), one question each", kvEventsRoutings),
+		tenants("multi_tenant_r4", "Multi-tenant, four duet replicas that share nothing", r4),
+		bypass,
+		restart,
+		{name: "trace", title: "Trace replay: the shared Mooncake trace at its own pace", workload: "trace",
+			cluster: big, profile: dsv3, rate: 1, routings: kvEventsRoutings, build: traceReplay(tracePath)},
+		{name: "production", title: "Production-shaped conversations, 2.9 requests/s", workload: "production",
+			cluster: big, profile: dsv3, rate: 2.9, routings: kvEventsRoutings, build: production},
+		{name: "multiturn", title: "Multi-turn conversations (8 shared system prompts, growing histories)", workload: bench.WorkloadMultiTurn,
+			cluster: std, profile: dsv3, rate: 8, routings: kvEventsRoutings},
+		{name: "multiturn_r4", title: "Multi-turn conversations, four duet replicas that share nothing", workload: bench.WorkloadMultiTurn,
+			cluster: std, profile: dsv3, rate: 8, routings: r4},
+		{name: "cache_pressure", title: "Multi-turn under cache pressure (400 system prompts of 1.5k-2.5k tokens)", workload: bench.WorkloadCachePressure,
+			cluster: std, profile: dsv3, rate: 1.5, routings: kvEventsRoutings},
+		{name: "agentic_decode_cache", title: "Agentic sessions, decode radix cache, KV transfer 4 GB/s", workload: bench.WorkloadAgentic,
+			cluster: withDecodeCache(std, true, false, tcpGBps), profile: dsv3, rate: agenticRate, routings: kvEventsRoutings},
+		{name: "agentic_hicache", title: "Agentic sessions, decode radix cache with its host tier (HiCache, 2× the GPU pool), KV transfer 4 GB/s", workload: bench.WorkloadAgentic,
+			cluster: withDecodeCache(std, true, true, tcpGBps), profile: dsv3, rate: agenticRate, routings: kvEventsRoutings},
+	}
+}
+
+// multiTenantRate is the multi-tenant scenarios' arrival rate (requests
+// per second).
+const multiTenantRate = 10
 
 // engineAnswers builds the multi-turn workload with the engine's own
 // answers sent back (bench.MultiTurnParams.EngineAnswers).
@@ -425,6 +536,7 @@ func (r *runner) summary(ctx context.Context, sc scenario, rate float64, rt rout
 		Cluster: sc.cluster, Policy: rt.policy, Oracle: rt.oracle, Workload: p,
 		Warmup: r.opts.warmup, Seed: seed, Preload: sc.preload, Scheduler: rt.scheduler,
 		Replicas: rt.replicas, FeedbackAny: rt.feedbackAny, Share: rt.share,
+		Cache: rt.cache, EventDelay: rt.eventDelay, Bypass: sc.bypass, Restarts: sc.restarts,
 	})
 	<-r.sem
 	if err != nil {
