@@ -171,3 +171,12 @@ func (c *engineCore) forEachRequest(r *engineRank, fn func(q *engineRequest)) {
 		fn(q)
 	}
 }
+
+// CacheBlocks returns how many blocks rank's prefix cache holds now (its
+// GPU tier), pinned or not; 0 for an unknown rank.
+func (m *Model) CacheBlocks(rank int) int {
+	if rank < 0 || rank >= len(m.core.ranks) {
+		return 0
+	}
+	return len(m.core.ranks[rank].cache.blocks)
+}
