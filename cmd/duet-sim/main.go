@@ -11,15 +11,20 @@
 // match only; --enable-hierarchical-cache (--hicache-ratio,
 // --hicache-load-gbps) adds its host tier, and
 // --sim-double-count-cached-tokens reproduces SGLang issue #25972.
+// --kv-events-config publishes the engine model's prefix cache changes as
+// SGLang's KV events over ZMQ (a PUB socket and a replay ROUTER per DP
+// rank).
 //
 // Besides SGLang's routes (/generate, /v1/chat/completions,
 // /v1/completions, /v1/responses, /abort_request, /health,
-// /health_generate, /server_info, /v1/loads, /metrics) it serves a
-// test-inspection API: GET/DELETE /sim/requests (the request records),
-// GET/POST /sim/faults (the faults in force; POST changes them at
-// runtime) and GET /sim/stats (abort counters and the rids in flight); a
-// prefill's bootstrap server also takes POST /sim/kv_prefix (a decode's
-// cached prefix of a room).
+// /health_generate, /server_info, /v1/loads, /metrics, /flush_cache) it
+// serves a test-inspection API: GET/DELETE /sim/requests (the request
+// records), GET/POST /sim/faults (the faults in force; POST changes them
+// at runtime, and takes the reset_cache and kv_events_down_ms actions),
+// GET /sim/stats (abort counters and the rids in flight) and GET
+// /sim/kv_events (the KV event publisher's counters); a prefill's
+// bootstrap server also takes POST /sim/kv_prefix (a decode's cached
+// prefix of a room).
 // See package github.com/duet-router/duet/e2e/sim and its MODEL.md.
 package main
 
@@ -126,6 +131,10 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.DoubleCountCachedTokens, "sim-double-count-cached-tokens", false,
 		"decode with the radix cache: report cached_tokens as the prefill's hit plus the decode's match (SGLang issue #25972) "+
 			"instead of the larger of the two")
+	fs.StringVar(&o.cfg.KVEventsConfig, "kv-events-config", "",
+		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", `+
+			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank `+
+			`(engine model; token-id prompts only)`)
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -123,6 +123,25 @@ func TestParseFlags(t *testing.T) {
 					t.Fatalf("err %v", err)
 				}
 			}},
+		{name: "kv events config", args: []string{"--profile", "dense-8b-h100", "--kv-events-config",
+			`{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557", "bind": true, "replay_endpoint": "tcp://127.0.0.1:5558", "buffer_steps": 7}`},
+			check: func(t *testing.T, o options) {
+				if !strings.Contains(o.cfg.KVEventsConfig, `"buffer_steps": 7`) {
+					t.Fatalf("kv events config %q", o.cfg.KVEventsConfig)
+				}
+				s, err := sim.New(o.cfg, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+			}},
+		{name: "kv events config errors", args: []string{"--kv-events-config", `{"publisher": "kafka"}`},
+			check: func(t *testing.T, o options) {
+				_, err := sim.New(o.cfg, nil)
+				if err == nil || !strings.Contains(err.Error(), "Unknown event publisher 'kafka'") {
+					t.Fatalf("err %v", err)
+				}
+			}},
 		{name: "bad loads fault", args: []string{"--fault-loads", "slow"}, wantErr: "invalid loads fault"},
 		{name: "bad flavor", args: []string{"--flavor", "tgi"}, wantErr: "invalid flavor"},
 		{name: "negative spike", args: []string{"--fault-spike-ms", "-1"}, wantErr: "must not be negative"},

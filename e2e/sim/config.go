@@ -226,6 +226,16 @@ type Config struct {
 	// hit plus the decode's match (it can exceed the prompt) instead of
 	// the larger of the two.
 	DoubleCountCachedTokens bool
+	// KVEventsConfig is SGLang's --kv-events-config: a JSON
+	// KVEventsConfig ({"publisher": "zmq", "endpoint": "tcp://*:5557",
+	// "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps":
+	// 10000, ...}; absent fields take SGLang's defaults, and its default
+	// publisher "null" publishes nothing). With "zmq" every DP rank
+	// publishes its prefix cache's events on its own PUB socket (the
+	// endpoint's port plus the rank) with a replay ROUTER (likewise), as
+	// SGLang 0.5.23 does; duet-sim binds both, so the endpoint needs a
+	// wildcard host or "bind": true. "" publishes nothing.
+	KVEventsConfig string
 	// ForceQueryPrefillDPRank is SGLang's environment variable
 	// SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 ("allow mixed
 	// routing"), which cmd/duet-sim reads: a prefill serves a pinned rank
@@ -357,6 +367,11 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("health timeout must not be negative, got %s", c.HealthTimeout))
 	}
 	errs = append(errs, c.validateCache()...)
+	if set, ok, err := parseKVEventsConfig(c.KVEventsConfig); err != nil {
+		errs = append(errs, err)
+	} else if ok {
+		errs = append(errs, set.validate(c.DPSize))
+	}
 	errs = append(errs, c.Faults.validate()...)
 	return errors.Join(errs...)
 }

@@ -114,6 +114,24 @@ func (e *engineLoop) setDecodePrefix(q *engineRequest, tokens int) {
 	e.mu.Unlock()
 }
 
+// setSink makes the engine report its cache events to sink.
+func (e *engineLoop) setSink(sink cacheSink) {
+	e.mu.Lock()
+	e.core.sink = sink
+	e.mu.Unlock()
+}
+
+// locked runs fn under the engine's lock with the current model time,
+// then wakes the loop: fn may change the model.
+func (e *engineLoop) locked(fn func(core *engineCore, now time.Duration)) {
+	e.mu.Lock()
+	now := e.nowLocked()
+	e.core.advance(now)
+	fn(e.core, now)
+	e.mu.Unlock()
+	e.poke()
+}
+
 // progress is a consistent copy of a request's state for its handler.
 type progress struct {
 	state     reqState

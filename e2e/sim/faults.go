@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
 // ErrDied is delivered by Server.Errors when the server crashed on
@@ -116,6 +119,29 @@ type FaultUpdate struct {
 	// DieAfter sets the crash threshold, counted in inference requests
 	// since the server started (0 never).
 	DieAfter *int `json:"die_after,omitempty"`
+
+	// The fields below are actions, done once when the update is
+	// applied, in this order: kv_events_drop, reset_cache,
+	// kv_events_down_ms. GET /sim/faults does not report them.
+
+	// ResetCache, when true, empties every rank's prefix cache now,
+	// whatever it holds, as an engine restart does: each rank publishes
+	// AllBlocksCleared (requests in flight keep their KV, uncached).
+	ResetCache *bool `json:"reset_cache,omitempty"`
+	// KVEventsDownMS takes the KV event publisher down for that many ms
+	// (model time), as an engine process restart shows to a subscriber:
+	// every rank's sockets close at once (the events of the meantime are
+	// lost) and reopen on the same ports afterwards with a fresh
+	// publisher, its sequence from 0, its replay buffer empty and its
+	// first batch [AllBlocksCleared], the prefix cache being emptied then
+	// (as ResetCache). It needs a "zmq" --kv-events-config.
+	KVEventsDownMS *float64 `json:"kv_events_down_ms,omitempty"`
+	// KVEventsDrop makes every rank's next N batches of KV events go
+	// missing on the way, as messages a subscriber never got: they are
+	// sequenced and kept for replay, but not sent on the PUB socket. A
+	// subscriber sees the gap at the next batch and may replay it. It
+	// needs a "zmq" --kv-events-config.
+	KVEventsDrop *int `json:"kv_events_drop,omitempty"`
 }
 
 // apply returns f changed by u.
@@ -261,12 +287,101 @@ func (s *Server) UpdateFaults(u FaultUpdate) (Faults, error) {
 	s.faultsMu.Lock()
 	defer s.faultsMu.Unlock()
 	next := u.apply(s.faults.current())
-	if errs := next.validate(); len(errs) > 0 {
+	errs := next.validate()
+	if d := u.KVEventsDownMS; d != nil {
+		switch {
+		case s.kvpub == nil:
+			errs = append(errs, errors.New(`kv_events_down_ms: no KV event publisher (--kv-events-config with "publisher": "zmq")`))
+		case !(*d > 0) || math.IsInf(*d, 0):
+			errs = append(errs, fmt.Errorf("kv_events_down_ms must be > 0, got %v", *d))
+		}
+	}
+	if n := u.KVEventsDrop; n != nil {
+		switch {
+		case s.kvpub == nil:
+			errs = append(errs, errors.New(`kv_events_drop: no KV event publisher (--kv-events-config with "publisher": "zmq")`))
+		case *n < 0:
+			errs = append(errs, fmt.Errorf("kv_events_drop must not be negative, got %d", *n))
+		}
+	}
+	if len(errs) > 0 {
 		return s.faults.current(), errors.Join(errs...)
 	}
 	s.faults.set(next)
 	s.log.Info("faults changed", zap.Any("faults", next.JSON()))
+	if u.KVEventsDrop != nil {
+		s.kvpub.drop(*u.KVEventsDrop)
+	}
+	if u.ResetCache != nil && *u.ResetCache {
+		s.resetCache()
+	}
+	if u.KVEventsDownMS != nil {
+		s.kvEventsDown(msDuration(*u.KVEventsDownMS))
+	}
 	return next, nil
+}
+
+// resetCache empties every rank's prefix cache, whatever it holds
+// (FaultUpdate.ResetCache); the simple model has none, but publishes
+// AllBlocksCleared all the same.
+func (s *Server) resetCache() {
+	s.log.Warn("prefix cache reset (fault)")
+	if s.eng != nil {
+		s.eng.locked(func(core *engineCore, now time.Duration) { core.resetCache(now) })
+	} else if s.kvpub != nil {
+		s.kvpub.publishAll([]kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
+	}
+}
+
+// kvEventsDown takes the KV event publisher down for d of model time and
+// brings it back as a restarted engine's (FaultUpdate.KVEventsDownMS).
+func (s *Server) kvEventsDown(d time.Duration) {
+	gen := s.kvpub.stop()
+	s.log.Warn("KV event publisher down (fault)", zap.Duration("for", d))
+	time.AfterFunc(s.clk.Wall(d), func() {
+		restart := func() {
+			if err := s.kvpub.restart(gen); err != nil {
+				s.log.Error("KV event publisher did not come back", zap.Error(err))
+			}
+		}
+		if s.eng == nil {
+			restart()
+			return
+		}
+		// Under the engine's lock, so that no engine batch falls between
+		// the cache reset and the fresh publisher's first batch.
+		s.eng.locked(func(core *engineCore, now time.Duration) {
+			core.resetCache(now)
+			restart()
+		})
+	})
+}
+
+// handleFlushCache serves GET and POST /flush_cache as SGLang does: every
+// DP rank that holds no request empties its prefix cache (publishing
+// AllBlocksCleared); the answer is rank 0's outcome, 200 "Cache flushed..."
+// or 400 "Flush cache failed.". The simple model flushes only when the
+// server holds no request. The timeout query parameter is not modelled.
+func (s *Server) handleFlushCache(w http.ResponseWriter, _ *http.Request) {
+	ok := false
+	switch {
+	case s.eng != nil:
+		s.eng.locked(func(core *engineCore, now time.Duration) { ok = core.flushIdle(now) })
+	case len(s.inflight.stats().InFlight) == 0:
+		ok = true
+		if s.kvpub != nil {
+			s.kvpub.publishAll([]kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !ok {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, "Flush cache failed.\n")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.WriteString(w, "Cache flushed.\nPlease check backend logs for more details. "+
+		"(When there are running or waiting requests, the operation will not be performed.)\n")
 }
 
 // handleGetFaults serves GET /sim/faults.

@@ -68,20 +68,19 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 // cacheServerArgs are the prefix-cache server args /server_info reports,
 // as SGLang names them: the decode radix cache flag, disable_radix_cache
 // (true on a decode without that flag, which runs without a radix cache),
-// the hierarchical cache flag and ratio, and page_size (the engine model's
-// cache block; 1 in the simple model).
+// the hierarchical cache flag and ratio, page_size (the engine model's
+// cache block; 1 in the simple model), and the KV event publisher's
+// kv_events_config and kv_events.
 func cacheServerArgs(cfg Config) map[string]any {
-	page := 1
-	if p, err := LookupProfile(cfg.Profile); err == nil && p.BlockSize > 0 {
-		page = p.BlockSize
-	}
-	return map[string]any{
+	args := map[string]any{
 		"disaggregation_decode_enable_radix_cache": cfg.DecodeRadixCache,
 		"disable_radix_cache":                      cfg.Mode == ModeDecode && !cfg.DecodeRadixCache,
 		"enable_hierarchical_cache":                cfg.HierarchicalCache,
 		"hicache_ratio":                            cfg.HiCacheRatio,
-		"page_size":                                page,
+		"page_size":                                pageSize(cfg),
 	}
+	maps.Copy(args, kvEventsServerArgs(cfg))
+	return args
 }
 
 // handleModels serves GET /v1/models.

@@ -25,6 +25,9 @@ func (s *Server) apiHandler() (http.Handler, error) {
 	mux.Handle("GET /v1/loads", s.scrapeFaults(http.HandlerFunc(s.handleLoads)))
 	mux.Handle("GET /metrics", s.scrapeFaults(metrics))
 	mux.HandleFunc("POST /abort_request", s.handleAbort)
+	mux.HandleFunc("GET /flush_cache", s.schedulerCall(s.handleFlushCache))
+	mux.HandleFunc("POST /flush_cache", s.schedulerCall(s.handleFlushCache))
+	mux.HandleFunc("GET /sim/kv_events", s.handleKVEventStats)
 
 	for _, route := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
 		mux.HandleFunc("POST "+route.path(), s.inferHandler(route))

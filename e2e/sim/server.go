@@ -42,6 +42,8 @@ type Server struct {
 	// prof and eng are set with a profile (the engine model).
 	prof *Profile
 	eng  *engineLoop
+	// kvpub publishes the KV events (nil without a "zmq" publisher).
+	kvpub *kvPublisher
 
 	handler   http.Handler
 	bootstrap http.Handler
@@ -87,10 +89,16 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim handler: %w", err)
 	}
+	if set, ok, _ := parseKVEventsConfig(cfg.KVEventsConfig); ok && set.publishes() {
+		s.kvpub = newKVPublisher(set, cfg.DPSize, s.log)
+	}
 	if cfg.Profile != "" {
 		p := modelParams(cfg)
 		s.prof = &p.prof
 		s.eng = newEngineLoop(p, s.clk)
+		if s.kvpub != nil {
+			s.eng.setSink(s.kvpub.publish)
+		}
 	}
 	s.handler = handler
 	if cfg.Mode == ModePrefill {
@@ -135,9 +143,15 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.apiSrv != nil {
 		return errors.New("sim: already started")
 	}
+	if s.kvpub != nil {
+		if err := s.kvpub.start(); err != nil {
+			return fmt.Errorf("start the KV event publisher: %w", err)
+		}
+	}
 	var lc net.ListenConfig
 	apiLn, err := lc.Listen(ctx, "tcp", s.cfg.Listen)
 	if err != nil {
+		s.pauseKVEvents()
 		return fmt.Errorf("listen on %s: %w", s.cfg.Listen, err)
 	}
 	var bootLn net.Listener
@@ -147,6 +161,7 @@ func (s *Server) Start(ctx context.Context) error {
 		bootLn, err = lc.Listen(ctx, "tcp", addr)
 		if err != nil {
 			_ = apiLn.Close()
+			s.pauseKVEvents()
 			return fmt.Errorf("listen on bootstrap address %s: %w", addr, err)
 		}
 		if p := bootLn.Addr().(*net.TCPAddr).Port; s.cfg.BootstrapPort == 0 {
@@ -248,7 +263,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.eng != nil {
 		s.eng.stop()
 	}
+	s.stopKVEvents()
 	return errors.Join(errs...)
+}
+
+// pauseKVEvents closes the KV event publisher's sockets (Start failed).
+func (s *Server) pauseKVEvents() {
+	if s.kvpub != nil {
+		s.kvpub.stop()
+	}
+}
+
+// stopKVEvents closes the KV event publisher for good.
+func (s *Server) stopKVEvents() {
+	if s.kvpub != nil {
+		s.kvpub.shutdown()
+	}
 }
 
 // Close aborts requests in flight and closes the listeners.
