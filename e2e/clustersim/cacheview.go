@@ -100,20 +100,37 @@ func (v fedView) SetTargets(targets []kvevents.Target[scheduler.TargetKey]) {
 }
 
 // oracleView is a scheduler.CacheView that reads the engine models'
-// caches for the request being routed (run.routing).
+// caches for the request being routed (run.routing), plus what duet
+// routed to each rank in the last oracleExpectFor that the rank may not
+// have computed yet, as the events view's overlay does: without it, a
+// tenant's requests routed while its first one queues would see its
+// prefix nowhere.
 type oracleView struct {
-	r *run
+	r        *run
+	expected map[scheduler.TargetKey]*kvevents.RankView
 }
 
+// oracleExpectFor is how long the oracle counts routed blocks (the
+// events view's default ExpectFor).
+const oracleExpectFor = kvevents.DefaultExpectFor
+
 // SetTargets implements scheduler.CacheView.
-func (oracleView) SetTargets([]kvevents.Target[scheduler.TargetKey]) {}
+func (*oracleView) SetTargets([]kvevents.Target[scheduler.TargetKey]) {}
 
 // Routed implements scheduler.CacheView.
-func (oracleView) Routed(scheduler.TargetKey, []uint64, time.Time) {}
+func (v *oracleView) Routed(key scheduler.TargetKey, blocks []uint64, now time.Time) {
+	rv := v.expected[key]
+	if rv == nil {
+		rv = kvevents.NewRankView(v.r.cfg.Workload.blockTokens, 1)
+		v.expected[key] = rv
+	}
+	rv.Expect(blocks, now.Add(oracleExpectFor).UnixNano(), now.UnixNano())
+}
 
 // Match implements scheduler.CacheView: what the rank's cache holds of
-// the prompt being routed, in blocks, at most len(blocks).
-func (v oracleView) Match(key scheduler.TargetKey, blocks []uint64) (kvevents.Match, bool) {
+// the prompt being routed, in blocks, at most len(blocks), or what was
+// routed there, whichever is more.
+func (v *oracleView) Match(key scheduler.TargetKey, blocks []uint64) (kvevents.Match, bool) {
 	p := v.r.routing
 	if p == nil {
 		return kvevents.Match{}, false
@@ -125,6 +142,10 @@ func (v oracleView) Match(key scheduler.TargetKey, blocks []uint64) (kvevents.Ma
 		tokens = max(tokens, e.model.DecodeCachedPrefix(key.Rank, *p))
 	}
 	n := min(tokens/bt, len(blocks))
+	if rv := v.expected[key]; rv != nil {
+		routed, _ := rv.Match(blocks, epoch.Add(v.r.now).UnixNano())
+		n = max(n, routed)
+	}
 	return kvevents.Match{GPU: n, Any: n, Blocks: e.model.CacheBlocks(key.Rank)}, true
 }
 

@@ -317,7 +317,7 @@ func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 		sc.CacheView = v
 		sc.KVEvents = scheduler.KVEvents{Port: simEventPort}
 	case CacheOracle:
-		sc.CacheView = oracleView{r: r}
+		sc.CacheView = &oracleView{r: r, expected: map[scheduler.TargetKey]*kvevents.RankView{}}
 	}
 	if r.cfg.Share {
 		self := len(r.scheds) // this replica's position, once appended
