@@ -13,7 +13,8 @@
 // --sim-double-count-cached-tokens reproduces SGLang issue #25972.
 // --kv-events-config publishes the engine model's prefix cache changes as
 // SGLang's KV events over ZMQ (a PUB socket and a replay ROUTER per DP
-// rank).
+// rank); --tokenizer-path keys text prompts by the token ids duet computes,
+// so that their events carry token ids too.
 //
 // Besides SGLang's routes (/generate, /v1/chat/completions,
 // /v1/completions, /v1/responses, /abort_request, /health,
@@ -131,10 +132,13 @@ func parseFlags(args []string) (options, error) {
 	fs.BoolVar(&o.cfg.DoubleCountCachedTokens, "sim-double-count-cached-tokens", false,
 		"decode with the radix cache: report cached_tokens as the prefill's hit plus the decode's match (SGLang issue #25972) "+
 			"instead of the larger of the two")
+	fs.StringVar(&o.cfg.Tokenizer, "tokenizer-path", "",
+		"tokenizer directory (tokenizer.json, tokenizer_config.json): text prompts are keyed by the token ids duet computes "+
+			"(engine model), so their KV events carry token ids")
 	fs.StringVar(&o.cfg.KVEventsConfig, "kv-events-config", "",
 		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", `+
 			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank `+
-			`(engine model; token-id prompts only)`)
+			`(engine model; token-id prompts, or text ones with --tokenizer-path)`)
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return o, err

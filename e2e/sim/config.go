@@ -226,6 +226,14 @@ type Config struct {
 	// hit plus the decode's match (it can exceed the prompt) instead of
 	// the larger of the two.
 	DoubleCountCachedTokens bool
+	// Tokenizer is a tokenizer directory (the model's tokenizer.json and
+	// tokenizer_config.json, and chat_template.jinja when it has one). With
+	// the engine model, text prompts (chat, completions, /generate text)
+	// are then keyed by the token ids duet computes for them
+	// (extproc.PromptTokens) and count their real tokens, so their cache
+	// blocks carry token ids into the KV events; a decode caches no
+	// answer blocks for them. "" keys text by characters.
+	Tokenizer string
 	// KVEventsConfig is SGLang's --kv-events-config: a JSON
 	// KVEventsConfig ({"publisher": "zmq", "endpoint": "tcp://*:5557",
 	// "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps":

@@ -31,7 +31,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	}
 	info := map[string]any{
 		"model_path":                      s.cfg.Model,
-		"tokenizer_path":                  s.cfg.Model,
+		"tokenizer_path":                  s.tokenizerPath(),
 		"served_model_name":               s.cfg.Model,
 		"host":                            hostOf(s.listenAddr()),
 		"port":                            portOf(s.listenAddr()),
@@ -81,6 +81,15 @@ func cacheServerArgs(cfg Config) map[string]any {
 	}
 	maps.Copy(args, kvEventsServerArgs(cfg))
 	return args
+}
+
+// tokenizerPath is /server_info's tokenizer_path: the tokenizer directory
+// when one is configured, else the model name.
+func (s *Server) tokenizerPath() string {
+	if s.cfg.Tokenizer != "" {
+		return s.cfg.Tokenizer
+	}
+	return s.cfg.Model
 }
 
 // handleModels serves GET /v1/models.

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/extproc/tokenize"
 )
 
 // inferRequest is the part of an inference body the simulator acts on.
@@ -66,6 +68,9 @@ type parseOptions struct {
 	blockTokens int
 	// vllm ignores SGLang's rank and bootstrap fields, like vLLM.
 	vllm bool
+	// tok, with blockTokens > 0, keys text prompts by their token ids
+	// (Config.Tokenizer).
+	tok *tokenize.Model
 }
 
 // bootstrapFields holds the PD bootstrap fields, one entry per item; a nil
@@ -113,6 +118,9 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 	}
 	if err != nil {
 		return nil, err
+	}
+	if opts.tok != nil && opts.blockTokens > 0 {
+		tokenizeItems(opts.tok, route, body, req, opts.blockTokens)
 	}
 	if req.rids, err = parseRIDs(root, req, opts.vllm); err != nil {
 		return nil, err

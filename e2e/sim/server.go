@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/duet-router/duet/extproc/tokenize"
 )
 
 // Server is one simulated SGLang server (one HTTP API, DPSize ranks, and
@@ -44,6 +46,8 @@ type Server struct {
 	eng  *engineLoop
 	// kvpub publishes the KV events (nil without a "zmq" publisher).
 	kvpub *kvPublisher
+	// tok keys text prompts by token ids (Config.Tokenizer; nil without).
+	tok *tokenize.Model
 
 	handler   http.Handler
 	bootstrap http.Handler
@@ -88,6 +92,13 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 	handler, err := s.apiHandler()
 	if err != nil {
 		return nil, fmt.Errorf("sim handler: %w", err)
+	}
+	if cfg.Tokenizer != "" {
+		tok, err := loadTokenizer(cfg.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("sim config: %w", err)
+		}
+		s.tok = tok
 	}
 	if set, ok, _ := parseKVEventsConfig(cfg.KVEventsConfig); ok && set.publishes() {
 		s.kvpub = newKVPublisher(set, cfg.DPSize, s.log)

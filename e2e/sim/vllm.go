@@ -20,6 +20,7 @@ func (s *Server) parseOptions() parseOptions {
 	o := parseOptions{vllm: s.cfg.Flavor == FlavorVLLM}
 	if s.prof != nil {
 		o.blockTokens = s.prof.BlockSize
+		o.tok = s.tok
 	}
 	return o
 }
