@@ -1,10 +1,10 @@
 // Package sim is duet-sim: a simulated SGLang HTTP server for end-to-end tests.
 //
 // No GPUs are involved. A Server speaks SGLang's real HTTP wire protocol
-// (OpenAI routes, native /generate, /server_info, /v1/loads, /metrics) and
-// reproduces the parts of SGLang's behaviour that a router can get wrong
-// when it drives prefill/decode (PD) disaggregation with data-parallel (DP)
-// ranks:
+// (OpenAI routes, native /generate, /server_info, /v1/loads, /metrics,
+// /flush_cache) and reproduces the parts of SGLang's behaviour that a
+// router can get wrong when it drives prefill/decode (PD) disaggregation
+// with data-parallel (DP) ranks:
 //
 //   - DP rank selection: the X-Data-Parallel-Rank header on the OpenAI
 //     routes, the routed_dp_rank body field (and its deprecated alias
@@ -43,6 +43,20 @@
 // with an integer seed (sampling_params.sampling_seed on /generate) gets
 // ReplyText(seed, n) as its answer, so a client can send the exact answer
 // back in its next turn.
+//
+// With Config.KVEventsConfig (SGLang's --kv-events-config, publisher
+// "zmq") every DP rank publishes its prefix cache's changes as SGLang
+// 0.5.23's KV events: a ZMQ PUB socket per rank on the configured port
+// plus the rank, frames [topic, sequence, msgpack KVEventBatch] byte for
+// byte as SGLang's msgspec structures encode them, a replay ROUTER per
+// rank, and the publisher's descriptor in /server_info (kv_events).
+// BlockStored and BlockRemoved follow the GPU cache and the host tier
+// ("CPU_PINNED"), AllBlocksCleared a fresh publisher, /flush_cache and the
+// cache faults. Blocks carry their token ids for token-id prompts, and for
+// text prompts with Config.Tokenizer, which keys them by the ids duet
+// computes (extproc.PromptTokens); blocks without ids are not published.
+// Model.OnCacheEvents reports the same events in virtual time.
+//
 // Model exposes the same engine model without HTTP or a clock, for callers
 // that drive it in virtual time (the cluster simulator, e2e/clustersim);
 // ParsePrompt parses a body as a server does.
@@ -73,7 +87,10 @@
 // aborts are ignored, /health answers 503 after Config.HealthTimeout);
 // spikes and errors are drawn from Config.Seed. Faults can be changed at
 // runtime with POST /sim/faults (GET returns them) or
-// Server.UpdateFaults. /health answers 503 once the server is shutting
+// Server.UpdateFaults, which also take one-shot actions: reset_cache
+// empties the prefix cache, kv_events_down_ms takes the KV event publisher
+// down and brings it back as a restarted engine's, kv_events_drop loses
+// batches on the way (replayable). /health answers 503 once the server is shutting
 // down.
 //
 // Every inference request is recorded and can be inspected over
