@@ -339,6 +339,9 @@ func (s *Server) kvEventsDown(d time.Duration) {
 	gen := s.kvpub.stop()
 	s.log.Warn("KV event publisher down (fault)", zap.Duration("for", d))
 	time.AfterFunc(s.clk.Wall(d), func() {
+		if !s.kvpub.current(gen) {
+			return // stopped again, closed, or never started
+		}
 		restart := func() {
 			if err := s.kvpub.restart(gen); err != nil {
 				s.log.Error("KV event publisher did not come back", zap.Error(err))

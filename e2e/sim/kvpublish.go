@@ -69,6 +69,9 @@ type kvPublisher struct {
 	ranks  []*rankPublisher
 	up     bool
 	closed bool
+	// started is set by the first start: only a started publisher comes
+	// back after a stop.
+	started bool
 	// gen counts stops, so that a restart scheduled by an older stop
 	// does nothing.
 	gen uint64
@@ -87,8 +90,8 @@ type rankPublisher struct {
 
 	mu  sync.Mutex
 	seq uint64
-	// buf holds the last batches for replay, oldest first.
-	buf []replayEntry
+	// buf holds the last batches for replay.
+	buf replayRing
 	// shadow holds the tiers of every published block, so that removals
 	// of blocks never published (no token ids) are left out.
 	shadow map[uint64]uint8
@@ -102,6 +105,36 @@ type rankPublisher struct {
 type replayEntry struct {
 	seq     uint64
 	payload []byte
+}
+
+// replayRing keeps the last max batches, oldest first from head.
+type replayRing struct {
+	max   int
+	items []replayEntry
+	head  int
+}
+
+// push appends e, dropping the oldest batch when the ring is full.
+func (r *replayRing) push(e replayEntry) {
+	switch {
+	case r.max <= 0:
+	case len(r.items) < r.max:
+		r.items = append(r.items, e)
+	default:
+		r.items[r.head] = e
+		r.head = (r.head + 1) % r.max
+	}
+}
+
+// from returns the batches from sequence start on, in order.
+func (r *replayRing) from(start uint64) []replayEntry {
+	var out []replayEntry
+	for i := range r.items {
+		if e := r.items[(r.head+i)%len(r.items)]; e.seq >= start {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // newKVPublisher returns a stopped publisher of dpSize ranks.
@@ -122,25 +155,32 @@ func newKVPublisher(set kvEventsSettings, dpSize int, log *zap.Logger) *kvPublis
 // [AllBlocksCleared], as SGLang's scheduler does at start (its cache's
 // first reset). Sequences start at 0 and replay buffers empty.
 func (p *kvPublisher) start() error {
+	_, err := p.startLocked(func() bool { return true })
+	return err
+}
+
+// startLocked starts the publisher if ok() holds under its lock, and
+// reports whether it did.
+func (p *kvPublisher) startLocked(ok func() bool) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.up || p.closed {
-		return nil
+	if p.up || p.closed || !ok() {
+		return false, nil
 	}
 	for _, rp := range p.ranks {
 		if err := rp.open(p.set, p.log); err != nil {
 			for _, o := range p.ranks {
 				o.close()
 			}
-			return err
+			return false, err
 		}
 	}
-	p.up = true
+	p.up, p.started = true, true
 	for _, rp := range p.ranks {
 		rp.publish(p, []kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
 	}
 	p.log.Info("KV event publisher started", zap.Int("dp_size", len(p.ranks)), zap.Bool("replay", p.set.ReplayEndpoint != nil))
-	return nil
+	return true, nil
 }
 
 // stop closes every rank's sockets and returns the stop's generation.
@@ -157,21 +197,31 @@ func (p *kvPublisher) stop() uint64 {
 	return p.gen
 }
 
-// restart starts the publisher again unless it was stopped again or
-// closed since the stop of generation gen.
-func (p *kvPublisher) restart(gen uint64) error {
+// current reports whether the publisher may come back after the stop of
+// generation gen: it was started once, and neither stopped again nor
+// closed since.
+func (p *kvPublisher) current(gen uint64) bool {
 	p.mu.Lock()
-	current := p.gen == gen
-	p.mu.Unlock()
-	if !current {
-		return nil
+	defer p.mu.Unlock()
+	return p.currentLocked(gen)
+}
+
+// currentLocked is current; the caller holds p.mu.
+func (p *kvPublisher) currentLocked(gen uint64) bool {
+	return p.gen == gen && p.started && !p.closed
+}
+
+// restart starts the publisher again if it is current(gen).
+func (p *kvPublisher) restart(gen uint64) error {
+	started, err := p.startLocked(func() bool { return p.currentLocked(gen) })
+	if started {
+		for _, rp := range p.ranks {
+			rp.mu.Lock()
+			rp.stats.Restarts++
+			rp.mu.Unlock()
+		}
 	}
-	for _, rp := range p.ranks {
-		rp.mu.Lock()
-		rp.stats.Restarts++
-		rp.mu.Unlock()
-	}
-	return p.start()
+	return err
 }
 
 // shutdown stops the publisher for good.
@@ -263,7 +313,7 @@ func (rp *rankPublisher) open(set kvEventsSettings, log *zap.Logger) error {
 	rp.mu.Lock()
 	rp.pub, rp.router, rp.cancel = pub, router, cancel
 	rp.seq = 0
-	rp.buf = make([]replayEntry, 0, min(set.BufferSteps, 1024))
+	rp.buf = replayRing{max: set.BufferSteps}
 	clear(rp.shadow)
 	rp.withhold = 0
 	rp.stats.Batches, rp.stats.Events = 0, 0
@@ -322,12 +372,7 @@ func (rp *rankPublisher) publish(p *kvPublisher, events []kvevents.Event) {
 	} else if err := rp.pub.Send(zmq4.NewMsgFrom([]byte(p.set.Topic), seqFrame, payload)); err != nil {
 		p.log.Warn("KV events: publish", zap.Int("dp_rank", rp.rank), zap.Error(err))
 	}
-	if p.set.BufferSteps > 0 {
-		if len(rp.buf) == p.set.BufferSteps {
-			rp.buf = append(rp.buf[:0], rp.buf[1:]...)
-		}
-		rp.buf = append(rp.buf, replayEntry{seq: seq, payload: payload})
-	}
+	rp.buf.push(replayEntry{seq: seq, payload: payload})
 	rp.stats.Batches++
 	rp.stats.Events += uint64(len(out))
 }
@@ -398,12 +443,7 @@ func (rp *rankPublisher) serveReplay(router zmq4.Socket, done chan struct{}, set
 		}
 		start := beUint(f[2])
 		rp.mu.Lock()
-		var batch []replayEntry
-		for _, e := range rp.buf {
-			if e.seq >= start {
-				batch = append(batch, e)
-			}
-		}
+		batch := rp.buf.from(start)
 		rp.stats.Replays++
 		rp.mu.Unlock()
 		for _, e := range batch {

@@ -624,6 +624,17 @@ func TestKVEventsFaultValidation(t *testing.T) {
 	if len(stats.Ranks) != 1 || !stats.Ranks[0].Up || stats.Ranks[0].Withheld != 1 {
 		t.Fatalf("GET /sim/kv_events: %+v (the reset's AllBlocksCleared is the withheld batch)", stats)
 	}
+	// A server never started (served through Handler) does not bind its
+	// publisher when a down fault ends.
+	idle := startTest(t, Config{Profile: "dense-8b-h100", KVEventsConfig: `{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:1", "bind": true}`}).sim
+	one := 1.0
+	if _, err := idle.UpdateFaults(FaultUpdate{KVEventsDownMS: &one}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if st := idle.KVEventStats(); st[0].Up || st[0].Restarts != 0 {
+		t.Fatalf("a never started publisher came up: %+v", st)
+	}
 	if r := get(t, startTest(t, Config{}).api.URL+"/sim/kv_events"); r.status != 404 {
 		t.Fatalf("GET /sim/kv_events without a publisher: %d", r.status)
 	}
@@ -690,24 +701,26 @@ func TestKVEventsFirstBatch(t *testing.T) {
 		}
 	}
 	rp := p.ranks[1]
-	rp.buf = nil
+	rp.buf = replayRing{max: 3}
 	rp.pub = nopSocket{}
 	p.up = true
-	set.BufferSteps = 3
-	p.set = set
 	rp.publish(p, []kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
-	if len(rp.buf) != 1 || rp.buf[0].seq != 0 || rp.seq != 1 {
-		t.Fatalf("buffer %+v seq %d", rp.buf, rp.seq)
+	buf := rp.buf.from(0)
+	if len(buf) != 1 || buf[0].seq != 0 || rp.seq != 1 {
+		t.Fatalf("buffer %+v seq %d", buf, rp.seq)
 	}
-	b, err := kvevents.DecodeBatch(rp.buf[0].payload)
+	b, err := kvevents.DecodeBatch(buf[0].payload)
 	if err != nil || len(b.Events) != 1 || b.Events[0].Kind != kvevents.AllBlocksCleared || b.DPRank != 1 {
 		t.Fatalf("first batch %+v %v", b, err)
 	}
 	for range 5 {
 		rp.publish(p, []kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
 	}
-	if len(rp.buf) != 3 || rp.buf[0].seq != 3 || rp.buf[2].seq != 5 {
-		t.Fatalf("buffer bounded to 3: %+v", rp.buf)
+	if buf := rp.buf.from(0); len(buf) != 3 || buf[0].seq != 3 || buf[2].seq != 5 {
+		t.Fatalf("buffer bounded to 3: %+v", buf)
+	}
+	if buf := rp.buf.from(5); len(buf) != 1 || buf[0].seq != 5 {
+		t.Fatalf("buffer from 5: %+v", buf)
 	}
 }
 
