@@ -133,21 +133,26 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		s.haveSeq = false
 		return
 	}
+	// A new subscription or a restarted publisher starts the view over:
+	// what the publisher sent before this batch may still be in its
+	// replay buffer (a restarted one's whole short history), and with it
+	// the view is whole.
+	fromStart := false
 	switch {
 	case !s.haveSeq:
 		s.reset("subscribed")
-		// Joined a running publisher: what it published before may still
-		// be in its replay buffer, and with it the view is whole.
-		if seq > 0 && s.replay(ctx, 0, seq) {
-			s.log.Info("KV events replayed from the publisher's first batch", zap.Uint64("batches", seq))
-		}
+		fromStart = true
 	case seq <= s.seq:
 		s.reset(fmt.Sprintf("sequence went back from %d to %d: the publisher restarted", s.seq, seq))
+		fromStart = true
 	case seq > s.seq+1:
 		s.gaps.Add(1)
 		if !s.replay(ctx, s.seq+1, seq) {
 			s.reset(fmt.Sprintf("batches %d to %d lost", s.seq+1, seq-1))
 		}
+	}
+	if fromStart && seq > 0 && s.replay(ctx, 0, seq) {
+		s.log.Info("KV events replayed from the publisher's first batch", zap.Uint64("batches", seq))
 	}
 	s.apply(seq, b)
 }
