@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// freePortRange returns a base port such that base..base+n-1 are free
+// on loopback now.
+func freePortRange(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if base+n > 65535 {
+			continue
+		}
+		free := true
+		for p := base + 1; p < base+n; p++ {
+			if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err != nil {
+				free = false
+			} else {
+				l.Close()
+			}
+		}
+		if free {
+			return base
+		}
+	}
+	t.Fatal("no free port range")
+	return 0
+}
+
+// kvEventRanks returns the kv_events states of the endpoint url's ranks in
+// a /status.json body, in rank order ("" for a rank without).
+func kvEventRanks(body []byte, url string) (states []string, blocks int64) {
+	for _, ep := range gjson.GetBytes(body, "endpoints").Array() {
+		if ep.Get("url").Str != url {
+			continue
+		}
+		for _, r := range ep.Get("ranks").Array() {
+			states = append(states, r.Get("kv_events.state").Str)
+			blocks += r.Get("kv_events.blocks").Int()
+		}
+	}
+	return states, blocks
+}
+
+// allStates reports whether every state is want.
+func allStates(states []string, want string) bool {
+	for _, s := range states {
+		if s != want {
+			return false
+		}
+	}
+	return len(states) > 0
+}
+
+// TestKVEventsFallBackAndRecover runs a prefill engine that publishes
+// SGLang's KV events (duet-sim --kv-events-config, two DP ranks, replay)
+// behind a real Envoy and duet following them (kv_events.mode on: the
+// requests carry input_ids). Both ranks' views go live from the
+// advertised ports; the publisher then dies for 3 s (its sockets close and
+// its cache empties, as a restarted SGLang process), duet's probes see
+// the ports refuse and both ranks fall back to the prefix estimate, and
+// when the publisher is back (sequence from 0, AllBlocksCleared first)
+// they are live again. Every request sent meanwhile is served.
+func TestKVEventsFallBackAndRecover(t *testing.T) {
+	pub, replay := freePortRange(t, 2), freePortRange(t, 2)
+	events := fmt.Sprintf(`{"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, pub, replay)
+	simArgs := []string{"--profile", "dense-8b-h100", "--time-scale", "10"}
+	s := startStack(t, harness.Options{
+		Prefill:       []harness.SimSpec{{DPSize: 2, Args: append([]string{"--kv-events-config", events}, simArgs...)}},
+		Decode:        []harness.SimSpec{{DPSize: 1, Args: simArgs}},
+		PrefillPolicy: "least_cost",
+		DecodePolicy:  "least_cost",
+		DuetYAML:      "kv_events:\n  mode: on\n  probe_interval: 100ms\n",
+		KVTimeout:     60 * time.Second,
+	})
+	prefill := s.Prefill[0]
+
+	served := 0
+	generate := func(i int) {
+		t.Helper()
+		ids := make([]string, 600)
+		for j := range ids {
+			ids[j] = fmt.Sprint((i*7919+j*31)%50000 + 1)
+		}
+		body := `{"input_ids":[` + strings.Join(ids, ",") + `],"sampling_params":{"max_new_tokens":4}}`
+		resp, data := send(t, s, http.MethodPost, "/generate", map[string]string{"x-request-id": requestID(t, i)}, []byte(body))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, data)
+		}
+		served++
+	}
+	waitRanks := func(what string, ok func(states []string, blocks int64) bool, during func(i int)) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		var last []byte
+		for i := 0; time.Now().Before(deadline); i++ {
+			if during != nil {
+				during(i)
+			}
+			resp, err := http.Get(s.DuetAdminURL + "/status.json")
+			if err == nil {
+				last, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if json.Valid(last) && ok(kvEventRanks(last, prefill.URL)) {
+					return
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		states, blocks := kvEventRanks(last, prefill.URL)
+		t.Fatalf("waiting for %s: prefill ranks %q, %d blocks", what, states, blocks)
+	}
+
+	// Distinct prompts spread over both ranks (least_cost sends a new
+	// prompt where the cache holds least); their prefills fill both views.
+	waitRanks("both ranks live, with blocks", func(st []string, b int64) bool { return allStates(st, "live") && b > 0 },
+		func(i int) { generate(i) })
+
+	setFaults(t, prefill, `{"kv_events_down_ms": 3000}`)
+	waitRanks("both ranks falling back", func(st []string, _ int64) bool { return allStates(st, "fallback") }, nil)
+	for i := range 4 { // served on the estimate
+		generate(100 + i)
+	}
+	waitRanks("both ranks live again", func(st []string, b int64) bool { return allStates(st, "live") && b > 0 },
+		func(i int) { generate(200 + i) })
+
+	metrics := scrapeText(t, s.DuetAdminURL+"/metrics")
+	for r := range 2 {
+		name := fmt.Sprintf(`duet_kv_events_fallbacks_total{pool="default",reason="unreachable",target="%s#%d"}`, prefill.URL, r)
+		if !strings.Contains(metrics, name+" 1") {
+			t.Errorf("metrics lack %s 1", name)
+		}
+	}
+	t.Logf("%d requests served; every one answered 200", served)
+}
+
+// scrapeText returns the body of a GET of url.
+func scrapeText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := httpClient.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
