@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/zap"
 
 	"github.com/duet-router/duet/scheduler/prefix"
@@ -165,4 +166,53 @@ func TestTrackerPublisherDies(t *testing.T) {
 		p2.mu.Unlock()
 		p2.publish(false)
 	})
+}
+
+// BenchmarkIngest is what one KV event costs duet from its bytes to the
+// view: a batch of 8 events decoded and applied to a followed rank, as a
+// subscription does. Each batch stores 4 pages of 16 tokens per event,
+// extending one chain (SGLang merges a request's consecutive stores), and
+// then evicts them, so that the view stays small; ns/event times a rate
+// is the CPU that rate of events costs.
+func BenchmarkIngest(b *testing.B) {
+	var events []any
+	var removed []int64
+	for i := range 4 {
+		hashes := []int64{int64(i*4 + 1), int64(i*4 + 2), int64(i*4 + 3), int64(i*4 + 4)}
+		tokens := make([]int, 64)
+		for j := range tokens {
+			tokens[j] = 151000 + i*64 + j
+		}
+		var parent any
+		if i > 0 {
+			parent = int64(i * 4)
+		}
+		events = append(events, map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+			"token_ids": tokens, "block_size": 16, "lora_id": nil, "medium": "GPU"})
+		removed = append(removed, hashes...)
+	}
+	for i := range 4 {
+		events = append(events, map[string]any{"type": "BlockRemoved", "block_hashes": removed[len(removed)-4*(i+1) : len(removed)-4*i], "medium": "GPU"})
+	}
+	payload, err := msgpack.Marshal([]any{1764100000.5, events, 0})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr := NewTracker[int](TrackerConfig{BlockTokens: 16, MaxLag: -1}, nil)
+	tr.SetTargets([]Target[int]{{Key: 0}})
+	h := tr.Handler(0)
+	b.SetBytes(int64(len(payload)))
+	var seq uint64
+	for b.Loop() {
+		batch, err := DecodeBatch(payload)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Apply(seq, batch)
+		seq++
+	}
+	if m, _ := tr.Match(0, nil); m.Blocks != 0 {
+		b.Fatalf("the view holds %d blocks", m.Blocks)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
 }

@@ -265,10 +265,11 @@ func (v *RankView) Expect(blocks []uint64, deadline, now int64) {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for _, b := range blocks {
-		if v.blocks[b]&TierGPU == 0 {
-			v.expected[b] = deadline
-		}
+	// The blocks the GPU holds are a leading run: only those after it
+	// need an entry (a conversation's next turn adds only its new part).
+	held := leadingRun(len(blocks), func(i int) bool { return v.blocks[blocks[i]]&TierGPU != 0 })
+	for _, b := range blocks[held:] {
+		v.expected[b] = deadline
 	}
 	if len(v.expected) > 2*v.sweptAt+1024 {
 		for b, d := range v.expected {
