@@ -359,6 +359,19 @@ var valueSets = []valueSet{
 		tokenizerClaim: "qwen3-weights",
 	},
 	{
+		// The tokenizer and the engines' KV events (docs/kv-events.md),
+		// with the ports of engines that do not advertise them.
+		name: "kv-events", files: []string{"kv-events.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
+		objects: []string{
+			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
+			"Service/duet-system/duet-envoy", "ServiceAccount/duet-system/duet",
+			"Role/inference/duet-endpointslices", "RoleBinding/inference/duet-endpointslices",
+			"NetworkPolicy/duet-system/duet", "PodDisruptionBudget/duet-system/duet",
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token",
+		},
+		tokenizerClaim: "deepseek-v3-weights",
+	},
+	{
 		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
 		sync: natsURL, natsToken: true, external: []string{natsSecret},
 		objects: []string{
@@ -496,6 +509,7 @@ func TestChart(t *testing.T) {
 			}
 			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
 			t.Run("tokenizer", func(t *testing.T) { checkTokenizer(t, vs, manifest, objs) })
+			t.Run("kv events", func(t *testing.T) { checkKVEvents(t, vs, objs) })
 			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
 			t.Run("sync", func(t *testing.T) { checkSync(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
@@ -503,6 +517,7 @@ func TestChart(t *testing.T) {
 	}
 	t.Run("engine example", func(t *testing.T) { testEngineExample(t, tk, schemas) })
 	t.Run("two-pools engines", func(t *testing.T) { testPoolsEngineExample(t, tk, schemas) })
+	t.Run("engines' KV events", func(t *testing.T) { testEngineEventsExample(t, tk, schemas) })
 	t.Run("nats example", func(t *testing.T) { testNATSExample(t, tk, schemas) })
 	t.Run("notes", func(t *testing.T) { testNotes(t, tk) })
 	t.Run("broken templates fail", func(t *testing.T) { testBrokenTemplates(t, tk, schemas) })
@@ -914,9 +929,12 @@ func checkAuth(t *testing.T, vs valueSet, objs map[string]object) {
 	}
 	var np networkPolicy
 	o.into(t, &np)
+	// Ingress alone: duet's pods dial the engines (HTTP, and their KV
+	// event ports, which /server_info names), NATS and the API server, so
+	// the policy must restrict no egress.
 	if !subset(np.Spec.PodSelector.MatchLabels, pod.Metadata.Labels) || len(np.Spec.PodSelector.MatchLabels) == 0 ||
 		!slices.Equal(np.Spec.PolicyTypes, []string{"Ingress"}) {
-		t.Errorf("NetworkPolicy selects %v (%v), want duet's pods, Ingress", np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
+		t.Errorf("NetworkPolicy selects %v (%v), want duet's pods, Ingress only", np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
 	}
 	ports := map[string]bool{}
 	for _, c := range pod.Spec.Containers {
@@ -1420,6 +1438,8 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"NATS URL not NATS", nil, []string{"sync.nats.url=http://nats:4222", "sync.nats.unauthenticated=true"}, "at '/sync/nats/url'"},
 		{"wildcard subject", nil, []string{"sync.nats.url=nats://nats:4222", "sync.nats.unauthenticated=true", "sync.subject=duet.>"}, "at '/sync/subject'"},
 		{"chart-owned sync", nil, []string{"config.sync.nats.url=nats://nats:4222"}, "config.sync: the chart sets it"},
+		// What an unquoted `mode: on` in a values file becomes.
+		{"kv_events mode a boolean", nil, []string{"config.kv_events.mode=true"}, "config.kv_events.mode: true is a boolean; quote the mode"},
 		{"headless beside envoy", nil, []string{"service.headless=true"}, "service.headless: only with envoy.enabled false"},
 		{"chart-owned pools", nil, []string{"config.pools[0].name=a"}, "config.pools: the chart sets it; use pools"},
 		{"pools with engine lists", []string{"two-pools.yaml"}, []string{"engines.decode[0].url=http://a:1"},

@@ -14,7 +14,10 @@
 // and the gateway's and duet's sidecars, on the real Envoy with mesh
 // certificates from a test CA, must serve PD traffic through duet, keep
 // every other caller away from it, and, with two replicas, skip a dead one
-// within a second. The Istio tools come from the separate Go module in
+// within a second; and duet's sidecar must pass duet's connections to the
+// engines' KV event ports through as plain TCP (or, under REGISTRY_ONLY,
+// reach them once the engine Services declare them). The Istio tools come
+// from the separate Go module in
 // check/, built into .tools/istio by `make istio-tools`. Guide:
 // docs/deploy/istio.md.
 package istio

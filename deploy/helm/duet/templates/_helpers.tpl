@@ -193,6 +193,13 @@ engines, then the config values as they are.
 {{- if hasKey $cfg "pools" }}
 {{- fail "config.pools: the chart sets it; use pools" }}
 {{- end }}
+{{- /* Helm reads values as YAML 1.1, where an unquoted on or off is a
+boolean: duet would get mode true and refuse to start. */}}
+{{- with $cfg.kv_events }}
+{{- if kindIs "bool" .mode }}
+{{- fail (printf "config.kv_events.mode: %v is a boolean; quote the mode (\"on\", \"off\", \"auto\"): YAML reads on and off unquoted as true and false" .mode) }}
+{{- end }}
+{{- end }}
 {{- $engines := .Values.engines }}
 {{- if .Values.pools }}
 {{- /* Pools: each names its Services or lists its engines; the engines
