@@ -136,7 +136,7 @@ func parseFlags(args []string) (options, error) {
 		"tokenizer directory (tokenizer.json, tokenizer_config.json): text prompts are keyed by the token ids duet computes "+
 			"(engine model), so their KV events carry token ids")
 	fs.StringVar(&o.cfg.KVEventsConfig, "kv-events-config", "",
-		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", `+
+		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", `+
 			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank `+
 			`(engine model; token-id prompts, or text ones with --tokenizer-path)`)
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -236,7 +236,7 @@ type Config struct {
 	Tokenizer string
 	// KVEventsConfig is SGLang's --kv-events-config: a JSON
 	// KVEventsConfig ({"publisher": "zmq", "endpoint": "tcp://*:5557",
-	// "replay_endpoint": "tcp://*:5558", "topic": "", "buffer_steps":
+	// "replay_endpoint": "tcp://*:5600", "topic": "", "buffer_steps":
 	// 10000, ...}; absent fields take SGLang's defaults, and its default
 	// publisher "null" publishes nothing). With "zmq" every DP rank
 	// publishes its prefix cache's events on its own PUB socket (the
