@@ -4,7 +4,6 @@ import (
 	"container/heap"
 	"time"
 
-	"github.com/duet-router/duet/e2e/sim"
 	"github.com/duet-router/duet/scheduler"
 	"github.com/duet-router/duet/scheduler/kvevents"
 )
@@ -44,14 +43,15 @@ func (m CacheMode) String() string {
 	return "estimate"
 }
 
-// The simulated engines' token ids. An engine block's hash stands for
-// its tokens: each block gets blockTokens ids drawn from its (chained)
-// hash, so two prompts share token ids exactly where they share blocks,
-// and duet's token block hashes of those ids match the engine's blocks
-// one for one, as a tokenizer's ids would.
+// Token ids. The engine model gives every chat prompt stand-in token ids
+// (sim.ParsePromptTokens: one per simulated token, a hash of the prompt up
+// to it), and its cache blocks carry them into the KV events, so duet's
+// token block hashes of a request and of an event match exactly where the
+// engine's blocks do, as a tokenizer's ids would. Blocks without ids (the
+// preloaded requests') get ids drawn from their hash.
 const vocabulary = 150000
 
-// blockTokenIDs appends the pseudo token ids of the block whose hash is h.
+// blockTokenIDs appends stand-in token ids for the block whose hash is h.
 func blockTokenIDs(dst []int64, h uint64, blockTokens int) []int64 {
 	for j := range blockTokens {
 		dst = append(dst, int64(splitmix(h+uint64(j)*0x9e3779b97f4a7c15)%vocabulary))
@@ -66,22 +66,6 @@ func splitmix(x uint64) uint64 {
 	x ^= x >> 27
 	x *= 0x94d049bb133111eb
 	return x ^ x>>31
-}
-
-// promptTokenIDs returns prompt's pseudo token ids (Tokens of them): its
-// blocks' ids, then ids of its own for the tail beyond whole blocks.
-func promptTokenIDs(dst []int64, p sim.Prompt, blockTokens int, id uint64) []int64 {
-	dst = dst[:0]
-	for _, h := range p.Blocks {
-		if len(dst)+blockTokens > p.Tokens {
-			break
-		}
-		dst = blockTokenIDs(dst, h, blockTokens)
-	}
-	for i := uint64(0); len(dst) < p.Tokens; i++ {
-		dst = append(dst, int64(splitmix(id^(i+1)*0xd1b54a32d192ed03)%vocabulary))
-	}
-	return dst
 }
 
 // fedView is a kvevents.Tracker fed by the simulation instead of ZMQ

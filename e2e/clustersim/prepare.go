@@ -53,7 +53,9 @@ func Prepare(w bench.Workload, model string, blockTokens int) (*Prepared, error)
 				return nil, fmt.Errorf("session %d turn %d: duet: %w", s.ID, k, err)
 			}
 			req.Path = chatPath
-			prompt, err := sim.ParsePrompt(chatPath, body, blockTokens)
+			// With stand-in token ids: the token and KV event modes route
+			// on them (CacheMode), and they ride the KV events.
+			prompt, err := sim.ParsePromptTokens(chatPath, body, blockTokens)
 			if err != nil {
 				return nil, fmt.Errorf("session %d turn %d: engine: %w", s.ID, k, err)
 			}

@@ -170,8 +170,6 @@ type run struct {
 	deliverySeq uint64
 	// routing is the prompt being routed (CacheOracle reads it).
 	routing *sim.Prompt
-	// tokens is scratch for the routed prompt's token ids.
-	tokens []int64
 	// bypass draws the requests that bypass duet, and their targets.
 	bypass *rand.Rand
 	// restarts are the restarts still due.
@@ -591,8 +589,7 @@ func (r *run) route(ctx context.Context, q *request) error {
 	req.ID = q.id
 	req.Blocks = nil
 	if r.cfg.Cache != CacheEstimate {
-		r.tokens = promptTokenIDs(r.tokens, q.turnInfo.prompt, r.cfg.Workload.blockTokens, splitmix(uint64(len(r.requests))))
-		req.TokenIDs = r.tokens
+		req.TokenIDs = q.turnInfo.prompt.TokenIDs
 	}
 	r.routing = &q.turnInfo.prompt
 	d, err := r.scheds[q.replica].Pick(ctx, &req)

@@ -385,6 +385,23 @@ type Prompt struct {
 // routes duet-sim serves) the way a server does, and returns its first
 // item's prompt with blocks of blockTokens tokens (a profile's BlockSize).
 func ParsePrompt(path string, body []byte, blockTokens int) (Prompt, error) {
+	return parsePrompt(path, body, parseOptions{blockTokens: blockTokens})
+}
+
+// ParsePromptTokens is ParsePrompt, and gives a chat prompt stand-in token
+// ids, for callers that need token ids without a tokenizer (the cluster
+// simulator's token and KV event modes): one id per four characters (the
+// simulator's token), each the hash of the prompt up to it, so two prompts
+// share ids exactly where they share text, as a tokenizer's ids would but
+// for effects at token boundaries. The ids ride the prompt's cache blocks
+// into the KV events, and a decode radix cache's answer blocks get the
+// answer's stand-in ids, continuing the prompt's.
+func ParsePromptTokens(path string, body []byte, blockTokens int) (Prompt, error) {
+	return parsePrompt(path, body, parseOptions{blockTokens: blockTokens, unitTokens: true})
+}
+
+// parsePrompt is ParsePrompt with opts.
+func parsePrompt(path string, body []byte, opts parseOptions) (Prompt, error) {
 	var route routeKind
 	for _, r := range []routeKind{routeChat, routeCompletions, routeGenerate, routeResponses} {
 		if r.path() == path {
@@ -394,7 +411,7 @@ func ParsePrompt(path string, body []byte, blockTokens int) (Prompt, error) {
 	if route == 0 {
 		return Prompt{}, fmt.Errorf("parse prompt: %s is not an inference route", path)
 	}
-	req, aerr := parseInferRequest(route, body, DefaultModel, parseOptions{blockTokens: blockTokens})
+	req, aerr := parseInferRequest(route, body, DefaultModel, opts)
 	if aerr != nil {
 		return Prompt{}, fmt.Errorf("parse prompt: %d %s", aerr.status, aerr.msg)
 	}

@@ -71,6 +71,9 @@ type parseOptions struct {
 	// tok, with blockTokens > 0, keys text prompts by their token ids
 	// (Config.Tokenizer).
 	tok *tokenize.Model
+	// unitTokens gives chat prompts stand-in token ids
+	// (ParsePromptTokens).
+	unitTokens bool
 }
 
 // bootstrapFields holds the PD bootstrap fields, one entry per item; a nil
@@ -106,7 +109,7 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 	var err *apiError
 	switch route {
 	case routeChat:
-		err = parseChat(root, req, opts.blockTokens)
+		err = parseChat(root, req, opts.blockTokens, opts.unitTokens && opts.tok == nil)
 	case routeCompletions:
 		err = parseCompletions(root, req, opts.blockTokens)
 	case routeGenerate:
@@ -150,7 +153,7 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 }
 
 // parseChat reads /v1/chat/completions: messages, n, max tokens.
-func parseChat(root gjson.Result, req *inferRequest, blockTokens int) *apiError {
+func parseChat(root gjson.Result, req *inferRequest, blockTokens int, unitTokens bool) *apiError {
 	msgs := root.Get("messages")
 	if !msgs.IsArray() || len(msgs.Array()) == 0 {
 		return badRequestf("messages: Field required and must be a non-empty list")
@@ -174,8 +177,8 @@ func parseChat(root gjson.Result, req *inferRequest, blockTokens int) *apiError 
 		}
 		n = *nn
 	}
-	blocks, tail := messageBlocksTail(msgs, blockTokens, true)
-	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens, blocks: blocks, tail: tail, seed: optSeed(root.Get("seed"))}
+	blocks, tail, ids := messageBlocksTokens(msgs, blockTokens, true, unitTokens)
+	item := itemInput{promptTokens: textTokens(b.String()), maxTokens: maxTokens, blocks: blocks, tail: tail, seed: optSeed(root.Get("seed")), ids: ids}
 	for i := 0; i < n; i++ {
 		req.items = append(req.items, item)
 	}

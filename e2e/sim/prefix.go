@@ -25,7 +25,19 @@ type blockHasher struct {
 	units         int // units in the current block
 	h             uint64
 	blocks        []uint64
+	// collect makes the hasher stand in token ids for text: every
+	// unitTokenUnits units, the running hash of the block so far (see
+	// ParsePromptTokens).
+	collect bool
+	tokens  []int64
 }
+
+// unitTokenUnits is how many text units (runes) one stand-in token id
+// covers: the simulator counts ceil(chars/4) tokens.
+const unitTokenUnits = 4
+
+// unitTokenVocabulary bounds stand-in token ids, as a vocabulary does.
+const unitTokenVocabulary = 1 << 20
 
 // newBlockHasher returns a hasher for blocks of unitsPerBlock units.
 func newBlockHasher(unitsPerBlock int) *blockHasher {
@@ -50,6 +62,9 @@ func (b *blockHasher) marker(s string) {
 // unit ends one unit; a full block is closed and chained into the next.
 func (b *blockHasher) unit() {
 	b.units++
+	if b.collect && b.units%unitTokenUnits == 0 {
+		b.tokens = append(b.tokens, int64(b.h%unitTokenVocabulary))
+	}
 	if b.units < b.unitsPerBlock {
 		return
 	}
@@ -134,13 +149,21 @@ func tokenBlocks(ids []int64, blockTokens int) []uint64 {
 // Responses input string by nothing (the next turn's input is a list,
 // which hashes differently).
 func messageBlocksTail(msgs gjson.Result, blockTokens int, chat bool) ([]uint64, HashTail) {
+	blocks, tail, _ := messageBlocksTokens(msgs, blockTokens, chat, false)
+	return blocks, tail
+}
+
+// messageBlocksTokens is messageBlocksTail, and with collect the stand-in
+// token ids of every whole token (ParsePromptTokens).
+func messageBlocksTokens(msgs gjson.Result, blockTokens int, chat, collect bool) ([]uint64, HashTail, []int64) {
 	if blockTokens <= 0 {
-		return nil, HashTail{}
+		return nil, HashTail{}, nil
 	}
 	b := newBlockHasher(4 * blockTokens)
+	b.collect = collect
 	if !msgs.IsArray() {
 		b.text(contentText(msgs))
-		return b.blocks, HashTail{}
+		return b.blocks, HashTail{}, b.tokens
 	}
 	for _, m := range msgs.Array() {
 		role := "user"
@@ -154,7 +177,7 @@ func messageBlocksTail(msgs gjson.Result, blockTokens int, chat bool) ([]uint64,
 			b.text(contentText(m))
 		}
 	}
-	return b.blocks, b.tail(tailMessages)
+	return b.blocks, b.tail(tailMessages), b.tokens
 }
 
 // tailKind says how an answer continues a prompt's block hashes.
@@ -184,23 +207,34 @@ type HashTail struct {
 	unitsPerBlock int
 	units         int
 	h             uint64
+	// collect: the prompt's token ids are stand-ins, and so are the
+	// answer's (answerTokens).
+	collect bool
 }
 
 // tail returns the hasher's end state, continued as kind.
 func (b *blockHasher) tail(kind tailKind) HashTail {
-	return HashTail{kind: kind, unitsPerBlock: b.unitsPerBlock, units: b.units, h: b.h}
+	return HashTail{kind: kind, unitsPerBlock: b.unitsPerBlock, units: b.units, h: b.h, collect: b.collect}
 }
 
 // answerBlocks returns the full blocks that answer adds after the prompt
 // whose hasher ended in t (none for the zero HashTail).
 func (t HashTail) answerBlocks(answer string) []uint64 {
+	blocks, _ := t.answerTokens(answer)
+	return blocks
+}
+
+// answerTokens is answerBlocks, and for a prompt with stand-in token ids
+// the stand-in ids of the tokens the answer completes (the first one may
+// have begun in the prompt), else nil.
+func (t HashTail) answerTokens(answer string) ([]uint64, []int64) {
 	if t.kind == tailNone || t.unitsPerBlock <= 0 {
-		return nil
+		return nil, nil
 	}
-	b := &blockHasher{unitsPerBlock: t.unitsPerBlock, units: t.units, h: t.h}
+	b := &blockHasher{unitsPerBlock: t.unitsPerBlock, units: t.units, h: t.h, collect: t.collect}
 	if t.kind == tailMessages {
 		b.marker("assistant")
 	}
 	b.text(answer)
-	return b.blocks
+	return b.blocks, b.tokens
 }

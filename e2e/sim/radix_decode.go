@@ -150,8 +150,13 @@ func (c *engineCore) insertFinished(r *engineRank, q *engineRequest) {
 func (c *engineCore) finishedBlocks(q *engineRequest, n int) []uint64 {
 	all := q.blocks
 	if len(all) < n {
-		extra := q.tail.answerBlocks(answerText(q.seed, q.generated))
+		extra, ids := q.tail.answerTokens(answerText(q.seed, q.generated))
 		all = append(slices.Clip(all), extra...)
+		if q.tail.collect && len(q.ids) == len(q.blocks)*c.p.prof.BlockSize+(q.tail.units/unitTokenUnits) {
+			// The answer's stand-in ids continue the prompt's, so that
+			// its blocks carry them into the KV events.
+			q.ids = append(slices.Clip(q.ids), ids...)
+		}
 	}
 	return all[:min(n, len(all))]
 }
