@@ -111,6 +111,15 @@ func (v *oracleView) Routed(key scheduler.TargetKey, blocks []uint64, now time.T
 	rv.Expect(blocks, now.Add(oracleExpectFor).UnixNano(), now.UnixNano())
 }
 
+// forget drops what was routed to the engine at url.
+func (v *oracleView) forget(url string) {
+	for k := range v.expected {
+		if k.URL == url {
+			delete(v.expected, k)
+		}
+	}
+}
+
 // Match implements scheduler.CacheView: what the rank's cache holds of
 // the prompt being routed, in blocks, at most len(blocks), or what was
 // routed there, whichever is more.

@@ -174,6 +174,8 @@ type run struct {
 	bypass *rand.Rand
 	// restarts are the restarts still due.
 	restarts []Restart
+	// oracle is the replicas' view with CacheOracle.
+	oracle *oracleView
 }
 
 // request is one request in flight or done.
@@ -315,7 +317,10 @@ func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 		sc.CacheView = v
 		sc.KVEvents = scheduler.KVEvents{Port: simEventPort}
 	case CacheOracle:
-		sc.CacheView = &oracleView{r: r, expected: map[scheduler.TargetKey]*kvevents.RankView{}}
+		if r.oracle == nil {
+			r.oracle = &oracleView{r: r, expected: map[scheduler.TargetKey]*kvevents.RankView{}}
+		}
+		sc.CacheView = r.oracle
 	}
 	if r.cfg.Share {
 		self := len(r.scheds) // this replica's position, once appended
@@ -427,7 +432,13 @@ func (r *run) restart() {
 			pool = r.prefill
 		}
 		if rs.Engine < len(pool) {
-			pool[rs.Engine].model.ResetCache(r.now)
+			e := pool[rs.Engine]
+			e.model.ResetCache(r.now)
+			if r.oracle != nil {
+				// What was routed there is gone too, as the events view
+				// drops its overlay at AllBlocksCleared.
+				r.oracle.forget(e.url)
+			}
 		}
 	}
 }
