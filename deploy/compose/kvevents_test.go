@@ -16,22 +16,8 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/e2e/sim"
 )
-
-// kvEventsFlag is SGLang's --kv-events-config (KVEventsConfig), every field
-// that SGLang (and duet-sim) knows, so that a misspelt one fails here
-// rather than being ignored, as SGLang ignores it.
-type kvEventsFlag struct {
-	Publisher      string  `json:"publisher"`
-	Endpoint       string  `json:"endpoint"`
-	ReplayEndpoint *string `json:"replay_endpoint"`
-	Bind           *bool   `json:"bind"`
-	BufferSteps    int     `json:"buffer_steps"`
-	HWM            int     `json:"hwm"`
-	MaxQueueSize   int     `json:"max_queue_size"`
-	Topic          string  `json:"topic"`
-	Format         string  `json:"format"`
-}
 
 // engineEvents is what an engine's command says of its sockets.
 type engineEvents struct {
@@ -53,20 +39,6 @@ func (e engineEvents) ports() []int {
 		out = append(out, e.pub+r, e.replay+r)
 	}
 	return out
-}
-
-// wildcardPort returns the port of a tcp://HOST:PORT endpoint, and whether
-// HOST is a wildcard: SGLang binds such an endpoint on every interface
-// (the container's address on the compose network), and connects to any
-// other host instead.
-func wildcardPort(ep string) (int, bool, error) {
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	host, p, err := net.SplitHostPort(rest)
-	port, err2 := strconv.Atoi(p)
-	if !ok || err != nil || err2 != nil || port < 1 || port > 65535 {
-		return 0, false, fmt.Errorf("endpoint %q: want tcp://*:PORT", ep)
-	}
-	return port, host == "*" || host == "0.0.0.0" || host == "::", nil
 }
 
 // parseEngineEvents reads a duet-sim command's ports and KV event
@@ -97,31 +69,15 @@ func parseEngineEvents(t *testing.T, name string, cmd []string) engineEvents {
 	if ev.flag == "" {
 		return ev
 	}
-	var cfg kvEventsFlag
-	dec := json.NewDecoder(strings.NewReader(ev.flag))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
+	cfg, _, err := sim.ParseKVEventsConfig(ev.flag, true)
+	if err != nil {
 		t.Fatalf("%s: --kv-events-config %s: %v", name, ev.flag, err)
 	}
-	if cfg.Publisher != "zmq" {
-		t.Errorf("%s: publisher %q publishes nothing; want zmq", name, cfg.Publisher)
+	ranks, err := cfg.ReachablePorts(ev.dp)
+	if err != nil {
+		t.Fatalf("%s: --kv-events-config %s: %v", name, ev.flag, err)
 	}
-	if cfg.ReplayEndpoint == nil {
-		t.Fatalf("%s: no replay_endpoint: duet could not ask for the batches it missed", name)
-	}
-	for _, e := range []struct {
-		field, ep string
-		port      *int
-	}{{"endpoint", cfg.Endpoint, &ev.pub}, {"replay_endpoint", *cfg.ReplayEndpoint, &ev.replay}} {
-		port, wildcard, err := wildcardPort(e.ep)
-		if err != nil {
-			t.Fatalf("%s: %s: %v", name, e.field, err)
-		}
-		if !wildcard && (cfg.Bind == nil || !*cfg.Bind) {
-			t.Errorf("%s: %s %s is not bound on the container's address: duet could not reach it", name, e.field, e.ep)
-		}
-		*e.port = port
-	}
+	ev.pub, ev.replay = ranks[0].PUB, ranks[0].Replay
 	return ev
 }
 
@@ -266,14 +222,14 @@ func TestKVEventsAdvertised(t *testing.T) {
 				fmt.Sprintf("*:%d", ev.replay), fmt.Sprintf("*:%d", replay)).Replace(args[i+1])
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			sim, err := harness.StartSim(ctx, t.TempDir(), engine.name, engine.mode, harness.SimSpec{DPSize: ev.dp, Args: args})
-			if sim != nil {
-				defer sim.Stop(5 * time.Second)
+			proc, err := harness.StartSim(ctx, t.TempDir(), engine.name, engine.mode, harness.SimSpec{DPSize: ev.dp, Args: args})
+			if proc != nil {
+				defer proc.Stop(5 * time.Second)
 			}
 			if err != nil {
 				t.Fatalf("duet-sim %q: %v", args, err)
 			}
-			resp, err := http.Get(sim.URL + "/server_info")
+			resp, err := http.Get(proc.URL + "/server_info")
 			if err != nil {
 				t.Fatal(err)
 			}

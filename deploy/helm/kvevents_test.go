@@ -1,11 +1,9 @@
 package helm
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -13,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/duet-router/duet/e2e/sim"
 )
 
 // duetNamespace is where examples/pd-discovery.yaml and
@@ -20,22 +20,6 @@ import (
 // the engines' namespace: examples/engines-networkpolicy.yaml admits duet's
 // pods from there.
 const duetNamespace = "duet"
-
-// kvEventsFlag is SGLang's --kv-events-config (KVEventsConfig: a JSON
-// object whose absent fields take SGLang's defaults). Every field SGLang
-// knows is here, so that a misspelt one fails the test rather than being
-// ignored, as SGLang ignores it.
-type kvEventsFlag struct {
-	Publisher      string  `json:"publisher"`
-	Endpoint       string  `json:"endpoint"`
-	ReplayEndpoint *string `json:"replay_endpoint"`
-	Bind           *bool   `json:"bind"`
-	BufferSteps    int     `json:"buffer_steps"`
-	HWM            int     `json:"hwm"`
-	MaxQueueSize   int     `json:"max_queue_size"`
-	Topic          string  `json:"topic"`
-	Format         string  `json:"format"`
-}
 
 // portRange is the ports lo to hi, both included: a NetworkPolicy port
 // with its endPort, or one DP engine's sockets (rank r on lo + r).
@@ -50,23 +34,6 @@ type engineEvents struct {
 	pub, replay portRange
 	// ports are the engine's other ports: its flags' and its container's.
 	ports []int
-}
-
-// tcpPort returns the port of a tcp://host:port endpoint whose host is a
-// wildcard: SGLang binds such an endpoint on every interface (another host
-// it connects to instead, and a loopback bind is out of duet's reach).
-func tcpPort(t *testing.T, what, ep string) int {
-	t.Helper()
-	rest, ok := strings.CutPrefix(ep, "tcp://")
-	host, p, err := net.SplitHostPort(rest)
-	port, err2 := strconv.Atoi(p)
-	if !ok || err != nil || err2 != nil || port < 1 || port > 65535 {
-		t.Fatalf("%s %q: want tcp://*:PORT", what, ep)
-	}
-	if host != "*" && host != "0.0.0.0" && host != "::" {
-		t.Errorf("%s %q: want a wildcard host (tcp://*:PORT), which the engine binds on the pod's address", what, ep)
-	}
-	return port
 }
 
 // parseEngineEvents reads an SGLang container's --kv-events-config and DP
@@ -98,20 +65,16 @@ func parseEngineEvents(t *testing.T, name string, args []string, containerPorts 
 	if len(raw) != 1 {
 		t.Fatalf("%s: %d --kv-events-config flags, want one", name, len(raw))
 	}
-	var cfg kvEventsFlag
-	dec := json.NewDecoder(bytes.NewReader([]byte(raw[0])))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&cfg); err != nil {
+	cfg, _, err := sim.ParseKVEventsConfig(raw[0], true)
+	if err != nil {
 		t.Fatalf("%s: --kv-events-config %s: %v", name, raw[0], err)
 	}
-	if cfg.Publisher != "zmq" {
-		t.Errorf("%s: publisher %q publishes nothing; want zmq", name, cfg.Publisher)
+	ranks, err := cfg.ReachablePorts(ev.dp)
+	if err != nil {
+		t.Fatalf("%s: --kv-events-config %s: %v", name, raw[0], err)
 	}
-	if cfg.ReplayEndpoint == nil {
-		t.Fatalf("%s: no replay_endpoint: duet could not ask for the batches it missed", name)
-	}
-	p, r := tcpPort(t, name+" endpoint", cfg.Endpoint), tcpPort(t, name+" replay_endpoint", *cfg.ReplayEndpoint)
-	ev.pub, ev.replay = portRange{p, p + ev.dp - 1}, portRange{r, r + ev.dp - 1}
+	first, last := ranks[0], ranks[ev.dp-1]
+	ev.pub, ev.replay = portRange{first.PUB, last.PUB}, portRange{first.Replay, last.Replay}
 	return ev
 }
 

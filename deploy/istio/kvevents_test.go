@@ -2,9 +2,7 @@ package istio
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +11,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/e2e/sim"
 )
 
 // The engines the Istio recipe runs (docs/deploy/istio.md), with their KV
@@ -50,7 +50,7 @@ func engineEventPorts(t *testing.T) map[string][]int {
 		if sts.Kind != "StatefulSet" {
 			continue
 		}
-		dp, ports := 1, []int{}
+		dp, raw := 1, ""
 		for _, a := range sts.Spec.Template.Spec.Containers[0].Args {
 			flag, v, _ := strings.Cut(a, "=")
 			switch flag {
@@ -59,28 +59,26 @@ func engineEventPorts(t *testing.T) map[string][]int {
 					t.Fatalf("%s: %s", helmEngines, a)
 				}
 			case "--kv-events-config":
-				var cfg struct {
-					Endpoint       string `json:"endpoint"`
-					ReplayEndpoint string `json:"replay_endpoint"`
-				}
-				if err := json.Unmarshal([]byte(v), &cfg); err != nil {
-					t.Fatalf("%s: %s: %v", helmEngines, a, err)
-				}
-				for _, ep := range []string{cfg.Endpoint, cfg.ReplayEndpoint} {
-					_, p, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
-					port, err2 := strconv.Atoi(p)
-					if err != nil || err2 != nil {
-						t.Fatalf("%s: endpoint %q", helmEngines, ep)
-					}
-					ports = append(ports, port)
-				}
+				raw = v
 			}
 		}
+		cfg, ok, err := sim.ParseKVEventsConfig(raw, false)
+		if err != nil {
+			t.Fatalf("%s: %v", helmEngines, err)
+		}
+		if !ok {
+			continue
+		}
+		ranks, err := cfg.RankPorts(dp)
+		if err != nil || cfg.ReplayEndpoint == nil {
+			t.Fatalf("%s: --kv-events-config=%s: want PUB and replay endpoints (%v)", helmEngines, raw, err)
+		}
 		app := sts.Spec.Template.Metadata.Labels["app"]
-		for _, base := range ports {
-			for r := range dp {
-				out[app] = append(out[app], base+r)
-			}
+		for _, r := range ranks {
+			out[app] = append(out[app], r.PUB)
+		}
+		for _, r := range ranks {
+			out[app] = append(out[app], r.Replay)
 		}
 	}
 	if len(out) != 2 {

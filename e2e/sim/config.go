@@ -375,7 +375,7 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("health timeout must not be negative, got %s", c.HealthTimeout))
 	}
 	errs = append(errs, c.validateCache()...)
-	if set, ok, err := parseKVEventsConfig(c.KVEventsConfig); err != nil {
+	if set, ok, err := ParseKVEventsConfig(c.KVEventsConfig, false); err != nil {
 		errs = append(errs, err)
 	} else if ok {
 		errs = append(errs, set.validate(c.DPSize))

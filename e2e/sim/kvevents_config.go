@@ -4,16 +4,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
 )
 
-// kvEventsSettings is SGLang's --kv-events-config (KVEventsConfig in
+// KVEventsConfig is SGLang's --kv-events-config (KVEventsConfig in
 // disaggregation/kv_events.py): a JSON object whose absent fields take
-// SGLang's defaults and whose unknown fields are ignored (pydantic's
-// default).
-type kvEventsSettings struct {
+// SGLang's defaults and whose unknown fields SGLang ignores (pydantic's
+// default). duet-sim reads it from Config.KVEventsConfig, and tests of a
+// deployment's engine flags read it with ParseKVEventsConfig.
+type KVEventsConfig struct {
 	// Publisher is "null" (SGLang's default: events are recorded and
 	// dropped) or "zmq".
 	Publisher string `json:"publisher"`
@@ -22,7 +24,8 @@ type kvEventsSettings struct {
 	// Bind forces binding (true) or connecting (false) the PUB socket; nil
 	// binds a wildcard host (*, 0.0.0.0, ::) and connects otherwise.
 	Bind *bool `json:"bind"`
-	// ReplayEndpoint is rank 0's replay ROUTER address (nil: no replay).
+	// ReplayEndpoint is rank 0's replay ROUTER address (nil: no replay);
+	// rank r binds the port plus r.
 	ReplayEndpoint *string `json:"replay_endpoint"`
 	// BufferSteps is how many batches each rank keeps for replay.
 	BufferSteps int `json:"buffer_steps"`
@@ -38,23 +41,38 @@ type kvEventsSettings struct {
 	Format string `json:"format"`
 }
 
-// parseKVEventsConfig parses a --kv-events-config value with SGLang's
-// defaults; ok is false for "" (no KV events).
-func parseKVEventsConfig(raw string) (set kvEventsSettings, ok bool, err error) {
+// ParseKVEventsConfig parses a --kv-events-config value, its absent fields
+// taking SGLang's defaults; ok is false for "" (no KV events). Like SGLang
+// it ignores unknown fields, unless strict: then an unknown field (a
+// misspelt one, which SGLang would silently ignore) or anything after the
+// JSON object is an error, as a test of a deployment's flags wants.
+func ParseKVEventsConfig(raw string, strict bool) (cfg KVEventsConfig, ok bool, err error) {
 	if strings.TrimSpace(raw) == "" {
-		return kvEventsSettings{}, false, nil
+		return KVEventsConfig{}, false, nil
 	}
-	set = kvEventsSettings{Publisher: "null", Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000,
+	cfg = KVEventsConfig{Publisher: "null", Endpoint: "tcp://*:5557", BufferSteps: 10000, HWM: 100000,
 		MaxQueueSize: 100000, Format: "default"}
-	if err := json.Unmarshal([]byte(raw), &set); err != nil {
-		return kvEventsSettings{}, false, fmt.Errorf("kv-events-config is not a valid KVEventsConfig: %w", err)
+	if strict {
+		dec := json.NewDecoder(strings.NewReader(raw))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&cfg)
+		if err == nil {
+			if _, tokErr := dec.Token(); tokErr != io.EOF {
+				err = errors.New("data after the JSON object")
+			}
+		}
+	} else {
+		err = json.Unmarshal([]byte(raw), &cfg)
 	}
-	return set, true, nil
+	if err != nil {
+		return KVEventsConfig{}, false, fmt.Errorf("kv-events-config is not a valid KVEventsConfig: %w", err)
+	}
+	return cfg, true, nil
 }
 
 // validate checks what SGLang checks when it starts its publishers, and
 // what duet-sim supports (TCP endpoints that it binds).
-func (k kvEventsSettings) validate(dpSize int) error {
+func (k KVEventsConfig) validate(dpSize int) error {
 	var errs []error
 	switch k.Format {
 	case "default", "dynamo":
@@ -75,31 +93,113 @@ func (k kvEventsSettings) validate(dpSize int) error {
 		errs = append(errs, fmt.Errorf("kv-events-config: duet-sim binds its PUB sockets only, and SGLang would connect to %s: "+
 			"use a wildcard host (tcp://*:PORT) or \"bind\": true", k.Endpoint))
 	}
-	for name, ep := range map[string]*string{"endpoint": &k.Endpoint, "replay_endpoint": k.ReplayEndpoint} {
-		if ep == nil {
-			continue
-		}
-		if _, port, err := splitTCP(*ep); err != nil {
-			errs = append(errs, fmt.Errorf("kv-events-config: %s: %w", name, err))
-		} else if port+dpSize-1 > 65535 {
-			errs = append(errs, fmt.Errorf("kv-events-config: %s: ports %d to %d (one per DP rank) run past 65535", name, port, port+dpSize-1))
-		}
+	if _, err := k.RankPorts(max(dpSize, 1)); err != nil { // Config.validate reports a DP size below 1
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// publishes reports whether the settings publish anything.
-func (k kvEventsSettings) publishes() bool { return k.Publisher == "zmq" }
+// Publishes reports whether the config publishes anything (publisher
+// "zmq").
+func (k KVEventsConfig) Publishes() bool { return k.Publisher == "zmq" }
 
 // binds reports whether the PUB socket binds, as SGLang decides: the
 // bind field, else a wildcard host.
-func (k kvEventsSettings) binds() bool {
+func (k KVEventsConfig) binds() bool {
 	if k.Bind != nil {
 		return *k.Bind
 	}
 	ep := k.Endpoint
 	return strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.Contains(ep, "0.0.0.0") ||
 		strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")
+}
+
+// bindsEveryInterface reports whether every DP rank's PUB socket, and its
+// replay socket if any, is bound on every interface (a tcp:// endpoint
+// with a wildcard host: *, 0.0.0.0 or ::), where a subscriber can reach it
+// at the engine's address (its container's, its pod's). SGLang connects
+// the PUB socket instead when bind is false, and a socket bound to one
+// host is reachable there only.
+func (k KVEventsConfig) bindsEveryInterface() bool {
+	wildcard := func(ep string) bool {
+		host, _, err := splitTCP(ep)
+		return err == nil && (host == "*" || host == "0.0.0.0" || host == "::")
+	}
+	return k.binds() && wildcard(k.Endpoint) && (k.ReplayEndpoint == nil || wildcard(*k.ReplayEndpoint))
+}
+
+// ReachablePorts returns each of dpSize DP ranks' ports, as RankPorts
+// does, if a subscriber on another host (duet, beside the engine) can
+// follow every rank's events and ask for the batches it missed: the
+// publisher is "zmq", there is a replay endpoint, and every rank's sockets
+// are bound on every interface (tcp://*:PORT), where the subscriber
+// reaches them at the engine's address. Otherwise its error says what
+// falls short.
+func (k KVEventsConfig) ReachablePorts(dpSize int) ([]KVEventsRankPorts, error) {
+	var errs []error
+	if !k.Publishes() {
+		errs = append(errs, fmt.Errorf("publisher %q publishes nothing; want zmq", k.Publisher))
+	}
+	if k.ReplayEndpoint == nil {
+		errs = append(errs, errors.New("no replay_endpoint: a subscriber could not ask for the batches it missed"))
+	}
+	ports, err := k.RankPorts(dpSize)
+	if err != nil {
+		errs = append(errs, err)
+	} else if !k.bindsEveryInterface() {
+		errs = append(errs, errors.New("the sockets are not bound on every interface (want tcp://*:PORT and no \"bind\": false): "+
+			"a subscriber could not reach them at the engine's address"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return ports, nil
+}
+
+// KVEventsRankPorts are one DP rank's KV event ports.
+type KVEventsRankPorts struct {
+	// PUB is the rank's PUB socket's port, Replay its replay ROUTER's (0
+	// without a replay endpoint).
+	PUB, Replay int
+}
+
+// RankPorts returns the KV event ports of each of dpSize DP ranks: rank
+// r's are the endpoints' ports plus r, as SGLang's offset_endpoint_port
+// offsets them. It fails for an endpoint that is not tcp://HOST:PORT and
+// for ports that run past 65535.
+func (k KVEventsConfig) RankPorts(dpSize int) ([]KVEventsRankPorts, error) {
+	if dpSize < 1 {
+		return nil, fmt.Errorf("kv-events-config: %d DP ranks, want at least one", dpSize)
+	}
+	pub, pubErr := portBase("endpoint", &k.Endpoint, dpSize)
+	replay, replayErr := portBase("replay_endpoint", k.ReplayEndpoint, dpSize)
+	if err := errors.Join(pubErr, replayErr); err != nil {
+		return nil, err
+	}
+	ports := make([]KVEventsRankPorts, dpSize)
+	for r := range ports {
+		ports[r].PUB = pub + r
+		if replay > 0 {
+			ports[r].Replay = replay + r
+		}
+	}
+	return ports, nil
+}
+
+// portBase returns rank 0's port of the endpoint ep (0 for nil), the
+// field name, if dpSize ranks' ports fit below 65536.
+func portBase(name string, ep *string, dpSize int) (int, error) {
+	if ep == nil {
+		return 0, nil
+	}
+	_, port, err := splitTCP(*ep)
+	if err != nil {
+		return 0, fmt.Errorf("kv-events-config: %s: %w", name, err)
+	}
+	if port+dpSize-1 > 65535 {
+		return 0, fmt.Errorf("kv-events-config: %s: ports %d to %d (one per DP rank) run past 65535", name, port, port+dpSize-1)
+	}
+	return port, nil
 }
 
 // rankEndpoint is ep with its port offset by rank, as SGLang's
@@ -146,8 +246,8 @@ func kvEventsServerArgs(cfg Config) map[string]any {
 		return out
 	}
 	out["kv_events_config"] = cfg.KVEventsConfig
-	set, ok, err := parseKVEventsConfig(cfg.KVEventsConfig)
-	if err != nil || !ok || !set.publishes() || set.Endpoint == "" {
+	set, ok, err := ParseKVEventsConfig(cfg.KVEventsConfig, false)
+	if err != nil || !ok || !set.Publishes() || set.Endpoint == "" {
 		return out
 	}
 	host, port, err := splitTCP(set.Endpoint)

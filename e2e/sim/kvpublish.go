@@ -62,7 +62,7 @@ type KVEventRankStats struct {
 // rank. Its methods are safe for concurrent use; publish is the engine's
 // cache sink and runs under the engine's lock.
 type kvPublisher struct {
-	set kvEventsSettings
+	set KVEventsConfig
 	log *zap.Logger
 
 	mu     sync.Mutex
@@ -138,7 +138,7 @@ func (r *replayRing) from(start uint64) []replayEntry {
 }
 
 // newKVPublisher returns a stopped publisher of dpSize ranks.
-func newKVPublisher(set kvEventsSettings, dpSize int, log *zap.Logger) *kvPublisher {
+func newKVPublisher(set KVEventsConfig, dpSize int, log *zap.Logger) *kvPublisher {
 	p := &kvPublisher{set: set, log: log.With(zap.String("kv_events", set.Endpoint))}
 	for r := range dpSize {
 		rp := &rankPublisher{rank: r, endpoint: rankEndpoint(set.Endpoint, r), shadow: map[uint64]uint8{}}
@@ -284,7 +284,7 @@ func (p *kvPublisher) stats() []KVEventRankStats {
 }
 
 // open binds the rank's sockets and resets its sequence and buffers.
-func (rp *rankPublisher) open(set kvEventsSettings, log *zap.Logger) error {
+func (rp *rankPublisher) open(set KVEventsConfig, log *zap.Logger) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	stdlog := zap.NewStdLog(log)
 	pub := zmq4.NewPub(ctx, zmq4.WithLogger(stdlog))
@@ -425,7 +425,7 @@ func (rp *rankPublisher) filter(events []kvevents.Event) (out []kvevents.Event, 
 // ["", start] (a ROUTER sees [identity, "", start]) gets every buffered
 // batch from start on, then the end marker; anything else is ignored, as
 // SGLang logs and drops it.
-func (rp *rankPublisher) serveReplay(router zmq4.Socket, done chan struct{}, set kvEventsSettings, log *zap.Logger) {
+func (rp *rankPublisher) serveReplay(router zmq4.Socket, done chan struct{}, set KVEventsConfig, log *zap.Logger) {
 	defer close(done)
 	if router == nil {
 		return

@@ -690,7 +690,7 @@ func TestFlushCache(t *testing.T) {
 // rank; the first batch of a fresh publisher is [AllBlocksCleared] with
 // sequence 0 and the rank; the replay buffer keeps the last buffer_steps.
 func TestKVEventsFirstBatch(t *testing.T) {
-	set, _, err := parseKVEventsConfig(`{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:1", "bind": true}`)
+	set, _, err := ParseKVEventsConfig(`{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:1", "bind": true}`, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		}
 		s.tok = tok
 	}
-	if set, ok, _ := parseKVEventsConfig(cfg.KVEventsConfig); ok && set.publishes() {
+	if set, ok, _ := ParseKVEventsConfig(cfg.KVEventsConfig, false); ok && set.Publishes() {
 		s.kvpub = newKVPublisher(set, cfg.DPSize, s.log)
 	}
 	if cfg.Profile != "" {
