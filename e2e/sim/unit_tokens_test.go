@@ -19,7 +19,9 @@ func TestParsePromptTokens(t *testing.T) {
 		}
 		return b
 	}
-	msg := func(role, content string) map[string]string { return map[string]string{"role": role, "content": content} }
+	msg := func(role, content string) map[string]string {
+		return map[string]string{"role": role, "content": content}
+	}
 	system := msg("system", ReplyText(1, 300))
 	q1 := msg("user", ReplyText(2, 57))
 	seed := int64(9)
