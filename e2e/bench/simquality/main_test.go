@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/duet-router/duet/e2e/clustersim"
 )
 
 // TestReportIsByteIdentical runs a small matrix twice with the same flags and demands identical
@@ -75,5 +78,59 @@ func TestHighestMeeting(t *testing.T) {
 	}
 	if _, err := highestMeeting(grid, func(float64) (bool, error) { return false, errors.New("boom") }); err == nil {
 		t.Error("an error from a run was lost")
+	}
+}
+
+// TestRoutingCacheSuffixes: a routing name's cache suffix sets what the
+// scheduler knows of the caches and the events' delay, beside the
+// replica suffix.
+func TestRoutingCacheSuffixes(t *testing.T) {
+	tests := []struct {
+		name     string
+		cache    clustersim.CacheMode
+		delay    time.Duration
+		replicas int
+	}{
+		{"duet_default", clustersim.CacheEstimate, 0, 0},
+		{"duet_default+tokens", clustersim.CacheTokens, 0, 0},
+		{"duet_default+events", clustersim.CacheEvents, 0, 0},
+		{"duet_default+events200", clustersim.CacheEvents, 200 * time.Millisecond, 0},
+		{"duet_default+oracleview+r4", clustersim.CacheOracle, 0, 4},
+		{"duet_default+events50+r4", clustersim.CacheEvents, 50 * time.Millisecond, 4},
+	}
+	for _, tc := range tests {
+		rts, err := routings([]string{tc.name})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		rt := rts[0]
+		if rt.name != tc.name || rt.cache != tc.cache || rt.eventDelay != tc.delay || rt.replicas != tc.replicas || rt.policy.Prefill != "least_cost" {
+			t.Errorf("%s: %+v", tc.name, rt)
+		}
+	}
+}
+
+// TestKVEventsReport runs one KV events scenario briefly: its report
+// compares every cache mode to the estimate.
+func TestKVEventsReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the simulator")
+	}
+	dir := t.TempDir()
+	args := []string{"-kv-events", "-seeds", "2", "-window", "40s", "-warmup", "10s", "-resamples", "200", "-scenarios", "multiturn", "-out", dir}
+	if err := run(context.Background(), args); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, reportFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range kvEventsRoutings {
+		if !strings.Contains(string(md), "| "+want+" |") {
+			t.Errorf("report lacks a row for %s", want)
+		}
+	}
+	if !strings.Contains(string(md), "# KV events") {
+		t.Error("report lacks its title")
 	}
 }
