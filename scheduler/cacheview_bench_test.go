@@ -18,7 +18,7 @@ func BenchmarkPickCacheView(b *testing.B) {
 	for _, view := range []string{"estimate", "events"} {
 		for _, n := range []int{2, 16} {
 			for _, tokens := range []int{1 << 10, 8 << 10, 32 << 10} {
-				b.Run(fmt.Sprintf("%s/endpoints=%d/ranks=8/tokens=%d", view, n, tokens), func(b *testing.B) {
+				b.Run(fmt.Sprintf("view=%s/endpoints=%d/ranks=8/tokens=%d", view, n, tokens), func(b *testing.B) {
 					benchPickCacheView(b, view == "events", n, 8, tokens)
 				})
 			}
