@@ -22,6 +22,9 @@ type Policy struct {
 	Router string
 	// Label, if set, names the policy in reports instead of Name.
 	Label string
+	// DuetYAML is appended to duet's configuration for this policy
+	// (harness.Options.DuetYAML), e.g. a tokenizer or kv_events section.
+	DuetYAML string
 }
 
 // PolicyEngineDefault is the baseline: duet picks engines round robin and

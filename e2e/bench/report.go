@@ -93,6 +93,8 @@ var workloadTitles = map[string]string{
 	WorkloadBursty:    "Bursty mix (alternating high/low Poisson rates; half variable-length, half conversations)",
 	WorkloadAgentic: "Agentic sessions (4 shared tool prompts, a 16k-30k-token context of each session's own, " +
 		"a 1.5k-4k-token tool result and a 100-600-token seeded answer per turn, histories up to 60k tokens)",
+	WorkloadMultiTenant: "Multi-tenant (150 tenants with a 5.5k-6.5k-token prefix of their own, a 200-800-token question " +
+		"and a 100-300-token answer per request, no history; llm-d's precise-prefix benchmark shape)",
 }
 
 // WriteMarkdown renders the report.
@@ -272,6 +274,54 @@ func (r Report) writeWorkload(b *strings.Builder, w string) {
 	}
 	b.WriteString("\n\n")
 	r.writeDecodeCache(b, w)
+	r.writeDuet(b, w)
+}
+
+// writeDuet writes what duet's process and metrics said of w's cases,
+// when one of them ran duet with a tokenizer or KV events (DuetStats).
+func (r Report) writeDuet(b *strings.Builder, w string) {
+	if !slices.ContainsFunc(r.Summaries, func(s Summary) bool {
+		return s.Workload == w && s.Duet != nil && (len(s.Duet.Tokenized) > 0 || len(s.Duet.KVEventStates) > 0)
+	}) {
+		return
+	}
+	b.WriteString("duet per case: its CPU time (user + system, all threads, from /proc) over the measured window, per request of the window and " +
+		"as cores kept busy (wall time); the requests it tokenized, by outcome; its (engine, rank) targets by KV event view at the end " +
+		"(live: the view is the rank's cache; fallback: the prefix estimate is used, as for a rank that has published nothing since duet subscribed); " +
+		"the events it received and its fallbacks (whole case).\n\n")
+	b.WriteString("| load (sessions/s) | policy | duet CPU ms/request | duet cores | tokenized | KV event targets | KV events | fallbacks |\n|---|---|---:|---:|---|---|---:|---:|\n")
+	for _, rate := range r.rates(w) {
+		for _, p := range r.policies() {
+			s, ok := r.find(w, rate, p)
+			if !ok || s.Duet == nil {
+				continue
+			}
+			d := *s.Duet
+			states := map[string]float64{}
+			for k, v := range d.KVEventStates {
+				states[k] = float64(v)
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.0f | %.0f |\n", num(rate), PolicyLabel(p), orNA(d.CPUPerRequestMs(s.Requests), "%.2f"),
+				orNA(d.Cores(), "%.3f"), orDash(formatCounts(d.Tokenized)), orDash(formatCounts(states)), d.KVEvents, d.KVFallbacks)
+		}
+	}
+	b.WriteString("\n")
+}
+
+// orNA formats v with format, n/a when negative.
+func orNA(v float64, format string) string {
+	if v < 0 || math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// orDash is s, or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // writeDecodeCache writes w's decode radix cache table, when its cases

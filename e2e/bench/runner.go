@@ -57,6 +57,13 @@ type Config struct {
 	KVTimeout time.Duration
 	// Model is the model name sent (default "sim-model").
 	Model string
+	// KVEvents makes every engine publish SGLang's KV events on ports of
+	// its own (harness.Options.KVEvents), whatever the policy: duet follows
+	// them where its configuration says (Policy.DuetYAML).
+	KVEvents bool
+	// SimTokenizer is a tokenizer directory every engine keys text prompts
+	// by (duet-sim --tokenizer-path; harness.Options.SimTokenizer).
+	SimTokenizer string
 	// Dir receives each case's logs; a case's directory is removed after it
 	// succeeds unless KeepLogs is set.
 	Dir      string
@@ -224,6 +231,11 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 	}
 	before := readCountersAt(runCtx, prefillURLs, t0.Add(cfg.wall(res.Window.From)))
 	after := readCountersAt(runCtx, prefillURLs, t0.Add(cfg.wall(res.Window.To)))
+	var cpuBefore, cpuAfter <-chan time.Duration
+	if c.Policy.Router == "" {
+		cpuBefore = readCPUAt(runCtx, stack.Duet, t0.Add(cfg.wall(res.Window.From)))
+		cpuAfter = readCPUAt(runCtx, stack.Duet, t0.Add(cfg.wall(res.Window.To)))
+	}
 	var decodeBefore, decodeAfter <-chan *CounterDelta
 	if radix {
 		decodeBefore = readCountersAt(runCtx, decodeURLs, t0.Add(cfg.wall(res.Window.From)))
@@ -241,6 +253,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 
 	res.Polls = sampler.Polls()
 	res.Summary.Summarize(results, res.Polls, counters, res.Window, t0, end, cfg.Scale)
+	if c.Policy.Router == "" {
+		res.Summary.Duet = readDuetStats(ctx, stack, cfg.wall(res.Window.To-res.Window.From), cpuBefore, cpuAfter)
+	}
 	decodeHit := ""
 	if radix {
 		res.Decode = &DecodeCache{Workload: w.Name, Rate: w.Rate, Policy: c.Policy.Name,
@@ -252,6 +267,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		w.Name, w.Rate, c.Policy.Name, res.Summary.Requests, res.Summary.TTFTms.Mean, res.Summary.TTFTms.P99,
 		res.Summary.TPOTms.Mean, res.Summary.ImbalancePrefill, res.Summary.ImbalanceDecode,
 		formatHit(res.Summary.HitRate), decodeHit, res.Summary.Errors, res.Summary.Unfinished, time.Since(begin).Seconds())
+	if d := res.Summary.Duet; d != nil {
+		fmt.Fprintf(cfg.Log, "    duet: %s\n", d.line(res.Summary.Requests))
+	}
 	if res.Summary.FirstError != "" {
 		fmt.Fprintf(cfg.Log, "    first error: %s\n", oneLine(res.Summary.FirstError))
 	}
@@ -333,8 +351,11 @@ func (c Config) stackOptions(p Policy, dir string) harness.Options {
 		LoadInterval:     max(c.wall(c.LoadInterval), 10*time.Millisecond),
 		// duet's default 100ms covering delay is wall time; keep it 100ms of
 		// model time, like every other duration here.
-		CoverDelay: max(c.wall(100*time.Millisecond), time.Millisecond),
-		Dir:        dir,
+		CoverDelay:   max(c.wall(100*time.Millisecond), time.Millisecond),
+		Dir:          dir,
+		DuetYAML:     p.DuetYAML,
+		KVEvents:     c.KVEvents,
+		SimTokenizer: c.SimTokenizer,
 	}
 	for range c.PrefillEngines {
 		opts.Prefill = append(opts.Prefill, prefill)
@@ -476,6 +497,8 @@ func sleepUntil(ctx context.Context, t time.Time) bool {
 // SimFeatures are the optional duet-sim flags a binary supports.
 type SimFeatures struct {
 	Profile, TimeScale, Seed, StreamInterval, MaxRecords bool
+	// KVEvents and Tokenizer are --kv-events-config and --tokenizer-path.
+	KVEvents, Tokenizer bool
 }
 
 // DetectSim reads `duet-sim -h` to learn which optional flags it has.
@@ -497,6 +520,8 @@ func DetectSim(simPath string) (SimFeatures, error) {
 		Seed:           has("seed"),
 		StreamInterval: has("stream-interval"),
 		MaxRecords:     has("max-records"),
+		KVEvents:       has("kv-events-config"),
+		Tokenizer:      has("tokenizer-path"),
 	}, nil
 }
 

@@ -180,6 +180,9 @@ type Summary struct {
 	Failed string `json:"failed,omitempty"`
 	// WallSeconds is the case's wall time, stack start to stop.
 	WallSeconds float64 `json:"wall_seconds"`
+	// Duet is what duet's process and metrics say of the case; nil when
+	// another router ran.
+	Duet *DuetStats `json:"duet,omitempty"`
 }
 
 // Window is the measured part of a run, in model time since its start.

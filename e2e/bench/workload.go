@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,11 @@ const (
 	// context of its own and grows by tool output and answers, turn after
 	// turn, to tens of thousands of tokens (see AgenticParams).
 	WorkloadAgentic = "agentic"
+	// WorkloadMultiTenant is llm-d's precise-prefix benchmark shape: many
+	// tenants, each with a long prefix of its own, and every request one
+	// tenant's prefix and a question of its own, without history (see
+	// MultiTenantParams). It is not in Workloads: it runs when named.
+	WorkloadMultiTenant = "multi_tenant"
 )
 
 // Workloads lists the workload names in report order.
@@ -41,6 +47,10 @@ var Workloads = []string{
 	WorkloadVariable, WorkloadMultiTurn, WorkloadBursty,
 	WorkloadPrefillBound, WorkloadHeavyTail, WorkloadCachePressure, WorkloadAgentic,
 }
+
+// AllWorkloads returns every workload Generate knows: Workloads, then
+// those that run only when named (WorkloadMultiTenant).
+func AllWorkloads() []string { return append(slices.Clone(Workloads), WorkloadMultiTenant) }
 
 // charsPerToken is the text size of one token: every generated word is three
 // letters and a space, which both duet's default estimate and the
@@ -259,6 +269,44 @@ type AgenticParams struct {
 	Think time.Duration
 }
 
+// MultiTenantParams shape the multi-tenant workload, after llm-d's
+// precise prefix-cache benchmark: Tenants prefixes of Prefix tokens each,
+// drawn once; each request (a session of one turn, Poisson arrivals) is a
+// tenant drawn uniformly, its prefix as the system message and a Question
+// of its own as the user message, answered in Answer tokens. There is no
+// history. The defaults make 150 prefixes of 5.5k-6.5k tokens, about 900k
+// tokens: three quarters of the KV of the eight prefill ranks of 2 × dp 4
+// dsv3-dp8-h100-node engines (150k each), 1.5 times that of 2 × dp 2. The
+// text is of words that are one token each for Llama-3.1, Qwen3 and
+// DeepSeek-V3 as well as four characters each (tokenText), so that an
+// engine that tokenizes counts the tokens planned.
+type MultiTenantParams struct {
+	// Tenants is the number of distinct prefixes (default 150).
+	Tenants int
+	// Prefix is each tenant's prefix length in tokens (default 5500-6500).
+	Prefix IntRange
+	// Question and Answer are each request's question and max_tokens
+	// (default 200-800 and 100-300).
+	Question, Answer IntRange
+}
+
+// withDefaults fills zero fields.
+func (p MultiTenantParams) withDefaults() MultiTenantParams {
+	if p.Tenants == 0 {
+		p.Tenants = 150
+	}
+	if p.Prefix == (IntRange{}) {
+		p.Prefix = IntRange{5500, 6500}
+	}
+	if p.Question == (IntRange{}) {
+		p.Question = IntRange{200, 800}
+	}
+	if p.Answer == (IntRange{}) {
+		p.Answer = IntRange{100, 300}
+	}
+	return p
+}
+
 // withDefaults fills zero fields.
 func (p AgenticParams) withDefaults() AgenticParams {
 	if p.Systems == 0 {
@@ -379,6 +427,8 @@ type Params struct {
 	CachePressure CachePressureParams
 	// Agentic shapes the agentic workload.
 	Agentic AgenticParams
+	// MultiTenant shapes the multi_tenant workload.
+	MultiTenant MultiTenantParams
 	// StreamFraction is the share of sessions that stream, drawn per
 	// session independently of everything else, so that it changes no
 	// arrival and no prompt (0 means 1: every session streams).
@@ -445,8 +495,10 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 		for i, at := range PoissonArrivals(rng, rate, window) {
 			w.Sessions = append(w.Sessions, agentSession(rng, i, at, systems, ap))
 		}
+	case WorkloadMultiTenant:
+		w.Sessions = multiTenantSessions(rng, rate, window, p.MultiTenant.withDefaults())
 	default:
-		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(Workloads, ", "))
+		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(AllWorkloads(), ", "))
 	}
 	frac := p.StreamFraction
 	if frac <= 0 || frac > 1 {
@@ -521,6 +573,28 @@ func seededTurn(t Turn, k int) Turn {
 	t.Seed = int64(stringSeed(t.User)>>1) + int64(k) + 1
 	t.Assistant = sim.ReplyText(t.Seed, t.OutputTokens)
 	return t
+}
+
+// multiTenantSessions draws the tenants' prefixes, then one single-turn
+// session per Poisson arrival: a tenant drawn uniformly and a question of
+// its own.
+func multiTenantSessions(rng *rand.Rand, rate float64, window time.Duration, p MultiTenantParams) []Session {
+	words := tokenWordList()
+	prefixes := make([]string, p.Tenants)
+	lengths := make([]int, p.Tenants)
+	for i := range prefixes {
+		lengths[i] = p.Prefix.sample(rng)
+		prefixes[i] = tokenText(rng, words, lengths[i])
+	}
+	var out []Session
+	for i, at := range PoissonArrivals(rng, rate, window) {
+		t := rng.IntN(p.Tenants)
+		q, a := p.Question.sample(rng), p.Answer.sample(rng)
+		out = append(out, Session{ID: i, Start: at, System: prefixes[t], Turns: []Turn{{
+			User: tokenText(rng, words, q), PromptTokens: lengths[t] + q, OutputTokens: a,
+		}}})
+	}
+	return out
 }
 
 // agentSession is one long-context agent session: a shared system prompt
@@ -629,6 +703,8 @@ func MeanOutputTokens(name string, p Params) float64 {
 		return p.CachePressure.multiTurn().Answer.mean()
 	case WorkloadAgentic:
 		return p.Agentic.withDefaults().Answer.mean()
+	case WorkloadMultiTenant:
+		return p.MultiTenant.withDefaults().Answer.mean()
 	}
 	return p.Variable.withDefaults().Output.mean()
 }
@@ -650,7 +726,8 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 		ap := p.Agentic.withDefaults()
 		return 1 + max(0, float64(ap.MaxHistory)-ap.System.mean()-ap.Context.mean())/(ap.Step.mean()+ap.Answer.mean())
 	}
-	// Independent requests (variable, prefill_bound, heavy_tail).
+	// Independent requests (variable, prefill_bound, heavy_tail,
+	// multi_tenant).
 	return 1
 }
 
@@ -660,7 +737,8 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 // prompts stay about 200 times their outputs, the heavy tail keeps its
 // lognormal shapes around smaller medians, and the cache-pressure
 // conversations keep 20 times as many system prompts as the multi-turn
-// ones.
+// ones. The multi-tenant workload keeps tenants whose prefixes are about
+// ten times their questions.
 func QuickParams() Params {
 	v := VariableParams{Prompt: IntRange{200, 600}, Output: IntRange{5, 20}}
 	m := MultiTurnParams{Systems: 2, System: IntRange{100, 200}, Turns: IntRange{2, 3},
@@ -674,5 +752,6 @@ func QuickParams() Params {
 			Question: m.Question, Answer: m.Answer, Think: m.Think},
 		Agentic: AgenticParams{Systems: 2, System: IntRange{100, 200}, Context: IntRange{1600, 3000},
 			Step: IntRange{150, 400}, Answer: IntRange{10, 60}, MaxHistory: 6000, Think: m.Think},
+		MultiTenant: MultiTenantParams{Tenants: 12, Prefix: IntRange{500, 700}, Question: IntRange{20, 80}, Answer: IntRange{5, 20}},
 	}
 }

@@ -16,7 +16,7 @@ import (
 
 // Equal arguments give equal workloads; another seed gives others.
 func TestGenerateDeterministic(t *testing.T) {
-	for _, name := range Workloads {
+	for _, name := range AllWorkloads() {
 		t.Run(name, func(t *testing.T) {
 			a, err := Generate(name, 2, 30*time.Second, 7, Params{})
 			if err != nil {
@@ -53,6 +53,8 @@ func TestGenerateRanges(t *testing.T) {
 		{WorkloadPrefillBound, checkSingle(IntRange{1000, 2000}, IntRange{2, 12}), QuickParams()},
 		{WorkloadHeavyTail, checkSingle(IntRange{16, 2000}, IntRange{2, 40}), QuickParams()},
 		{WorkloadCachePressure, checkConversation(IntRange{100, 200}, IntRange{2, 3}, IntRange{5, 15}), QuickParams()},
+		{WorkloadMultiTenant, checkTenant(IntRange{5500, 6500}, IntRange{200, 800}, IntRange{100, 300}), Params{}},
+		{WorkloadMultiTenant, checkTenant(IntRange{500, 700}, IntRange{20, 80}, IntRange{5, 20}), QuickParams()},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,6 +114,90 @@ func checkConversation(system, turns, answer IntRange) func(t *testing.T, s Sess
 			}
 			history += tr.OutputTokens
 		}
+	}
+}
+
+// checkTenant checks a multi-tenant request: one turn, a prefix (the system
+// message) within prefix, a question within question, an answer within
+// answer without a reply to send back, four characters per token.
+func checkTenant(prefix, question, answer IntRange) func(t *testing.T, s Session) {
+	return func(t *testing.T, s Session) {
+		t.Helper()
+		if len(s.Turns) != 1 {
+			t.Fatalf("session %d: %d turns, want 1", s.ID, len(s.Turns))
+		}
+		tr := s.Turns[0]
+		sys, q := len(s.System)/charsPerToken, len(tr.User)/charsPerToken
+		if len(s.System)%charsPerToken != 0 || len(tr.User)%charsPerToken != 0 {
+			t.Fatalf("session %d: %d and %d chars, not whole tokens", s.ID, len(s.System), len(tr.User))
+		}
+		if sys < prefix.Min || sys > prefix.Max || q < question.Min || q > question.Max || tr.PromptTokens != sys+q {
+			t.Fatalf("session %d: prefix %d, question %d, prompt %d tokens", s.ID, sys, q, tr.PromptTokens)
+		}
+		if tr.OutputTokens < answer.Min || tr.OutputTokens > answer.Max || tr.Assistant != "" || tr.Seed != 0 {
+			t.Fatalf("session %d: output %d, assistant %q, seed %d", s.ID, tr.OutputTokens, tr.Assistant, tr.Seed)
+		}
+	}
+}
+
+// The multi-tenant workload spreads its requests over its tenants'
+// prefixes, each a prefix of its own, with a question of each request's
+// own, in words of the one-token vocabulary; it is not among the default
+// workloads, and Generate names it when it refuses a name.
+func TestMultiTenantShape(t *testing.T) {
+	tests := []struct {
+		name    string
+		params  Params
+		rate    float64
+		tenants int
+	}{
+		{"defaults", Params{}, 10, 150},
+		{"quick", QuickParams(), 10, 12},
+		{"few tenants", Params{MultiTenant: MultiTenantParams{Tenants: 3}}, 2, 3},
+	}
+	vocab := map[string]bool{}
+	for _, w := range tokenWordList() {
+		vocab[w] = true
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := Generate(WorkloadMultiTenant, tc.rate, 300*time.Second, 3, tc.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := len(w.Sessions); math.Abs(float64(n)-tc.rate*300) > 4*math.Sqrt(tc.rate*300) {
+				t.Fatalf("%d requests, want about %g", n, tc.rate*300)
+			}
+			perTenant := map[string]int{}
+			questions := map[string]bool{}
+			for _, s := range w.Sessions {
+				perTenant[s.System]++
+				questions[s.Turns[0].User] = true
+			}
+			if len(perTenant) != tc.tenants {
+				t.Fatalf("%d distinct prefixes, want %d", len(perTenant), tc.tenants)
+			}
+			if len(questions) != len(w.Sessions) {
+				t.Fatalf("%d distinct questions for %d requests", len(questions), len(w.Sessions))
+			}
+			// Uniform tenants: none gets more than three times its share.
+			for _, n := range perTenant {
+				if share := float64(len(w.Sessions)) / float64(tc.tenants); float64(n) > 3*share {
+					t.Fatalf("a tenant got %d requests of %d over %d tenants", n, len(w.Sessions), tc.tenants)
+				}
+			}
+			for _, word := range strings.Fields(w.Sessions[0].System + w.Sessions[0].Turns[0].User) {
+				if !vocab[word] {
+					t.Fatalf("word %q is not in the one-token vocabulary", word)
+				}
+			}
+		})
+	}
+	if slices.Contains(Workloads, WorkloadMultiTenant) || !slices.Contains(AllWorkloads(), WorkloadMultiTenant) {
+		t.Errorf("Workloads %v, AllWorkloads %v", Workloads, AllWorkloads())
+	}
+	if _, err := Generate("nope", 1, time.Second, 1, Params{}); err == nil || !strings.Contains(err.Error(), WorkloadMultiTenant) {
+		t.Errorf("unknown workload error %v does not name %s", err, WorkloadMultiTenant)
 	}
 }
 
@@ -214,6 +300,7 @@ func TestMeanRequestsPerSession(t *testing.T) {
 		{WorkloadPrefillBound, 1},
 		{WorkloadHeavyTail, 1},
 		{WorkloadCachePressure, 4.5},
+		{WorkloadMultiTenant, 1},
 	}
 	for _, tc := range tests {
 		if got := MeanRequestsPerSession(tc.name, Params{}); got != tc.want {
@@ -267,6 +354,7 @@ func TestMeanOutputTokens(t *testing.T) {
 		// below the unclamped e^(mu+sigma²/2) ≈ 481.34.
 		{WorkloadHeavyTail, 480.709, 0.001},
 		{WorkloadCachePressure, 250, 0},
+		{WorkloadMultiTenant, 200, 0},
 	}
 	for _, tc := range tests {
 		tol := tc.tol

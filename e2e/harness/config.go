@@ -159,8 +159,16 @@ func DuetConfig(opts Options, addrs Addresses) string {
 // SimArgs returns the duet-sim flags (without the program name) of one
 // engine of opts (defaults applied) in mode (prefill, decode or null),
 // serving its API on listen and, for a prefill, its bootstrap server on
-// bootstrapPort.
+// bootstrapPort; with opts.SimTokenizer, its --tokenizer-path. The KV
+// event ports of opts.KVEvents are chosen per engine when a Stack starts,
+// and are not among them.
 func SimArgs(mode string, spec SimSpec, listen string, bootstrapPort int, opts Options) []string {
+	return simArgs(mode, spec, listen, bootstrapPort, kvPorts{}, opts)
+}
+
+// simArgs is SimArgs with the engine's KV event ports (zero: none), and
+// opts.SimTokenizer, before spec.Args.
+func simArgs(mode string, spec SimSpec, listen string, bootstrapPort int, kv kvPorts, opts Options) []string {
 	opts = opts.withDefaults()
 	args := []string{
 		"--mode", mode,
@@ -173,6 +181,10 @@ func SimArgs(mode string, spec SimSpec, listen string, bootstrapPort int, opts O
 	if mode == "prefill" {
 		// As SGLang: a prefill answers once its decode took the KV.
 		args = append(args, "--await-transfer")
+	}
+	args = append(args, kv.args()...)
+	if opts.SimTokenizer != "" {
+		args = append(args, "--tokenizer-path", opts.SimTokenizer)
 	}
 	return append(args, spec.Args...)
 }

@@ -22,6 +22,9 @@ type Sim struct {
 	BootstrapPort int
 	// DPSize is the engine's data-parallel size.
 	DPSize int
+	// KVEventsPort and KVReplayPort are rank 0's KV event PUB and replay
+	// ports (rank r: + r) under Options.KVEvents; 0 otherwise.
+	KVEventsPort, KVReplayPort int
 }
 
 // Restart starts the engine again on the same ports after it stopped or

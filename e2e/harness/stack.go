@@ -85,6 +85,17 @@ type Options struct {
 	// Envoy (the Stack's Envoy and duet fields stay empty), for a router
 	// of the caller's own in front of them.
 	EnginesOnly bool
+	// KVEvents makes every engine publish SGLang's KV events: each gets
+	// --kv-events-config with a ZMQ PUB endpoint and a replay endpoint of
+	// its own, free port ranges of its DP size that overlap no other
+	// engine's (rank r on base + r; Sim.KVEventsPort and KVReplayPort). The
+	// engines advertise them in /server_info, where duet reads them. An
+	// engine's own --kv-events-config in SimSpec.Args overrides it.
+	KVEvents bool
+	// SimTokenizer, when set, is a tokenizer directory (tokenizer.json,
+	// tokenizer_config.json) passed to every engine as --tokenizer-path,
+	// so that the engines key text prompts by the token ids duet computes.
+	SimTokenizer string
 }
 
 // Stack is a running Envoy + duet + engines on loopback.
@@ -162,15 +173,23 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 	// Two ports per engine (API and bootstrap), per duet (gRPC and admin)
 	// and for Envoy (listener and admin).
+	// With KVEvents, the engines' event port ranges are held while the
+	// other ports are chosen, so that none falls in a range.
+	kv, held, err := kvEventPorts(opts)
+	if err != nil {
+		return nil, err
+	}
 	ports, err := freePorts(2*(len(opts.Prefill)+len(opts.Decode)+opts.DuetReplicas) + 2)
+	held.release()
 	if err != nil {
 		return nil, err
 	}
 	next := func() int { p := ports[0]; ports = ports[1:]; return p }
+	nextKV := func() kvPorts { p := kv[0]; kv = kv[1:]; return p }
 
 	pd := len(opts.Prefill) > 0
 	for i, spec := range opts.Prefill {
-		sim, err := s.startSim(ctx, fmt.Sprintf("prefill-%d", i), "prefill", spec, next(), next(), opts)
+		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("prefill-%d", i), "prefill", spec, next(), next(), nextKV(), opts)
 		if err != nil {
 			return nil, err
 		}
@@ -181,7 +200,7 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		decodeMode = "null"
 	}
 	for i, spec := range opts.Decode {
-		sim, err := s.startSim(ctx, fmt.Sprintf("decode-%d", i), decodeMode, spec, next(), next(), opts)
+		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("decode-%d", i), decodeMode, spec, next(), next(), nextKV(), opts)
 		if err != nil {
 			return nil, err
 		}
@@ -283,10 +302,6 @@ func (s *Stack) startDuet(ctx context.Context, i int, r replicaPorts, addrs Addr
 	return path, waitHTTP(ctx, p, adminURL+"/readyz")
 }
 
-func (s *Stack) startSim(ctx context.Context, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
-	return startSim(ctx, s.Tools, s.Dir, name, mode, spec, port, bootstrapPort, opts)
-}
-
 // StartSim starts one simulated engine in mode (prefill, decode or null)
 // outside a Stack, logging into dir, and waits until it is healthy.
 func StartSim(ctx context.Context, dir, name, mode string, spec SimSpec) (*Sim, error) {
@@ -298,18 +313,19 @@ func StartSim(ctx context.Context, dir, name, mode string, spec SimSpec) (*Sim, 
 	if err != nil {
 		return nil, err
 	}
-	return startSim(ctx, tools, dir, name, mode, spec, ports[0], ports[1], Options{KVTimeout: 5 * time.Second, DecodeMsPerToken: 2})
+	return startSim(ctx, tools, dir, name, mode, spec, ports[0], ports[1], kvPorts{}, Options{KVTimeout: 5 * time.Second, DecodeMsPerToken: 2})
 }
 
-func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec SimSpec, port, bootstrapPort int, opts Options) (*Sim, error) {
+// startSim starts one engine; kv are its KV event ports (zero: none).
+func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec SimSpec, port, bootstrapPort int, kv kvPorts, opts Options) (*Sim, error) {
 	dp := max(spec.DPSize, 1)
-	argv := append([]string{tools.Sim}, SimArgs(mode, spec, hostPort(port), bootstrapPort, opts)...)
+	argv := append([]string{tools.Sim}, simArgs(mode, spec, hostPort(port), bootstrapPort, kv, opts)...)
 	p, err := startProcess(dir, name, argv...)
 	if err != nil {
 		return nil, err
 	}
 	sim := &Sim{Process: p, Mode: mode, URL: "http://" + hostPort(port), Address: hostPort(port),
-		BootstrapPort: bootstrapPort, DPSize: dp}
+		BootstrapPort: bootstrapPort, DPSize: dp, KVEventsPort: kv.pub, KVReplayPort: kv.replay}
 	if err := waitHTTP(ctx, p, sim.URL+"/health"); err != nil {
 		return sim, err
 	}

@@ -39,6 +39,13 @@ type options struct {
 	seed                                        uint64
 	prefill, decode, dp                         int
 	quick, keepLogs                             bool
+	// tokenizer is a tokenizer family (a directory under
+	// DUET_TOKENIZERS_DIR or .tools/tokenizers) or a directory: every
+	// engine then tokenizes with it and publishes KV events, and the
+	// policies' +tokens and +events variants configure duet with it.
+	tokenizer string
+	// repeat runs every policy this many times, interleaved.
+	repeat int
 	// set holds the flags given on the command line.
 	set map[string]bool
 }
@@ -55,12 +62,16 @@ var (
 		// prefill ranks' cold capacity (8 × 6.3k tokens/s) and a small
 		// share of it when each session keeps its prefix cache.
 		bench.WorkloadAgentic: "0.2",
+		// The simulated multi-tenant scenario's rate (make bench-sim
+		// -kv-events) on the same cluster.
+		bench.WorkloadMultiTenant: "10",
 	}
 	simpleRates = map[string]string{
-		bench.WorkloadVariable:  "4,8,16,32",
-		bench.WorkloadMultiTurn: "1,2,4,8",
-		bench.WorkloadBursty:    "2,4,8,16",
-		bench.WorkloadAgentic:   "0.2",
+		bench.WorkloadVariable:    "4,8,16,32",
+		bench.WorkloadMultiTurn:   "1,2,4,8",
+		bench.WorkloadBursty:      "2,4,8,16",
+		bench.WorkloadAgentic:     "0.2",
+		bench.WorkloadMultiTenant: "10",
 	}
 )
 
@@ -89,9 +100,13 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
 	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost; "+
 		"also "+bench.PolicyDecodeByLoad+", and "+bench.PolicySMG+" and "+bench.PolicySMGEngineRanks+": SMG's binary (smg=="+bench.SMGVersion+
-		", make .venv/.bench-installed) in place of Envoy + duet, with and without --dp-aware)")
+		", make .venv/.bench-installed) in place of Envoy + duet, with and without --dp-aware; "+
+		"a duet policy with the suffix "+suffixTokens+" runs duet with -tokenizer and kv_events off, with "+suffixEvents+" with -tokenizer and the engines' KV events, e.g. least_cost"+suffixEvents+")")
+	fs.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer family (qwen3, llama3_1, deepseek_v3: a directory under $DUET_TOKENIZERS_DIR or .tools/tokenizers, make tokenizers) "+
+		"or directory: every engine runs --tokenizer-path with it and publishes KV events (--kv-events-config), in every case; needed by the "+suffixTokens+" and "+suffixEvents+" policies")
+	fs.IntVar(&o.repeat, "repeat", 1, "runs of every policy on the same arrivals, interleaved (run k > 1 is named POLICY#k), for the run-to-run spread")
 	o.rates = map[string]*string{}
-	for _, w := range bench.Workloads {
+	for _, w := range bench.AllWorkloads() {
 		o.rates[w] = fs.String("rates-"+w, "", "session arrival rates per model second for "+w+" (default depends on the model)")
 	}
 	fs.DurationVar(&o.window, "window", 0, "arrival window per case, model time (default 40s; 10s without a time scale; 4s with -quick)")
@@ -232,13 +247,32 @@ func buildPlan(o options) (bench.Plan, error) {
 			return plan, err
 		}
 	}
-	if plan.Policies, err = bench.SelectRoutings(splitList(o.policies)); err != nil {
+	tok, err := resolveTokenizer(o.tokenizer)
+	if err != nil {
+		return plan, err
+	}
+	if tok != "" {
+		if !feat.KVEvents || !feat.Tokenizer {
+			return plan, errors.New("-tokenizer: duet-sim has no --kv-events-config or --tokenizer-path flag (make build)")
+		}
+		plan.Config.KVEvents, plan.Config.SimTokenizer = true, tok
+	}
+	pageSize := 1 // the simple model's page size
+	if profile != "" {
+		pageSize = 16 // the engine model's cache block
+	}
+	if plan.Policies, err = selectPolicies(splitList(o.policies), tok, pageSize); err != nil {
 		return plan, err
 	}
 	if o.quick {
 		applyQuick(&plan, o)
-		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2", bench.WorkloadAgentic: "1"}
+		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2", bench.WorkloadAgentic: "1",
+			bench.WorkloadMultiTenant: "4"}
 	}
+	if o.repeat < 1 {
+		return plan, fmt.Errorf("-repeat %d: want 1 or more", o.repeat)
+	}
+	plan.Policies = repeatPolicies(plan.Policies, o.repeat)
 	if plan.Window == 0 {
 		// 40 s of arrivals is 2 s of wall time at F = 20; the simple model
 		// runs in real time and has no contention, so a short window shows
@@ -256,7 +290,11 @@ func buildPlan(o options) (bench.Plan, error) {
 		if w == traceWorkload {
 			continue // addTrace set its speedups
 		}
-		spec := *o.rates[w]
+		flagged, ok := o.rates[w]
+		if !ok {
+			return plan, fmt.Errorf("unknown workload %q (want %s)", w, strings.Join(bench.AllWorkloads(), ", "))
+		}
+		spec := *flagged
 		if spec == "" {
 			spec = defaults[w]
 		}
@@ -294,6 +332,12 @@ func buildPlan(o options) (bench.Plan, error) {
 	}
 	if len(c.DecodeSimArgs) > 0 {
 		plan.Setup = append(plan.Setup, fmt.Sprintf("decode engines also: `%s`", strings.Join(c.DecodeSimArgs, " ")))
+	}
+	if tok != "" {
+		plan.Setup = append(plan.Setup, tokenizerLines(o.tokenizer, pageSize)...)
+	}
+	if o.repeat > 1 {
+		plan.Setup = append(plan.Setup, fmt.Sprintf("every policy ran %d times on the same arrivals, interleaved (all policies, then all again); run k > 1 is named POLICY#k", o.repeat))
 	}
 	return plan, nil
 }

@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// DuetStats are what duet's process and its metrics say of one case.
+type DuetStats struct {
+	// CPUSeconds is duet's CPU time (user and system, every thread)
+	// during the measured window, in wall seconds; negative when it could
+	// not be read.
+	CPUSeconds float64 `json:"cpu_s"`
+	// WindowSeconds is the measured window's wall length, for CPUSeconds.
+	WindowSeconds float64 `json:"window_wall_s"`
+	// Tokenized counts duet_tokenize_requests_total by outcome over the
+	// whole case (warm-up included): empty without a tokenizer.
+	Tokenized map[string]float64 `json:"tokenized,omitempty"`
+	// KVEventStates counts the (engine, rank) targets by their KV event
+	// view at the case's end (duet_kv_events_state: live, warming,
+	// fallback): empty when duet follows no events.
+	KVEventStates map[string]int `json:"kv_event_states,omitempty"`
+	// KVEvents is the KV events duet received (duet_kv_events_total),
+	// and KVFallbacks the times a target fell back to the estimate
+	// (duet_kv_events_fallbacks_total), over the whole case.
+	KVEvents    float64 `json:"kv_events,omitempty"`
+	KVFallbacks float64 `json:"kv_event_fallbacks,omitempty"`
+}
+
+// CPUPerRequestMs is duet's CPU time per request of the window, in wall
+// milliseconds (negative when unknown).
+func (d DuetStats) CPUPerRequestMs(requests int) float64 {
+	if d.CPUSeconds < 0 || requests <= 0 {
+		return -1
+	}
+	return d.CPUSeconds * 1000 / float64(requests)
+}
+
+// Cores is duet's CPU time over the window's wall time: the cores it kept
+// busy on average (negative when unknown).
+func (d DuetStats) Cores() float64 {
+	if d.CPUSeconds < 0 || d.WindowSeconds <= 0 {
+		return -1
+	}
+	return d.CPUSeconds / d.WindowSeconds
+}
+
+// line renders d for a progress line.
+func (d DuetStats) line(requests int) string {
+	s := fmt.Sprintf("cpu %.2fs in the window (%.2f cores, %.2f ms/request)", d.CPUSeconds, d.Cores(), d.CPUPerRequestMs(requests))
+	if len(d.Tokenized) > 0 {
+		s += "; tokenized " + formatCounts(d.Tokenized)
+	}
+	if len(d.KVEventStates) > 0 {
+		counts := map[string]float64{}
+		for k, v := range d.KVEventStates {
+			counts[k] = float64(v)
+		}
+		s += fmt.Sprintf("; kv event targets %s, %.0f events, %.0f fallbacks", formatCounts(counts), d.KVEvents, d.KVFallbacks)
+	}
+	return s
+}
+
+// formatCounts renders counts as "k=v" pairs in key order.
+func formatCounts(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%.0f", k, m[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// readCPUAt reads p's CPU time at wall time at; the channel yields a
+// negative duration when it could not (ctx ended first, or no /proc).
+func readCPUAt(ctx context.Context, p *harness.Process, at time.Time) <-chan time.Duration {
+	ch := make(chan time.Duration, 1)
+	go func() {
+		if !sleepUntil(ctx, at) {
+			ch <- -1
+			return
+		}
+		d, err := p.CPUTime()
+		if err != nil {
+			d = -1
+		}
+		ch <- d
+	}()
+	return ch
+}
+
+// readDuetStats waits for the CPU readings of the window's ends (window
+// apart, wall time) and reads duet's metrics (first replica).
+func readDuetStats(ctx context.Context, stack *harness.Stack, window time.Duration, before, after <-chan time.Duration) *DuetStats {
+	b, a := <-before, <-after
+	d := &DuetStats{CPUSeconds: -1, WindowSeconds: window.Seconds()}
+	if b >= 0 && a >= b {
+		d.CPUSeconds = (a - b).Seconds()
+	}
+	mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	fams, err := stack.DuetMetrics(mctx)
+	if err != nil {
+		return d
+	}
+	d.Tokenized = sumByLabel(fams["duet_tokenize_requests_total"], "outcome")
+	d.KVEvents = sumAll(fams["duet_kv_events_total"])
+	d.KVFallbacks = sumAll(fams["duet_kv_events_fallbacks_total"])
+	if f := fams["duet_kv_events_state"]; f != nil {
+		d.KVEventStates = map[string]int{}
+		names := map[float64]string{0: "fallback", 1: "warming", 2: "live"}
+		for _, m := range f.GetMetric() {
+			name, ok := names[m.GetGauge().GetValue()]
+			if !ok {
+				name = fmt.Sprint(m.GetGauge().GetValue())
+			}
+			d.KVEventStates[name]++
+		}
+	}
+	return d
+}
+
+// value is a counter's or gauge's value.
+func value(m *dto.Metric) float64 {
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetGauge().GetValue()
+}
+
+// sumAll sums every series of f (0 for nil).
+func sumAll(f *dto.MetricFamily) float64 {
+	total := 0.0
+	for _, m := range f.GetMetric() {
+		total += value(m)
+	}
+	return total
+}
+
+// sumByLabel sums f's series by their label's value (nil for nil).
+func sumByLabel(f *dto.MetricFamily, label string) map[string]float64 {
+	if f == nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				out[l.GetValue()] += value(m)
+			}
+		}
+	}
+	return out
+}
