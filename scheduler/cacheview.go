@@ -77,7 +77,17 @@ func trimBrackets(host string) string {
 // larger of view and estimate counts. Where the view holds every hashed
 // block and an earlier turn's whole prompt ended there (the index's
 // extended match), the turn's checksum counts beyond the hashed blocks, as
-// without the view. Caller holds s.ledger.mu.
+// without the view.
+//
+// IndexedTokens, what least_cost prices evictions against, is the smaller
+// of what the view holds and what the estimate believes. An engine's LRU
+// cache is always full of something, much of it stale; the estimate
+// counts duet's recent routes, some of them evicted already. Either alone
+// overstates the occupancy worth keeping, and each cost a scenario of the
+// simulator: the view's alone made agentic sessions 1.4-1.5x slower (new
+// sessions no longer spread over the ranks' caches), the estimate's alone
+// lost the multi-tenant gain (docs/kv-events.md). Caller holds
+// s.ledger.mu.
 func (s *Scheduler) applyView(req *Request, cands []Candidate, matches []prefixMatch, perBlock float64) {
 	n := len(req.Blocks)
 	for i := range cands {
@@ -101,6 +111,6 @@ func (s *Scheduler) applyView(req *Request, cands []Candidate, matches []prefixM
 		if m.Partial {
 			tokens, prefix, indexed = max(tokens, c.CachedTokens), max(prefix, c.Prefix), max(indexed, c.IndexedTokens)
 		}
-		c.CachedTokens, c.Prefix, c.IndexedTokens = max(tokens, 0), prefix, indexed
+		c.CachedTokens, c.Prefix, c.IndexedTokens = max(tokens, 0), prefix, min(indexed, c.IndexedTokens)
 	}
 }
