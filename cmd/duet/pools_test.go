@@ -147,3 +147,37 @@ func TestReloadPools(t *testing.T) {
 		})
 	}
 }
+
+// TestPoolsFollowKVEvents: kv_events.mode decides which pools follow
+// their engines' events: their scheduler reads the view, and the
+// tracker's metrics are registered under the pool's label.
+func TestPoolsFollowKVEvents(t *testing.T) {
+	tests := []struct {
+		mode string
+		want []bool // per pool of twoPoolsYAML: ds, qwen
+	}{
+		{"auto", []bool{false, false}}, // no tokenizer in either pool
+		{"on", []bool{true, true}},
+		{"off", []bool{false, false}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.mode, func(t *testing.T) {
+			cfg := mustParse(t, twoPoolsYAML+"kv_events: {mode: \""+tc.mode+"\", probe_interval: -1s}\n")
+			reg := prometheus.NewRegistry()
+			pools, err := newPools(cfg, scheduler.Config{}, zap.NewNop(), reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range pools {
+				if (p.events != nil) != tc.want[i] {
+					t.Errorf("pool %s follows events: %v, want %v", p.cfg.Name, p.events != nil, tc.want[i])
+				}
+			}
+			// The trackers' collectors answer (with no rank followed yet,
+			// nothing), and registering them did not collide.
+			if _, err := reg.Gather(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
