@@ -46,6 +46,9 @@ type options struct {
 	tokenizer string
 	// repeat runs every policy this many times, interleaved.
 	repeat int
+	// warmup is the start of the window left out of the statistics (0:
+	// 10% of it).
+	warmup time.Duration
 	// set holds the flags given on the command line.
 	set map[string]bool
 }
@@ -110,6 +113,7 @@ func parseFlags(args []string) (options, error) {
 		o.rates[w] = fs.String("rates-"+w, "", "session arrival rates per model second for "+w+" (default depends on the model)")
 	}
 	fs.DurationVar(&o.window, "window", 0, "arrival window per case, model time (default 40s; 10s without a time scale; 4s with -quick)")
+	fs.DurationVar(&o.warmup, "warmup", 0, "start of the arrival window left out of the statistics, model time (default 10% of the window)")
 	fs.DurationVar(&o.drain, "drain", 0, "how long requests may run after the arrival window before they are cancelled, model time (default 60s with a time scale, else the window)")
 	fs.DurationVar(&o.loadInterval, "load-interval", 500*time.Millisecond, "duet's load.interval, model time")
 	fs.DurationVar(&o.sampleInterval, "sample-interval", 500*time.Millisecond, "load sampling period, model time")
@@ -207,6 +211,7 @@ func buildPlan(o options) (bench.Plan, error) {
 			PrefillEngines: o.prefill, DecodeEngines: o.decode, DPSize: o.dp,
 			LoadInterval:   o.loadInterval,
 			Drain:          o.drain,
+			Warmup:         o.warmup,
 			SampleInterval: o.sampleInterval,
 			Dir:            o.logDir,
 			KeepLogs:       o.keepLogs,
@@ -321,8 +326,8 @@ func buildPlan(o options) (bench.Plan, error) {
 	plan.Setup = append([]string{
 		fmt.Sprintf("simulator: %s; time scale F = %g (model time runs %g× faster than wall time)", model, scale, scale),
 		fmt.Sprintf("cluster: %d prefill × dp %d, %d decode × dp %d (duet-sim), %s", c.PrefillEngines, c.DPSize, c.DecodeEngines, c.DPSize, routers),
-		fmt.Sprintf("arrival window %s per case (first 10%% excluded), then up to %s of drain; duet load.interval %s, load sampled every %s (model time)",
-			plan.Window, drainOf(plan), o.loadInterval, o.sampleInterval),
+		fmt.Sprintf("arrival window %s per case (%s excluded), then up to %s of drain; duet load.interval %s, load sampled every %s (model time)",
+			plan.Window, warmupOf(plan), drainOf(plan), o.loadInterval, o.sampleInterval),
 		fmt.Sprintf("seed %d: every policy replays the same arrivals and prompts", o.seed),
 		streamLine(plan),
 		fmt.Sprintf("duet-sim flags: `%s`", strings.Join(simArgs, " ")),
@@ -384,6 +389,14 @@ func addTrace(plan *bench.Plan, o options) error {
 	plan.Setup = append(plan.Setup, fmt.Sprintf("trace `%s` (%d requests), speedups %s, offset %s, prompts capped at %d tokens",
 		o.trace, len(recs), o.traceSpeedups, o.traceOffset, o.traceMaxPrompt))
 	return nil
+}
+
+// warmupOf describes the start of the window a plan leaves out.
+func warmupOf(plan bench.Plan) string {
+	if w := plan.Config.Warmup; w > 0 {
+		return "first " + min(w, plan.Window).String()
+	}
+	return "first 10%"
 }
 
 // drainOf is the drain a plan uses.

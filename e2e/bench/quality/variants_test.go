@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/duet-router/duet/e2e/bench"
 )
@@ -145,7 +146,7 @@ func TestBuildPlanTokenizer(t *testing.T) {
 	dir := fakeTokenizer(t, root, "qwen3")
 	t.Setenv("DUET_TOKENIZERS_DIR", root)
 	o, err := parseFlags([]string{"-workloads", bench.WorkloadMultiTenant, "-tokenizer", "qwen3", "-repeat", "2",
-		"-policies", "least_cost,least_cost+tokens,least_cost+events"})
+		"-policies", "least_cost,least_cost+tokens,least_cost+events", "-window", "10m", "-warmup", "2m"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,11 @@ func TestBuildPlanTokenizer(t *testing.T) {
 	if got := plan.Rates[bench.WorkloadMultiTenant]; len(got) != 1 || got[0] != 10 {
 		t.Errorf("multi_tenant rates %v", got)
 	}
-	if setup := strings.Join(plan.Setup, "\n"); !strings.Contains(setup, "publishes KV events") || !strings.Contains(setup, "ran 2 times") {
+	if plan.Config.Warmup != 2*time.Minute || plan.Window != 10*time.Minute {
+		t.Errorf("warm-up %s of a %s window", plan.Config.Warmup, plan.Window)
+	}
+	if setup := strings.Join(plan.Setup, "\n"); !strings.Contains(setup, "publishes KV events") || !strings.Contains(setup, "ran 2 times") ||
+		!strings.Contains(setup, "(first 2m0s excluded)") {
 		t.Errorf("setup:\n%s", setup)
 	}
 
@@ -178,8 +183,9 @@ func TestBuildPlanTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := plan.Config; c.KVEvents || c.SimTokenizer != "" || len(plan.Policies) != len(bench.Policies()) ||
-		!slices.Equal(plan.Workloads, bench.Workloads[:3]) || strings.Contains(strings.Join(plan.Setup, "\n"), "KV events") {
+	if c := plan.Config; c.KVEvents || c.SimTokenizer != "" || len(plan.Policies) != len(bench.Policies()) || c.Warmup != 0 ||
+		!slices.Equal(plan.Workloads, bench.Workloads[:3]) || strings.Contains(strings.Join(plan.Setup, "\n"), "KV events") ||
+		!strings.Contains(strings.Join(plan.Setup, "\n"), "(first 10% excluded)") {
 		t.Errorf("default plan: events %v, tokenizer %q, %d policies, workloads %v", c.KVEvents, c.SimTokenizer, len(plan.Policies), plan.Workloads)
 	}
 	for _, args := range [][]string{{"-workloads", "nope"}, {"-repeat", "0"}, {"-policies", "least_cost+events"}} {
