@@ -97,6 +97,29 @@ func (s *Scheduler) scrapeEndpoint(ctx context.Context, ep *Endpoint) {
 	}
 	s.ledger.observe(ranks, rep.StartedAt, rep.FinishedAt)
 	s.boundPrefixes(ep, ranks)
+	s.boundViews(ep, ranks)
+}
+
+// capacityBounder is a CacheView whose per-target memory follows the
+// targets' KV capacity (kvevents.Tracker).
+type capacityBounder interface {
+	SetCapacity(key TargetKey, tokens int64)
+}
+
+// boundViews tells the cache view each scraped rank's KV capacity, in
+// tokens, with its host tier where discovery knows one: the view's memory
+// per rank stays within a multiple of it.
+func (s *Scheduler) boundViews(ep *Endpoint, ranks []rankLoad) {
+	b, ok := s.cacheView.(capacityBounder)
+	if !ok {
+		return
+	}
+	scale := 1 + ep.DecodeCache.HostRatio
+	for _, r := range ranks {
+		if r.capacity > 0 {
+			b.SetCapacity(r.key, int64(scale*float64(r.capacity)))
+		}
+	}
 }
 
 // boundPrefixes bounds each scraped rank's entry in the prefix index by the

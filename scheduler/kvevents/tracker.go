@@ -31,7 +31,9 @@ type TrackerConfig struct {
 	// prefix.Hasher.BlockTokens, a multiple of every engine's page size.
 	BlockTokens int
 	// MaxPages bounds each rank's view (default 1<<20 pages); a view that
-	// outgrows it starts over, and warms up again.
+	// outgrows it, or four times its engine's KV capacity once the
+	// scheduler has scraped it (SetCapacity), starts over, and warms up
+	// again.
 	MaxPages int
 	// ExpectFor is how long blocks routed to a rank count as cached there
 	// before the engine reports them (default 30s). A report ends the
@@ -432,6 +434,17 @@ func (t *Tracker[K]) Routed(key K, blocks []uint64, now time.Time) {
 	t.mu.RUnlock()
 	if ok {
 		r.view.Expect(blocks, now.Add(t.cfg.ExpectFor).UnixNano(), now.UnixNano())
+	}
+}
+
+// SetCapacity bounds key's view by its engine's KV capacity in tokens
+// (RankView.SetCapacity); the scheduler calls it after each scrape.
+func (t *Tracker[K]) SetCapacity(key K, tokens int64) {
+	t.mu.RLock()
+	r, ok := t.ranks[key]
+	t.mu.RUnlock()
+	if ok {
+		r.view.SetCapacity(int(min(tokens, int64(1)<<40)))
 	}
 }
 

@@ -61,6 +61,10 @@ type RankView struct {
 	// is its size after the last sweep of expired entries.
 	expected map[uint64]int64
 	sweptAt  int
+	// pageTokens is the engine's page size, from its stores; capacity
+	// its KV capacity in tokens (0: unknown), so that a view holding far
+	// more than the engine can (lost removals) starts over.
+	pageTokens, capacity int
 
 	counts ViewCounts
 }
@@ -111,10 +115,24 @@ func (v *RankView) Apply(_ uint64, b Batch) {
 			v.clear()
 		}
 	}
-	if len(v.pages) > v.maxPages {
+	if len(v.pages) > v.maxPages || v.capacity > 0 && v.pageTokens > 0 && len(v.pages)*v.pageTokens > capacitySlack*v.capacity {
 		v.counts.Overflows++
 		v.clear()
 	}
+}
+
+// capacitySlack is how many times the engine's KV capacity a view may hold
+// before it starts over: tiers beyond those the capacity counts, and pages
+// shared by several chains, stay well within it.
+const capacitySlack = 4
+
+// SetCapacity bounds the view by the engine's KV capacity in tokens (its
+// GPU pool, and its host tier where known): past capacitySlack times it,
+// the view has missed removals and starts over. 0 lifts the bound.
+func (v *RankView) SetCapacity(tokens int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.capacity = max(tokens, 0)
 }
 
 // Reset implements Handler: the view starts over.
@@ -153,6 +171,7 @@ func (v *RankView) store(e *Event) {
 		sum, pending = parent.sum, parent.pending
 	}
 	tier := tierOf(e.Medium)
+	v.pageTokens = e.BlockSize
 	for j, h := range e.BlockHashes {
 		pending = append(pending[:len(pending):len(pending)], e.TokenIDs[j*e.BlockSize:(j+1)*e.BlockSize]...)
 		var completes []uint64

@@ -205,3 +205,24 @@ func TestRankViewExpect(t *testing.T) {
 		})
 	}
 }
+
+// TestRankViewCapacity: a view that holds more than four times its
+// engine's KV capacity has missed removals and starts over.
+func TestRankViewCapacity(t *testing.T) {
+	tokens := make([]int64, 16*40)
+	for i := range tokens {
+		tokens[i] = int64(i + 11)
+	}
+	e := &engine{pageSize: 16}
+	v := NewRankView(16, 1<<20)
+	v.SetCapacity(16 * 10) // ten pages: the view may hold forty
+	v.Apply(0, Batch{Events: []Event{e.store(tokens, 0, 40, "")}})
+	if b, _ := v.Blocks(); b != 40 || v.Counts().Overflows != 0 {
+		t.Fatalf("at four times the capacity: %d blocks, counts %+v", b, v.Counts())
+	}
+	more := make([]int64, 16)
+	v.Apply(1, Batch{Events: []Event{{Kind: BlockStored, BlockHashes: []uint64{999}, TokenIDs: more, BlockSize: 16}}})
+	if b, _ := v.Blocks(); b != 0 || v.Counts().Overflows != 1 {
+		t.Fatalf("past four times the capacity: %d blocks, counts %+v", b, v.Counts())
+	}
+}
