@@ -217,16 +217,10 @@ func (b *blockHasher) tail(kind tailKind) HashTail {
 	return HashTail{kind: kind, unitsPerBlock: b.unitsPerBlock, units: b.units, h: b.h, collect: b.collect}
 }
 
-// answerBlocks returns the full blocks that answer adds after the prompt
-// whose hasher ended in t (none for the zero HashTail).
-func (t HashTail) answerBlocks(answer string) []uint64 {
-	blocks, _ := t.answerTokens(answer)
-	return blocks
-}
-
-// answerTokens is answerBlocks, and for a prompt with stand-in token ids
-// the stand-in ids of the tokens the answer completes (the first one may
-// have begun in the prompt), else nil.
+// answerTokens returns the full blocks that answer adds after the prompt
+// whose hasher ended in t (none for the zero HashTail) and, for a prompt
+// with stand-in token ids, the stand-in ids of the tokens the answer
+// completes (the first one may have begun in the prompt), else nil.
 func (t HashTail) answerTokens(answer string) ([]uint64, []int64) {
 	if t.kind == tailNone || t.unitsPerBlock <= 0 {
 		return nil, nil
