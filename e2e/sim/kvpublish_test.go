@@ -672,12 +672,21 @@ func TestFlushCache(t *testing.T) {
 			t.Fatalf("after the flush: %d blocks, %d AllBlocksCleared", n, cleared)
 		}
 	})
-	// A request in flight keeps its rank from flushing.
-	long, _ := json.Marshal(map[string]any{"input_ids": ids, "sampling_params": map[string]any{"max_new_tokens": 100000}})
+	// A request in flight keeps its rank from flushing. It must have
+	// reached the engine's rank, not only the server: the flush looks at
+	// the ranks. It is short enough (2,000 tokens at 20x) that it ends
+	// soon even if the client's cancel does not abort it.
+	long, _ := json.Marshal(map[string]any{"input_ids": ids, "sampling_params": map[string]any{"max_new_tokens": 2000}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); postCtx(ctx, t, ts.api.URL+"/generate", string(long)) }()
-	eventually(t, "the request in flight", func() bool { return len(ts.sim.Stats().InFlight) == 1 })
+	eventually(t, "the request on the engine's rank", func() bool {
+		n := 0
+		ts.sim.eng.locked(func(core *engineCore, _ time.Duration) {
+			core.forEachRequest(core.ranks[0], func(*engineRequest) { n++ })
+		})
+		return n == 1
+	})
 	r = post(t, ts.api.URL+"/flush_cache", "")
 	if r.status != 400 || string(r.body) != "Flush cache failed.\n" {
 		t.Fatalf("flush_cache with a request in flight: %d %q", r.status, r.body)
