@@ -55,6 +55,9 @@ type Subscriber struct {
 
 	seq     uint64
 	haveSeq bool
+	// dedupe skips live batches a catch-up replay covered, until the
+	// first newer one.
+	dedupe bool
 
 	batches, events, malformed, gaps, replayed, resets atomic.Uint64
 	lastBatch                                          atomic.Int64
@@ -110,6 +113,9 @@ func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}
+	if !s.haveSeq {
+		s.catchUp(ctx)
+	}
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
@@ -118,6 +124,32 @@ func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 		received = true
 		s.handle(ctx, msg.Frames)
 	}
+}
+
+// catchUp, on a new subscription, asks the publisher's replay socket for
+// everything it holds from sequence 0, so that a rank whose engine
+// publishes nothing for a while (an idle engine) has a whole view at once
+// rather than at its next batch. Live batches the replay already covered
+// are then skipped (dedupe). Without a replay socket, or when the
+// publisher no longer holds its first batch, nothing happens here: the
+// first live batch starts the view.
+func (s *Subscriber) catchUp(ctx context.Context) {
+	if s.src.Replay == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.ReplayTimeout)
+	defer cancel()
+	got, err := fetchReplay(ctx, s.src.Replay, 0, endSeq)
+	if err != nil || len(got) == 0 {
+		return
+	}
+	s.reset("subscribed")
+	for _, r := range got {
+		s.apply(r.seq, r.batch)
+	}
+	s.replayed.Add(uint64(len(got)))
+	s.dedupe = true
+	s.log.Info("KV events replayed from the publisher's first batch on subscribing", zap.Int("batches", len(got)))
 }
 
 // endSeq is the replay's end marker (-1).
@@ -130,8 +162,14 @@ func (s *Subscriber) handle(ctx context.Context, frames [][]byte) {
 		s.malformed.Add(1)
 		s.log.Warn("malformed KV event message; the rank's events start over", zap.Error(err))
 		s.reset("malformed message")
-		s.haveSeq = false
+		s.haveSeq, s.dedupe = false, false
 		return
+	}
+	if s.dedupe {
+		if seq <= s.seq {
+			return // the catch-up replay applied it already
+		}
+		s.dedupe = false
 	}
 	// A new subscription or a restarted publisher starts the view over:
 	// what the publisher sent before this batch may still be in its

@@ -373,3 +373,42 @@ func TestSubscriberAgainstPyZMQ(t *testing.T) {
 		t.Errorf("the first batch applied is %d: want 0, replayed on joining", before[0])
 	}
 }
+
+// TestSubscriberCatchesUpOnSubscribing: a subscriber that joins a
+// publisher with a replay socket gets everything the publisher holds from
+// sequence 0 at once, before any new batch (an idle engine publishes
+// nothing), and then skips the live batches the replay covered.
+func TestSubscriberCatchesUpOnSubscribing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubPort, replayPort := freePort(t), freePort(t)
+	p := startPublisher(t, ctx, pubPort, replayPort)
+	for range 3 {
+		p.publish(true) // published before anyone subscribed
+	}
+	rec := &recorder{}
+	s := NewSubscriber(Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pubPort), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)}, rec, zap.NewNop())
+	s.RetryMin = 20 * time.Millisecond
+	go s.Run(ctx)
+	if got := rec.waitSeqs(t, 3); !slices.Equal(got, []uint64{0, 1, 2}) {
+		t.Fatalf("caught up %v, want 0 1 2", got)
+	}
+	// Live batches from here on follow without a gap or a second reset.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		p.publish(false)
+		time.Sleep(20 * time.Millisecond)
+		if seqs, _ := rec.snapshot(); len(seqs) > 3 {
+			break
+		}
+	}
+	seqs, resets := rec.snapshot()
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			t.Fatalf("sequence %v is not contiguous", seqs)
+		}
+	}
+	if len(seqs) <= 3 || len(resets) != 1 {
+		t.Fatalf("seqs %v, resets %q: want live batches after the catch-up and one reset", seqs, resets)
+	}
+}
