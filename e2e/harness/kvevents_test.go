@@ -157,10 +157,11 @@ func TestKVEventsStack(t *testing.T) {
 	}
 
 	// Distinct tenants' prompts until both prefill ranks' views are live
-	// (least_cost sends a new prompt where the cache holds least; a rank
-	// goes live at its first batch after duet subscribed). The decode
-	// engines cache nothing (no decode radix cache): after their first
-	// batch, before duet subscribed, they publish nothing.
+	// and both ranks published their prompts' blocks (least_cost sends a
+	// new prompt where the cache holds least). A rank goes live as soon as
+	// duet replays its history from 0 on subscribing, before any traffic.
+	// The decode engines cache nothing (no decode radix cache): after
+	// their first batch they publish nothing.
 	prefillTargets := map[string]bool{s.Prefill[0].URL + "#0": true, s.Prefill[0].URL + "#1": true}
 	deadline := time.Now().Add(30 * time.Second)
 	for i := 0; ; i++ {
@@ -185,7 +186,21 @@ func TestKVEventsStack(t *testing.T) {
 				}
 			}
 		}
-		if live == 2 {
+		var pub struct {
+			Ranks []struct {
+				Events uint64 `json:"events"`
+			} `json:"ranks"`
+		}
+		if err := GetJSON(ctx, s.Prefill[0].URL+"/sim/kv_events", &pub); err != nil {
+			t.Fatal(err)
+		}
+		published := 0
+		for _, r := range pub.Ranks {
+			if r.Events >= 2 { // AllBlocksCleared, then the prompts' blocks
+				published++
+			}
+		}
+		if live == 2 && published == 2 {
 			break
 		}
 		if time.Now().After(deadline) {
