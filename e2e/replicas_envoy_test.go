@@ -287,6 +287,20 @@ func TestInFlightStreamOnKilledReplica(t *testing.T) {
 		}
 		return holder >= 0
 	})
+	// The stream being open is not enough: killed before it answered the
+	// headers, the replica's stream is retried on another one (issue 17's
+	// other claim), which then waits for the stalled body.
+	harness.WaitFor(t, 10*time.Second, "duet's answer to the stalled upload's headers", func() bool {
+		counts, err := harness.EnvoyCounters(context.Background(), s.EnvoyAdminURL, `ext_proc\..*stream_msgs_received$`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, c := range counts {
+			n += c
+		}
+		return n >= 1
+	})
 	killed := time.Now()
 	s.Duets[holder].Kill()
 	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
