@@ -45,6 +45,9 @@ func (s *Scheduler) Complete(f Feedback) {
 		}
 	}
 	model, promptBytes, ok := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)
+	if ok {
+		s.released()
+	}
 	if ok && f.PromptTokens > 0 {
 		s.tokens.Observe(model, promptBytes, f.PromptTokens)
 	}
@@ -110,4 +113,11 @@ func roleLabel(r Role) string {
 		return "request"
 	}
 	return string(r)
+}
+
+// released tells OnRelease that the pool may have room again.
+func (s *Scheduler) released() {
+	if s.onRelease != nil {
+		s.onRelease()
+	}
 }

@@ -51,7 +51,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	if !req.DecodeOnly {
 		s.prepare(req)
 		prefillTokens = req.PromptTokens
-		decodeTokens = req.PromptTokens + int64(max(req.Items, 1))*int64(s.outputTokens(req))
+		decodeTokens = s.decodeTokens(req)
 	}
 
 	// Match the prefix once for both roles, outside the pick lock (the index
@@ -204,6 +204,10 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 
 // prepare estimates the prompt's tokens and hashes its prefix blocks.
 func (s *Scheduler) prepare(req *Request) {
+	if req.prepared {
+		return
+	}
+	req.prepared = true
 	items := int64(max(req.Items, 1))
 	if len(req.TokenIDs) > 0 {
 		req.PromptTokens = int64(len(req.TokenIDs)) * items
@@ -213,6 +217,23 @@ func (s *Scheduler) prepare(req *Request) {
 	// Never zero: a request without text still occupies the engine.
 	req.PromptTokens = s.tokens.Estimate(req.Model, len(req.Prompt)) * items
 	req.Blocks = s.hasher.Text(req.Prompt, req.Blocks[:0])
+}
+
+// Cost is the tokens req will occupy the engines with, as Pick will
+// reserve them on its decode target: its prompt's estimated tokens plus
+// its expected output (0 for a DecodeOnly request). It fills
+// req.PromptTokens and req.Blocks, which Pick then reuses.
+func (s *Scheduler) Cost(req *Request) int64 {
+	if req.DecodeOnly {
+		return 0
+	}
+	s.prepare(req)
+	return s.decodeTokens(req)
+}
+
+// decodeTokens is the decode reservation of a prepared request.
+func (s *Scheduler) decodeTokens(req *Request) int64 {
+	return req.PromptTokens + int64(max(req.Items, 1))*int64(s.outputTokens(req))
 }
 
 // outputTokens is the decode reservation's expected output per item: the

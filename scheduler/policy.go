@@ -42,6 +42,10 @@ type Request struct {
 	PromptTokens int64
 	// Blocks are the prompt's chained block hashes (see package prefix).
 	Blocks []uint64
+
+	// prepared records that PromptTokens and Blocks were filled (by Cost),
+	// so that Pick does not hash the prompt again.
+	prepared bool
 }
 
 // Load is what duet knows about a target's load when a policy runs.

@@ -106,6 +106,14 @@ type Config struct {
 	// names the targets to follow (SetTargets) whenever the pools change;
 	// the caller runs the view (kvevents.Tracker.Run).
 	CacheView CacheView
+	// Saturation says when a target is saturated (Saturated); zero fields
+	// take the defaults.
+	Saturation SaturationConfig
+	// OnRelease, if set, is called whenever the pool may have room again:
+	// after feedback released reservations, after each round of load
+	// scrapes, and after endpoints changed. It must not block (an
+	// admission queue's Kick).
+	OnRelease func()
 	// Clock, if set, is the scheduler's clock: reservations, load
 	// freshness, scrape times, health and the decisions shown on the status
 	// page read it instead of time.Now. The routing-quality simulator
@@ -221,6 +229,8 @@ type Scheduler struct {
 	pool                 string // Config.Pool
 	cacheView            CacheView
 	kvEvents             KVEvents // Config.KVEvents
+	saturation           SaturationConfig
+	onRelease            func()
 	// now is the scheduler's clock (time.Now; tests replace it before use).
 	now func() time.Time
 	// discovered and scraped record that a first discovery round, and a
@@ -319,6 +329,8 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	s.index = prefix.NewIndex[TargetKey](cfg.Prefix.MaxBlocksPerTarget)
 	s.turnEnds = newTurnEnds()
 	s.prefixIgnoreCapacity = cfg.Prefix.IgnoreCapacity
+	s.saturation = cfg.Saturation.withDefaults()
+	s.onRelease = cfg.OnRelease
 	s.scraper = load.NewScraper(s.client, s.loadCfg.Timeout)
 	s.scraper.SetClock(s.now)
 	if cfg.Registerer != nil {
@@ -424,6 +436,7 @@ func (s *Scheduler) publish() {
 	if s.cacheView != nil {
 		s.cacheView.SetTargets(cacheTargets(eps))
 	}
+	s.released()
 }
 
 // states returns the members' current states. The caller holds discoverMu

@@ -57,6 +57,7 @@ func (s *Scheduler) ScrapeLoads(ctx context.Context) {
 	if afterDiscovery && ctx.Err() == nil {
 		s.scraped.Store(true)
 	}
+	s.released()
 }
 
 // scrapeEndpoint scrapes one endpoint, records its loads and feeds its

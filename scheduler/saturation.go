@@ -1,0 +1,133 @@
+package scheduler
+
+import "time"
+
+// SaturationConfig says when a target is saturated: so full that one more
+// request would only wait in the engine's own queue. A pool is saturated
+// while every target of one of its roles is (see Saturated); package
+// scheduler/admit then queues requests in duet. A zero field takes its
+// default; a negative one turns that measure off.
+type SaturationConfig struct {
+	// PrefillTokens saturates a prefill target (and, in an aggregated pool,
+	// a decode one) whose pending prompt tokens reach it: the engine's
+	// reported queue, or the prompt work duet reserved there that no leg
+	// has ended yet. Default DefaultSaturationPrefillTokens.
+	PrefillTokens int64
+	// KVFraction saturates a decode target whose token load (tokens in use
+	// and queued, plus duet's reservations) reaches this share of its KV
+	// capacity. Default DefaultSaturationKVFraction.
+	KVFraction float64
+	// Waiting saturates a target whose engine reports this many requests
+	// waiting. Default DefaultSaturationWaiting.
+	Waiting int
+}
+
+// Saturation defaults, chosen by the routing-quality simulator
+// (docs/admission.md, "Thresholds").
+const (
+	DefaultSaturationPrefillTokens = 32768
+	DefaultSaturationKVFraction    = 0.9
+	DefaultSaturationWaiting       = 16
+)
+
+// withDefaults fills the zero fields.
+func (c SaturationConfig) withDefaults() SaturationConfig {
+	if c.PrefillTokens == 0 {
+		c.PrefillTokens = DefaultSaturationPrefillTokens
+	}
+	if c.KVFraction == 0 {
+		c.KVFraction = DefaultSaturationKVFraction
+	}
+	if c.Waiting == 0 {
+		c.Waiting = DefaultSaturationWaiting
+	}
+	return c
+}
+
+// RoleSaturation is how saturated one role of the pool is.
+type RoleSaturation struct {
+	Role Role
+	// Targets counts the role's targets that picks may choose (not
+	// ejected); Saturated how many of them are saturated.
+	Targets, Saturated int
+}
+
+// Full reports whether the role can take no request: it has targets, and
+// every one is saturated.
+func (r RoleSaturation) Full() bool { return r.Targets > 0 && r.Saturated == r.Targets }
+
+// Saturated reports whether the pool is saturated: every target of one of
+// its roles is. A role with no target to pick is not saturated (a pick
+// then fails at once, which is better than a wait).
+func (s *Scheduler) Saturated() bool {
+	for _, r := range s.Saturation() {
+		if r.Full() {
+			return true
+		}
+	}
+	return false
+}
+
+// Saturation returns each role's saturation now: prefill first, when the
+// pool has a prefill role.
+func (s *Scheduler) Saturation() []RoleSaturation {
+	snap := s.snap.Load()
+	out := make([]RoleSaturation, 0, 2)
+	s.ledger.mu.Lock()
+	defer s.ledger.mu.Unlock()
+	now := s.now()
+	if s.pd {
+		out = append(out, s.roleSaturation(RolePrefill, &snap.prefill, now))
+	}
+	return append(out, s.roleSaturation(RoleDecode, &snap.decode, now))
+}
+
+// roleSaturation counts p's targets that picks may choose and those that
+// are saturated. Caller holds s.ledger.mu.
+func (s *Scheduler) roleSaturation(role Role, p *pool, now time.Time) RoleSaturation {
+	r := RoleSaturation{Role: role}
+	since := s.ledger.freshSince(now)
+	at := now.UnixNano()
+	checkEjected := s.health.count.Load() > 0
+	for _, ts := range p.states {
+		if checkEjected && ts.ejected(at) {
+			continue
+		}
+		r.Targets++
+		if s.saturated(ts, s.ledger.loadSince(ts, since)) {
+			r.Saturated++
+		}
+	}
+	return r
+}
+
+// saturated reports whether a target with load ld is saturated.
+func (s *Scheduler) saturated(ts *targetState, ld Load) bool {
+	c := s.saturation
+	if c.Waiting > 0 && ld.Fresh && ld.Waiting >= c.Waiting {
+		return true
+	}
+	computes := ts.role == RolePrefill || !s.pd
+	if computes && c.PrefillTokens > 0 && s.pendingPrompt(ts, ld) >= c.PrefillTokens {
+		return true
+	}
+	if ts.role == RoleDecode && c.KVFraction > 0 && ld.Capacity > 0 {
+		return float64(ld.Tokens) >= c.KVFraction*float64(ld.Capacity)
+	}
+	return false
+}
+
+// pendingPrompt is the prompt work a target has yet to compute: for a
+// prefill target, its reported pending tokens, or the work duet reserved
+// there (whichever is larger when reservations last until the leg ends:
+// the engine's figure then includes them); for an aggregated engine,
+// which reports its whole token load, the reserved work alone.
+func (s *Scheduler) pendingPrompt(ts *targetState, ld Load) int64 {
+	if ts.role != RolePrefill {
+		return ld.ReservedWork
+	}
+	if s.ledger.prefillInFlight {
+		return max(ld.ReservedWork, ld.Scraped)
+	}
+	return ld.ReservedWork + ld.Scraped
+}
