@@ -123,7 +123,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
-		return nil, a.refused(class, tenant, ErrClosed, 0, 0)
+		return nil, a.refused(class, tenant, ErrClosed, 0, time.Second)
 	}
 	if a.q.Len() == 0 && a.pending == 0 && a.gate() {
 		a.mu.Unlock()

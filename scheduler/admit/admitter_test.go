@@ -1,0 +1,173 @@
+package admit
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// gate is a Gate a test opens and closes.
+type gate struct{ open atomic.Bool }
+
+func (g *gate) fn() Gate { return func() bool { return g.open.Load() } }
+
+func newAdmitter(t *testing.T, g *gate, cfg Config) *Admitter {
+	t.Helper()
+	a, err := NewAdmitter(cfg, g.fn(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	return a
+}
+
+// admitAsync runs Admit in a goroutine and returns where its outcome goes.
+func admitAsync(ctx context.Context, a *Admitter, r Request) <-chan admitted {
+	out := make(chan admitted, 1)
+	go func() {
+		tk, err := a.Admit(ctx, r, nil)
+		out <- admitted{tk, err}
+	}()
+	return out
+}
+
+type admitted struct {
+	t   *Ticket
+	err error
+}
+
+func waitQueued(t *testing.T, a *Admitter, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Snapshot().Queued != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued %d, want %d", a.Snapshot().Queued, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestAdmitAtOnceWhileOpen(t *testing.T) {
+	g := &gate{}
+	g.open.Store(true)
+	a := newAdmitter(t, g, testConfig())
+	tk, err := a.Admit(context.Background(), Request{Class: 0, Tokens: 10}, func(time.Duration) { t.Error("queued while open") })
+	if err != nil || tk.Queued {
+		t.Fatalf("ticket %+v, %v", tk, err)
+	}
+	tk.Done()
+}
+
+// Closed gate: requests queue; as it opens they go one at a time, the
+// next only once the previous ticket is Done, higher class first.
+func TestAdmitQueuesUntilOpen(t *testing.T) {
+	g := &gate{}
+	a := newAdmitter(t, g, testConfig())
+	var limit time.Duration
+	batch := make(chan admitted, 1)
+	go func() {
+		tk, err := a.Admit(context.Background(), Request{Class: 0, Tokens: 10}, func(d time.Duration) { limit = d })
+		batch <- admitted{tk, err}
+	}()
+	waitQueued(t, a, 1)
+	inter := admitAsync(context.Background(), a, Request{Class: 1, Tokens: 10})
+	waitQueued(t, a, 2)
+	g.open.Store(true)
+	a.Kick()
+	first := <-inter
+	if first.err != nil || !first.t.Queued {
+		t.Fatalf("interactive: %+v %v", first.t, first.err)
+	}
+	select {
+	case b := <-batch:
+		t.Fatalf("batch let through before the first ticket was done: %+v", b)
+	case <-time.After(50 * time.Millisecond):
+	}
+	first.t.Done()
+	b := <-batch
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	b.t.Done()
+	if limit != 30*time.Second {
+		t.Errorf("onQueued told %v, want the class's 30s", limit)
+	}
+}
+
+func TestAdmitClientLeaves(t *testing.T) {
+	g := &gate{}
+	a := newAdmitter(t, g, testConfig())
+	ctx, cancel := context.WithCancel(context.Background())
+	out := admitAsync(ctx, a, Request{Class: 0, Tokens: 10})
+	waitQueued(t, a, 1)
+	cancel()
+	if r := <-out; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("got %v, want context.Canceled", r.err)
+	}
+	if n := a.Snapshot().Queued; n != 0 {
+		t.Fatalf("%d still queued", n)
+	}
+}
+
+func TestAdmitRefusals(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, a *Admitter) error
+		want error
+	}{
+		{"wait limit", func(t *testing.T, a *Admitter) error {
+			start := time.Now()
+			_, err := a.Admit(context.Background(), Request{Class: 2, Tokens: 1}, nil)
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("refused after %v, limit 100ms", took)
+			}
+			return err
+		}, ErrWaitLimit},
+		{"full", func(t *testing.T, a *Admitter) error {
+			admitAsync(context.Background(), a, Request{Class: 1, Tokens: 1})
+			admitAsync(context.Background(), a, Request{Class: 1, Tokens: 1})
+			waitQueued(t, a, 2)
+			_, err := a.Admit(context.Background(), Request{Class: 0, Tokens: 1}, nil)
+			return err
+		}, ErrQueueFull},
+		{"shed", func(t *testing.T, a *Admitter) error {
+			low := admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
+			waitQueued(t, a, 1)
+			admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
+			waitQueued(t, a, 2)
+			admitAsync(context.Background(), a, Request{Class: 1, Tokens: 1})
+			// The second batch request (last in line) is shed, not the first.
+			select {
+			case r := <-low:
+				t.Fatalf("the first batch request ended: %v", r.err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			waitQueued(t, a, 2)
+			a.Close()
+			return (<-low).err
+		}, ErrClosed},
+		{"closed", func(t *testing.T, a *Admitter) error {
+			a.Close()
+			_, err := a.Admit(context.Background(), Request{Class: 0, Tokens: 1}, nil)
+			return err
+		}, ErrClosed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.MaxRequests = 2
+			cfg.Classes = append(cfg.Classes, Class{Name: "short", Priority: 5, WaitLimit: 100 * time.Millisecond})
+			a := newAdmitter(t, &gate{}, cfg)
+			err := tt.run(t, a)
+			var ref *Refusal
+			if !errors.As(err, &ref) || !errors.Is(err, tt.want) {
+				t.Fatalf("got %v, want a refusal for %v", err, tt.want)
+			}
+			if ref.RetryAfter < time.Second {
+				t.Errorf("retry after %v", ref.RetryAfter)
+			}
+		})
+	}
+}
