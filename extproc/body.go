@@ -23,6 +23,9 @@ const (
 	FieldDeprecatedDPRank    = "data_parallel_rank"
 	// FieldRID is SGLang's request id (rid), the key of POST /abort_request.
 	FieldRID = "rid"
+	// FieldPriority is SGLang's request priority (with
+	// --enable-priority-scheduling).
+	FieldPriority = "priority"
 )
 
 // routingFields are removed from every client body before duet writes its
@@ -170,6 +173,12 @@ type Placement struct {
 	// Model, when set, replaces the body's model (an alias of the name the
 	// engines serve).
 	Model string
+	// OwnPriority removes the client's priority field: duet's admission
+	// classes decide a request's priority, not its sender.
+	OwnPriority bool
+	// Priority, when set, is written as the priority field (implies
+	// OwnPriority).
+	Priority *int
 }
 
 // Rewrite returns the body with the client's routing fields replaced by
@@ -190,7 +199,8 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	out := make([]byte, 0, len(b.raw)+256)
 	out = append(out, '{')
 	for _, m := range b.members {
-		if slices.Contains(routingFields, m.name) || (pl.Model != "" && m.name == "model") {
+		if slices.Contains(routingFields, m.name) || (pl.Model != "" && m.name == "model") ||
+			((pl.OwnPriority || pl.Priority != nil) && m.name == FieldPriority) {
 			continue
 		}
 		end := m.value.Index + len(m.value.Raw)
@@ -227,6 +237,9 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 	}
 	if pl.RoutedRank >= 0 {
 		field(FieldRoutedDPRank, strconv.Itoa(pl.RoutedRank))
+	}
+	if pl.Priority != nil {
+		field(FieldPriority, strconv.Itoa(*pl.Priority))
 	}
 	return append(out, '}'), rooms, nil
 }

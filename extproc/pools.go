@@ -37,6 +37,9 @@ type Pool struct {
 	// engines compute (its chat template and tokenizer), so the prefix
 	// index keys token blocks; nil routes by the text estimate.
 	Tokenizer *tokenize.Model
+	// Admission, when set, queues the pool's inference requests while its
+	// engines are saturated; nil routes every request at once.
+	Admission *Admission
 }
 
 // pools finds the pool of a request by its model.

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/duet-router/duet/envoy/contract"
@@ -92,6 +93,8 @@ type Server struct {
 	opts  Options
 	pools *pools
 	log   *zap.Logger
+	// admitHeaders are the request headers some pool's admission reads.
+	admitHeaders []string
 	// prompts keeps the buffers that requests' rendered prompts are written
 	// into (*[]byte): a prompt is as large as the body, and allocating it
 	// anew was a quarter of duet's allocation at 32 KiB.
@@ -146,7 +149,21 @@ func NewServer(opts Options) (*Server, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Server{opts: opts, pools: ps, log: log}, nil
+	srv := &Server{opts: opts, pools: ps, log: log}
+	for _, p := range ps.list {
+		if p.Admission == nil {
+			continue
+		}
+		if p.Admission.Admitter == nil || p.Admission.Classifier == nil || p.Admission.Cost == nil {
+			return nil, fmt.Errorf("extproc: pool %s: admission needs an Admitter, a Classifier and a Cost", p.Name)
+		}
+		for _, h := range p.Admission.Classifier.Headers() {
+			if !slices.Contains(srv.admitHeaders, h) {
+				srv.admitHeaders = append(srv.admitHeaders, h)
+			}
+		}
+	}
+	return srv, nil
 }
 
 // request is the state of one HTTP request on the stream.
@@ -158,7 +175,13 @@ type request struct {
 	duetID    string // minted by duet for every request: keys all duet tracks
 	pool      string // the pool routed to; "" before one is chosen
 	body      []byte
+	// headers are the values of the headers admission reads, by name
+	// (Server.admitHeaders); nil when no pool has admission.
+	headers map[string]string
 }
+
+// header returns the value of a header admission reads ("" when absent).
+func (r *request) header(name string) string { return r.headers[name] }
 
 // Process handles one Envoy ext_proc stream (one HTTP request).
 //
@@ -183,9 +206,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		last := false // resp completes duet's part: end the stream after it
 		switch m := msg.Request.(type) {
 		case *extprocv3.ProcessingRequest_RequestHeaders:
-			req = newRequest(m.RequestHeaders)
+			req = newRequest(m.RequestHeaders, s.admitHeaders)
 			if m.RequestHeaders.EndOfStream {
-				resp, last = s.decide(ctx, req, phaseHeaders), true
+				resp, last = s.decide(ctx, req, phaseHeaders, nil), true
 			} else {
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 					RequestHeaders: &extprocv3.HeadersResponse{},
@@ -211,7 +234,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 				resp = s.reject(req, http.StatusInternalServerError, "body_mode",
 					"duet requires ext_proc request_body_mode BUFFERED")
 			} else {
-				resp = s.decide(ctx, req, phaseBody)
+				resp = s.decide(ctx, req, phaseBody, func(d time.Duration) {
+					// Envoy waits d for the answer; a failed send shows up
+					// at the answer's.
+					_ = stream.Send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)})
+				})
 			}
 			last = true
 		case *extprocv3.ProcessingRequest_RequestTrailers:
@@ -242,7 +269,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 }
 
-func newRequest(h *extprocv3.HttpHeaders) *request {
+// newRequest reads a request's headers: its method, path and id, and the
+// values of the headers named in keep.
+func newRequest(h *extprocv3.HttpHeaders, keep []string) *request {
 	r := &request{}
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		v := hv.Value
@@ -256,6 +285,13 @@ func newRequest(h *extprocv3.HttpHeaders) *request {
 			r.path = v
 		case contract.HeaderRequestID:
 			r.requestID = v
+		default:
+			if slices.Contains(keep, hv.Key) {
+				if r.headers == nil {
+					r.headers = make(map[string]string, len(keep))
+				}
+				r.headers[hv.Key] = v
+			}
 		}
 	}
 	r.route = ClassifyRoute(r.method, r.path)
@@ -271,16 +307,18 @@ const (
 
 // decide picks targets and builds the response for the message that
 // completes the request (headers without body, or the buffered body).
-func (s *Server) decide(ctx context.Context, req *request, ph phase) *extprocv3.ProcessingResponse {
+// hold, when set, asks Envoy to wait longer for the answer (a request
+// queued by admission).
+func (s *Server) decide(ctx context.Context, req *request, ph phase, hold func(time.Duration)) *extprocv3.ProcessingResponse {
 	start := time.Now()
-	resp := s.route(ctx, req, ph)
+	resp := s.route(ctx, req, ph, hold)
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.latency.WithLabelValues(req.route.String()).Observe(time.Since(start).Seconds())
 	}
 	return resp
 }
 
-func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.ProcessingResponse {
+func (s *Server) route(ctx context.Context, req *request, ph phase, hold func(time.Duration)) *extprocv3.ProcessingResponse {
 	if AdminPath(req.path) {
 		return s.reject(req, http.StatusForbidden, "admin_path",
 			fmt.Sprintf("%s is an engine administration endpoint and cannot be reached through duet", req.path))
@@ -337,7 +375,16 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 			}
 		}
 	}
+	var adm admitted
+	if pool.Admission != nil && body != nil {
+		var refused *extprocv3.ProcessingResponse
+		if adm, refused = s.admit(ctx, req, pool, sreq, hold); refused != nil {
+			return refused
+		}
+	}
 	decision, err := pool.Picker.Pick(ctx, sreq)
+	// The next queued request is judged once this one has reserved.
+	adm.ticket.Done()
 	if err != nil {
 		code := http.StatusInternalServerError
 		if errors.Is(err, scheduler.ErrNoEndpoints) {
@@ -404,7 +451,10 @@ func (s *Server) route(ctx context.Context, req *request, ph phase) *extprocv3.P
 	// must choose it again (it chose one before asking duet).
 	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: s.pools.byModelName()}
 	if body != nil {
-		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank, Model: model}
+		pl := Placement{PD: mirror, RoutedRank: scheduler.NoRank, Model: model, OwnPriority: pool.Admission != nil}
+		if adm.write {
+			pl.Priority = &adm.priority
+		}
 		if req.route.HasRID() {
 			pl.RID = req.duetID
 		}

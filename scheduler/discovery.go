@@ -40,6 +40,8 @@ type member struct {
 	knownPort   int
 	knownSource string
 	knownCache  DecodeCache
+	// knownPriority is the last discovered priority scheduling.
+	knownPriority PriorityScheduling
 	knownEvents KVEvents
 	warnedDP    int    // discovered DP size already warned about
 	warnedPort  int    // discovered bootstrap port already warned about
@@ -53,6 +55,7 @@ type serverInfo struct {
 	mode          string // disaggregation_mode; "" if not reported
 	decodeCache   DecodeCache
 	kvEvents      KVEvents // zero if not advertised
+	priority      PriorityScheduling
 }
 
 // probe is what one discovery round learned about one endpoint, before it is
@@ -190,6 +193,10 @@ func parseServerInfo(body []byte, prefill bool) (serverInfo, error) {
 		info.decodeCache = parseDecodeCache(root)
 	}
 	info.kvEvents = parseKVEvents(root.Get("kv_events"))
+	info.priority = PriorityScheduling{
+		Enabled:        root.Get("enable_priority_scheduling").Type == gjson.True,
+		LowValuesFirst: root.Get("schedule_low_priority_values_first").Type == gjson.True,
+	}
 	return info, nil
 }
 
@@ -273,6 +280,7 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	var dp, port int
 	var source string
 	var cache DecodeCache
+	var priority PriorityScheduling
 	events := m.spec.KVEvents
 	if events.Port == 0 {
 		events = s.kvEvents
@@ -284,12 +292,14 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 		m.knownDP, m.knownPort, m.knownSource, m.knownCache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 		dp, port, source, cache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 		m.knownEvents = p.info.kvEvents
+		m.knownPriority, priority = p.info.priority, p.info.priority
 		if p.info.kvEvents.Port > 0 {
 			events = p.info.kvEvents
 		}
 	case m.known:
 		errs = append(errs, p.infoErr)
 		dp, port, source, cache = m.knownDP, m.knownPort, m.knownSource, m.knownCache
+		priority = m.knownPriority
 		if m.knownEvents.Port > 0 {
 			events = m.knownEvents
 		}
@@ -310,6 +320,7 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 		port = 0
 	}
 	ep.DPSize, ep.BootstrapPort, ep.Source, ep.DecodeCache, ep.KVEvents = dp, port, source, cache, events
+	ep.Priority = priority
 	ep.Ready = dp > 0 && p.resolveErr == nil
 	err := errors.Join(errs...)
 	ep.LastError = ""

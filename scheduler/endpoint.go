@@ -92,6 +92,9 @@ type Endpoint struct {
 	// KVEvents is where the engine publishes its KV cache events, as its
 	// /server_info advertises them or, failing that, as configured.
 	KVEvents KVEvents
+	// Priority is the engine's priority scheduling, as its /server_info
+	// reports it (SGLang's --enable-priority-scheduling).
+	Priority PriorityScheduling
 	// Ready reports whether the endpoint may be scheduled.
 	Ready bool
 	// LastError is the error of the last discovery round, if any.
@@ -223,4 +226,13 @@ func preferIPv4(addrs []netip.Addr) netip.Addr {
 		}
 	}
 	return addrs[0]
+}
+
+// PriorityScheduling is whether an engine schedules by a request's
+// `priority` field (SGLang's --enable-priority-scheduling), and in which
+// order (--schedule-low-priority-values-first).
+type PriorityScheduling struct {
+	Enabled bool
+	// LowValuesFirst: a smaller value is served first; otherwise a larger.
+	LowValuesFirst bool
 }

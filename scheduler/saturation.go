@@ -131,3 +131,23 @@ func (s *Scheduler) pendingPrompt(ts *targetState, ld Load) int64 {
 	}
 	return ld.ReservedWork + ld.Scraped
 }
+
+// EnginePriority reports whether every ready engine of the pool, of both
+// roles, schedules by a request's priority field, and in the same order:
+// only then may duet write the field, for both legs get the same body and
+// an engine without priority scheduling may refuse it.
+func (s *Scheduler) EnginePriority() (ps PriorityScheduling, ok bool) {
+	snap := s.snap.Load()
+	n := 0
+	for _, ep := range snap.endpoints {
+		if !ep.Ready {
+			continue
+		}
+		if !ep.Priority.Enabled || n > 0 && ep.Priority != ps {
+			return PriorityScheduling{}, false
+		}
+		ps = ep.Priority
+		n++
+	}
+	return ps, n > 0
+}
