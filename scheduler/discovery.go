@@ -42,10 +42,10 @@ type member struct {
 	knownCache  DecodeCache
 	// knownPriority is the last discovered priority scheduling.
 	knownPriority PriorityScheduling
-	knownEvents KVEvents
-	warnedDP    int    // discovered DP size already warned about
-	warnedPort  int    // discovered bootstrap port already warned about
-	warnedMode  string // disaggregation_mode already warned about
+	knownEvents   KVEvents
+	warnedDP      int    // discovered DP size already warned about
+	warnedPort    int    // discovered bootstrap port already warned about
+	warnedMode    string // disaggregation_mode already warned about
 }
 
 // serverInfo is the part of SGLang's /server_info the scheduler reads.

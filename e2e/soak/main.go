@@ -7,7 +7,8 @@
 // Faults, cycling every -cycle: a decode engine killed and restarted, a
 // prefill engine failing 30% of its requests, a prefill engine hanging, and
 // every engine's /v1/loads answering garbage. A healthy run has no lost
-// request and flat memory and goroutines.
+// request, flat memory and goroutines, and, within -settle of the load's
+// end, no tokens reserved on any live replica.
 package main
 
 import (
@@ -36,10 +37,11 @@ func main() {
 	cycle := flag.Duration("cycle", 2*time.Minute, "period of the fault schedule")
 	replicas := flag.Int("replicas", 1, "duet replicas; above 1 they share state through a nats-server (make nats-server), "+
 		"and the fault schedule also kills the last replica and NATS")
+	settle := flag.Duration("settle", 30*time.Second, "how long every live replica has, once the load ended, to release all its reserved tokens")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *duration, *rate, *cycle, *replicas); err != nil {
+	if err := run(ctx, *duration, *rate, *cycle, *replicas, *settle); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -52,7 +54,7 @@ type sample struct {
 	goroutines, legs, resv float64
 }
 
-func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration, replicas int) error {
+func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration, replicas int, settle time.Duration) error {
 	opts := harness.Options{
 		Prefill:      []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
 		Decode:       []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
@@ -129,6 +131,8 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	}
 	wg.Wait()
 	time.Sleep(3 * time.Second) // let feedback and aborts settle
+	reserved, settled := settleReserved(ctx, s, settle)
+	dumpHolds(s, heldReplicas(reserved)) // TMPDEBUG
 	record()
 	report(os.Stdout, results, samples)
 	if replicas > 1 {
@@ -137,9 +141,10 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 		for i := range s.Duets {
 			fmt.Printf("| %d | %.0f | %.0f | %.0f | %.0f |\n", i, s.ReplicaMetric(i, "duet_feedback_untrusted_total", nil),
 				s.ReplicaMetric(i, "duet_feedback_adopted_total", nil), s.ReplicaMetric(i, "duet_sync_events_dropped_total", nil),
-				s.ReplicaMetric(i, "duet_target_tokens", map[string]string{"kind": "reserved"}))
+				reserved[i])
 		}
 	}
+	fmt.Printf("\nreserved tokens after the load (-1: replica down), waited %v of %v: %v\n", settled.Round(time.Millisecond), settle, reserved)
 	lost := 0
 	for _, r := range results {
 		if r.Outcome == harness.OutcomeLost {
@@ -150,7 +155,50 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	if lost > 0 {
 		return fmt.Errorf("%d requests lost", lost)
 	}
+	if held := heldReplicas(reserved); len(held) > 0 {
+		return fmt.Errorf("replicas %v still hold reserved tokens %v after %v: a reservation outlived its request", held, reserved, settle)
+	}
 	return nil
+}
+
+// reservedTokens returns every replica's reserved tokens, -1 for a replica
+// that does not answer.
+func reservedTokens(s *harness.Stack) []float64 {
+	out := make([]float64, len(s.Duets))
+	for i := range s.Duets {
+		out[i] = s.ReplicaMetric(i, "duet_target_tokens", map[string]string{"kind": "reserved"})
+	}
+	return out
+}
+
+// heldReplicas lists the replicas that answer and still hold tokens.
+func heldReplicas(reserved []float64) []int {
+	var held []int
+	for i, r := range reserved {
+		if r > 0 {
+			held = append(held, i)
+		}
+	}
+	return held
+}
+
+// settleReserved polls every replica's reserved tokens until none that
+// answers holds any, for at most within, and returns the last reading and
+// how long it waited. Once every request ended, a decode hold ends at the
+// next covering scrape and a prefill hold with its leg's feedback.
+func settleReserved(ctx context.Context, s *harness.Stack, within time.Duration) ([]float64, time.Duration) {
+	start := time.Now()
+	deadline := start.Add(within)
+	for {
+		reserved := reservedTokens(s)
+		if len(heldReplicas(reserved)) == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			return reserved, time.Since(start)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // faults injects one fault per cycle/4 (cycle/6 with replicas sharing

@@ -74,6 +74,9 @@ type Config struct {
 	// Sync, when set, makes duet one of several replicas that share their
 	// view of the cluster over NATS (docs/replicas.md).
 	Sync *Sync `yaml:"sync"`
+	// Admission configures the queue that holds requests while a pool's
+	// engines are saturated: priority classes, tenants, bounds.
+	Admission Admission `yaml:"admission"`
 }
 
 // Auth authenticates duet's callers. On the gRPC port, TLS and a token may
@@ -379,6 +382,7 @@ func Load(path string) (*Config, error) {
 // Parse decodes YAML (unknown fields are errors), applies defaults and validates.
 func Parse(data []byte) (*Config, error) {
 	var cfg Config
+	cfg.prepareAdmissionDefaults()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
@@ -425,6 +429,7 @@ func (c *Config) applyDefaults() {
 	}
 	c.Health.applyDefaults()
 	c.KVEvents.applyDefaults()
+	c.Admission.applyDefaults(c.Envoy.MaxRoutingRequests)
 	if t := c.Envoy.DuetTLS; t != nil {
 		setDefault(&t.ServerName, DefaultDuetServerName)
 	}
@@ -507,6 +512,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.validatePools()...)
 	errs = append(errs, c.validateTokenizers()...)
 	errs = append(errs, c.KVEvents.validate()...)
+	errs = append(errs, c.validateAdmission()...)
 	if c.Request.MaxBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("request.max_body_bytes: %d is below the 1024-byte minimum", c.Request.MaxBodyBytes))
 	}
