@@ -74,6 +74,11 @@ type Params struct {
 	MaxBodyBytes int
 	// MessageTimeout bounds each ext_proc exchange.
 	MessageTimeout time.Duration
+	// MaxMessageTimeout, when positive, lets duet extend MessageTimeout up
+	// to it for one exchange (ext_proc's override_message_timeout): a
+	// request duet's admission queue holds waits up to its class's wait
+	// limit. It must be at least MessageTimeout.
+	MaxMessageTimeout time.Duration
 	// MaxRoutingRequests caps the open ext_proc streams to duet (the duet
 	// cluster's circuit breaker): beyond it Envoy answers 503 at once.
 	MaxRoutingRequests int
@@ -390,6 +395,9 @@ func Render(w io.Writer, p Params) error {
 	}
 	if p.MaxBodyBytes <= 0 || p.MessageTimeout <= 0 || p.StreamIdleTimeout <= 0 || p.MaxRoutingRequests <= 0 {
 		return errors.New("render envoy bootstrap: body limit, routing request limit and timeouts must be positive")
+	}
+	if p.MaxMessageTimeout != 0 && p.MaxMessageTimeout < p.MessageTimeout {
+		return errors.New("render envoy bootstrap: the max message timeout must be at least the message timeout")
 	}
 	for _, a := range append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), engines...) {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {

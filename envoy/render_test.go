@@ -68,6 +68,7 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} },
 			[]string{"type: STRICT_DNS"}, []string{"dns_lookup_family", "dns_refresh_rate"}},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
+		{"admission queue", func(p *Params) { p.MaxMessageTimeout = 31 * time.Second }, []string{"message_timeout: 2s", "max_message_timeout: 31s"}, nil},
 		{"mutual TLS and token to duet", func(p *Params) {
 			p.DuetTLS = &ClientTLS{CertFile: creds.EnvoyCertFile, KeyFile: creds.EnvoyKeyFile, CAFile: creds.CAFile, ServerName: "duet"}
 			p.DuetToken = creds.Token
@@ -130,6 +131,7 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"no body limit", func(p *Params) { p.MaxBodyBytes = 0 }},
 		{"no timeout", func(p *Params) { p.MessageTimeout = 0 }},
 		{"no routing request limit", func(p *Params) { p.MaxRoutingRequests = 0 }},
+		{"max message timeout below the message timeout", func(p *Params) { p.MaxMessageTimeout = time.Second }},
 		{"yaml injection", func(p *Params) { p.Decode = []Address{{"a\"}\n- x", 1}} }},
 		{"empty host", func(p *Params) { p.Duet = Address{"", 1} }},
 		{"empty replica host", func(p *Params) { p.DuetReplicas = []Address{{"10.0.1.1", 9002}, {"", 9002}} }},
