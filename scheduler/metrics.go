@@ -72,6 +72,32 @@ func newMetrics(reg prometheus.Registerer, l *ledger, policies map[Role]string) 
 	return m
 }
 
+// Descriptions of the saturation gauges.
+var (
+	saturatedDesc = prometheus.NewDesc("duet_saturated_targets",
+		"Targets that are saturated (SaturationConfig), by role; the pool queues requests in duet while all of a role's schedulable targets are.",
+		[]string{"role"}, nil)
+	schedulableDesc = prometheus.NewDesc("duet_targets_schedulable",
+		"Targets picks may choose (not ejected), by role.", []string{"role"}, nil)
+)
+
+// saturationCollector reports each role's saturation at scrape time.
+type saturationCollector struct{ s *Scheduler }
+
+// Describe implements prometheus.Collector.
+func (saturationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- saturatedDesc
+	ch <- schedulableDesc
+}
+
+// Collect implements prometheus.Collector.
+func (c saturationCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.s.Saturation() {
+		ch <- prometheus.MustNewConstMetric(saturatedDesc, prometheus.GaugeValue, float64(r.Saturated), string(r.Role))
+		ch <- prometheus.MustNewConstMetric(schedulableDesc, prometheus.GaugeValue, float64(r.Targets), string(r.Role))
+	}
+}
+
 // picksFor returns the pick counter of one target.
 func (m *metrics) picksFor(role Role, target string) prometheus.Counter {
 	return m.picks.WithLabelValues(string(role), m.policies[role], target)

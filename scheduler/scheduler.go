@@ -339,6 +339,9 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		})
 	}
 	s.health = newHealth(cfg.Health, s.metrics)
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(saturationCollector{s})
+	}
 
 	if s.members, err = newMembers(cfg.Prefill, cfg.Decode); err != nil {
 		return nil, err

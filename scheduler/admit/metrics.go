@@ -100,3 +100,33 @@ func Outcome(reason error) string {
 	}
 	return "error"
 }
+
+// Descriptions of an Admitter's gauges.
+var (
+	descQueued       = prometheus.NewDesc("duet_admission_queued", "Requests waiting in duet's admission queue, by class.", []string{"class"}, nil)
+	descQueuedTokens = prometheus.NewDesc("duet_admission_queued_tokens", "Tokens of the requests waiting in duet's admission queue.", nil, nil)
+	descDrain        = prometheus.NewDesc("duet_admission_drain_tokens_per_second", "Tokens per second let through while requests were queued, over the last seconds (0: unknown).", nil, nil)
+)
+
+// admitterCollector exports an Admitter's queue at scrape time.
+type admitterCollector struct{ a *Admitter }
+
+// Collector returns a collector of the Admitter's queue gauges.
+func (a *Admitter) Collector() prometheus.Collector { return admitterCollector{a} }
+
+// Describe implements prometheus.Collector.
+func (admitterCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descQueued
+	ch <- descQueuedTokens
+	ch <- descDrain
+}
+
+// Collect implements prometheus.Collector.
+func (c admitterCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.a.Snapshot()
+	for class, n := range s.ByClass {
+		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(n), class)
+	}
+	ch <- prometheus.MustNewConstMetric(descQueuedTokens, prometheus.GaugeValue, float64(s.QueuedTokens))
+	ch <- prometheus.MustNewConstMetric(descDrain, prometheus.GaugeValue, s.DrainRate)
+}
