@@ -322,6 +322,9 @@ type valueSet struct {
 	// tokenizerClaim is the PVC duet must mount read-only at
 	// /models/tokenizer ("": no tokenizer volume).
 	tokenizerClaim string
+	// admissionClasses are the admission classes duet's configuration
+	// must name, in order (nil: not checked).
+	admissionClasses []string
 }
 
 // defaultSubject is the chart's NATS subject for the release in namespace.
@@ -370,6 +373,14 @@ var valueSets = []valueSet{
 			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token",
 		},
 		tokenizerClaim: "deepseek-v3-weights",
+	},
+	{
+		// The admission queue: two priority classes, chosen by API key
+		// (docs/configuration.md, "Admission").
+		name: "admission", files: []string{"admission.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
+		objects: append(slices.Clone(defaultObjects),
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
+		admissionClasses: []string{"interactive", "batch"},
 	},
 	{
 		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
@@ -510,6 +521,7 @@ func TestChart(t *testing.T) {
 			t.Run("objects", func(t *testing.T) { checkObjects(t, vs, objs) })
 			t.Run("tokenizer", func(t *testing.T) { checkTokenizer(t, vs, manifest, objs) })
 			t.Run("kv events", func(t *testing.T) { checkKVEvents(t, vs, objs) })
+			t.Run("admission", func(t *testing.T) { checkAdmission(t, vs, objs) })
 			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
 			t.Run("sync", func(t *testing.T) { checkSync(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
@@ -1440,6 +1452,8 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"chart-owned sync", nil, []string{"config.sync.nats.url=nats://nats:4222"}, "config.sync: the chart sets it"},
 		// What an unquoted `mode: on` in a values file becomes.
 		{"kv_events mode a boolean", nil, []string{"config.kv_events.mode=true"}, "config.kv_events.mode: true is a boolean; quote the mode"},
+		{"admission engine_priority a boolean", nil, []string{"config.admission.engine_priority=false"},
+			"config.admission.engine_priority: false is a boolean; quote the mode"},
 		{"headless beside envoy", nil, []string{"service.headless=true"}, "service.headless: only with envoy.enabled false"},
 		{"chart-owned pools", nil, []string{"config.pools[0].name=a"}, "config.pools: the chart sets it; use pools"},
 		{"pools with engine lists", []string{"two-pools.yaml"}, []string{"engines.decode[0].url=http://a:1"},

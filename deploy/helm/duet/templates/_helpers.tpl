@@ -200,6 +200,11 @@ boolean: duet would get mode true and refuse to start. */}}
 {{- fail (printf "config.kv_events.mode: %v is a boolean; quote the mode (\"on\", \"off\", \"auto\"): YAML reads on and off unquoted as true and false" .mode) }}
 {{- end }}
 {{- end }}
+{{- with $cfg.admission }}
+{{- if kindIs "bool" .engine_priority }}
+{{- fail (printf "config.admission.engine_priority: %v is a boolean; quote the mode (\"on\", \"off\", \"auto\"): YAML reads on and off unquoted as true and false" .engine_priority) }}
+{{- end }}
+{{- end }}
 {{- $engines := .Values.engines }}
 {{- if .Values.pools }}
 {{- /* Pools: each names its Services or lists its engines; the engines
