@@ -44,10 +44,11 @@ type Admission struct {
 	EnginePriority func(class int) (int, bool)
 }
 
-// holdMargin is added to a queued request's wait limit in the message
+// HoldMargin is added to a queued request's wait limit in the message
 // timeout duet asks Envoy for: duet answers by the limit, and Envoy must
-// not give up first.
-const holdMargin = time.Second
+// not give up first. Envoy's max_message_timeout must allow the longest
+// limit plus this.
+const HoldMargin = time.Second
 
 // admitted is what admission decided for a request let through.
 type admitted struct {
@@ -68,7 +69,7 @@ func (s *Server) admit(ctx context.Context, req *request, pool *Pool, sreq *sche
 	tk, err := a.Admitter.Admit(ctx, r, func(limit time.Duration) {
 		queued = true
 		if hold != nil {
-			hold(limit + holdMargin)
+			hold(limit + HoldMargin)
 		}
 	})
 	if err != nil {

@@ -122,8 +122,8 @@ func TestAdmissionRefuses(t *testing.T) {
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("answered after %v; the wait limit is 100ms", took)
 	}
-	if len(holds) != 1 || holds[0] != 100*time.Millisecond+holdMargin {
-		t.Errorf("asked Envoy to wait %v, want once the limit plus %v", holds, holdMargin)
+	if len(holds) != 1 || holds[0] != 100*time.Millisecond+HoldMargin {
+		t.Errorf("asked Envoy to wait %v, want once the limit plus %v", holds, HoldMargin)
 	}
 	im := resp.GetImmediateResponse()
 	if im == nil || im.GetStatus().GetCode() != http.StatusTooManyRequests {
@@ -154,7 +154,7 @@ func TestAdmissionQueuesThenRoutes(t *testing.T) {
 		open.Store(true)
 	}()
 	resp, holds := exchangeHeld(t, c, map[string]string{"x-duet-priority": "interactive"}, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
-	if len(holds) != 1 || holds[0] != time.Second+holdMargin {
+	if len(holds) != 1 || holds[0] != time.Second+HoldMargin {
 		t.Errorf("holds %v", holds)
 	}
 	if common(resp).GetBodyMutation().GetBody() == nil {

@@ -44,6 +44,8 @@ type Status struct {
 	// Reservations counts the requests the ledger holds (with tokens
 	// reserved, or recently finished).
 	Reservations int
+	// Saturation is each role's saturation, as Saturation returns it.
+	Saturation []RoleSaturation
 }
 
 // EndpointStatus is one endpoint and its schedulable targets.
@@ -94,6 +96,8 @@ type TargetStatus struct {
 	// Events is what the target's KV events say, beside the prefix
 	// index's estimate; nil when the pool does not follow them.
 	Events *EventsStatus
+	// Saturated reports that the target is saturated (SaturationConfig).
+	Saturated bool
 }
 
 // EventsStatus is one target's view from its KV events.
@@ -273,6 +277,7 @@ func (s *Scheduler) Status() Status {
 				continue
 			}
 			view := TargetStatus{Rank: t.Rank, Load: s.ledger.loadSince(ts, since), Picks: ts.picked}
+			view.Saturated = s.saturated(ts, view.Load)
 			if ts.scrapedAt != 0 {
 				view.ScrapedAt = time.Unix(0, ts.scrapedAt)
 			}
@@ -314,6 +319,7 @@ func (s *Scheduler) Status() Status {
 	for i, e := range entries {
 		st.Decisions[i] = s.decisionView(e)
 	}
+	st.Saturation = s.Saturation()
 	return st
 }
 

@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/duet-router/duet/cmd/duet/internal/auth"
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/envoy/contract"
+	"github.com/duet-router/duet/extproc"
 )
 
 // writeEnvoyConfig renders the Envoy bootstrap that matches cfg.
@@ -50,6 +52,13 @@ func writeEnvoyConfigFile(path string, cfg *config.Config) error {
 	return nil
 }
 
+// maxMessageTimeout is Envoy's max_message_timeout for cfg: the longest
+// wait limit of an admission class, plus the margin duet adds to it, plus
+// a second; never below envoy.message_timeout.
+func maxMessageTimeout(cfg *config.Config) time.Duration {
+	return max(cfg.Admission.MaxWaitLimit()+extproc.HoldMargin+time.Second, cfg.Envoy.MessageTimeout)
+}
+
 // envoyParams maps duet's configuration onto the bootstrap's inputs.
 func envoyParams(cfg *config.Config) (envoy.Params, error) {
 	if c := cfg.Envoy.Clusters; c.Decode != contract.ClusterDecode || c.Prefill != contract.ClusterPrefill {
@@ -61,6 +70,9 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 		MessageTimeout:     cfg.Envoy.MessageTimeout,
 		MaxRoutingRequests: cfg.Envoy.MaxRoutingRequests,
 		StreamIdleTimeout:  cfg.Envoy.StreamIdleTimeout,
+	}
+	if cfg.Admission.Enabled {
+		p.MaxMessageTimeout = maxMessageTimeout(cfg)
 	}
 	var err error
 	for _, a := range []struct {

@@ -13,6 +13,7 @@ import (
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/tokenize"
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
 	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
@@ -26,6 +27,11 @@ type pool struct {
 	// events follows the pool's engines' KV events; nil when the pool
 	// does not (kv_events.mode).
 	events *kvevents.Tracker[scheduler.TargetKey]
+	// admitter queues the pool's requests while its engines are
+	// saturated; nil when admission is off.
+	admitter *admit.Admitter
+	// ext is the pool as extproc routes to it.
+	ext extproc.Pool
 }
 
 // poolSet is every pool, in configuration order.
@@ -60,11 +66,26 @@ func newPools(cfg *config.Config, base scheduler.Config, log *zap.Logger, reg pr
 				scfg.Registerer.MustRegister(events.Collector())
 			}
 		}
+		k := &kicker{}
+		if cfg.Admission.Enabled {
+			scfg.Saturation = cfg.Admission.SaturationConfig()
+			scfg.OnRelease = k.kick
+		}
 		sched, err := scheduler.New(scfg, plog)
 		if err != nil {
 			return nil, fmt.Errorf("scheduler of pool %s: %w", pc.Name, err)
 		}
-		out = append(out, &pool{cfg: pc, sched: sched, tokenizer: tok, events: events})
+		p := &pool{cfg: pc, sched: sched, tokenizer: tok, events: events}
+		if cfg.Admission.Enabled {
+			if p.admitter, err = newAdmitter(cfg.Admission, sched, scfg.Registerer); err != nil {
+				return nil, fmt.Errorf("pool %s: %w", pc.Name, err)
+			}
+			k.a.Store(p.admitter)
+		}
+		if p.ext, err = p.extproc(cfg.Admission); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
 	}
 	return out, nil
 }
@@ -142,14 +163,31 @@ func (ps poolSet) Ready() bool {
 func (ps poolSet) extproc() []extproc.Pool {
 	out := make([]extproc.Pool, 0, len(ps))
 	for _, p := range ps {
-		ep := extproc.Pool{Name: p.cfg.Name, Picker: p.sched, Fallbacks: p.sched, PrefillCluster: p.cfg.Clusters.Prefill,
-			Tokenizer: p.tokenizer}
-		if !p.cfg.Implicit() {
-			ep.Models, ep.Aliases = p.cfg.Models, p.cfg.Aliases
-		}
-		out = append(out, ep)
+		out = append(out, p.ext)
 	}
 	return out
+}
+
+// extproc returns the pool as extproc routes to it.
+func (p *pool) extproc(a config.Admission) (extproc.Pool, error) {
+	ep := extproc.Pool{Name: p.cfg.Name, Picker: p.sched, Fallbacks: p.sched, PrefillCluster: p.cfg.Clusters.Prefill,
+		Tokenizer: p.tokenizer}
+	if !p.cfg.Implicit() {
+		ep.Models, ep.Aliases = p.cfg.Models, p.cfg.Aliases
+	}
+	var err error
+	ep.Admission, err = p.admission(a)
+	return ep, err
+}
+
+// closeAdmission refuses every queued request with 503 (duet is shutting
+// down), and every later one.
+func (ps poolSet) closeAdmission() {
+	for _, p := range ps {
+		if p.admitter != nil {
+			p.admitter.Close()
+		}
+	}
 }
 
 // feedbackClusters names every pool's engine clusters, whose upstream
@@ -166,7 +204,11 @@ func feedbackClusters(cfg *config.Config) accesslog.ClusterSet {
 func (ps poolSet) status() []status.Pool {
 	out := make([]status.Pool, 0, len(ps))
 	for _, p := range ps {
-		out = append(out, status.Pool{Name: p.cfg.Name, Models: p.cfg.Models, Source: p.sched})
+		sp := status.Pool{Name: p.cfg.Name, Models: p.cfg.Models, Source: p.sched}
+		if p.admitter != nil {
+			sp.Admission = p.admitter
+		}
+		out = append(out, sp)
 	}
 	return out
 }

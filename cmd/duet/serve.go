@@ -38,6 +38,11 @@ import (
 // shutdownGrace bounds how long in-flight streams may finish after SIGTERM.
 const shutdownGrace = 10 * time.Second
 
+// admissionCloseMargin is how long before shutdownGrace ends duet refuses
+// the requests its admission queues still hold, so that their answers
+// reach Envoy before the streams are cut.
+const admissionCloseMargin = time.Second
+
 // maxOrphans bounds the access-log entries a replica keeps while their
 // request's route has not arrived from its peers (routed.Options.Orphans).
 const maxOrphans = 1 << 16
@@ -228,8 +233,15 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	go func() { gs.GracefulStop(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(shutdownGrace):
-		gs.Stop()
+	case <-time.After(shutdownGrace - admissionCloseMargin):
+		// Requests still queued get a clear 503 before their streams are
+		// cut.
+		pools.closeAdmission()
+		select {
+		case <-done:
+		case <-time.After(admissionCloseMargin):
+			gs.Stop()
+		}
 	}
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancelShutdown()

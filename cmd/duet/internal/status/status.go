@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
 )
 
 // Source is the state the page shows of one pool; *scheduler.Scheduler
@@ -32,6 +33,14 @@ type Pool struct {
 	Models []string
 	// Source is the pool's scheduler.
 	Source Source
+	// Admission is the pool's admission queue; nil when it has none.
+	Admission AdmissionSource
+}
+
+// AdmissionSource is what the page reads of a pool's admission queue
+// (admit.Admitter).
+type AdmissionSource interface {
+	Snapshot() admit.Snapshot
 }
 
 // Single returns the one pool of a configuration without pools: src, named
@@ -208,6 +217,22 @@ type PoolPage struct {
 	Endpoints []Endpoint `json:"endpoints"`
 	// Decisions are the pool's latest picks, newest first.
 	Decisions []Decision `json:"decisions"`
+	// Admission is the pool's admission queue; null when it has none.
+	Admission *Admission `json:"admission"`
+}
+
+// Admission is a pool's admission queue now.
+type Admission struct {
+	// Open reports that the pool has room: requests go on at once.
+	Open bool `json:"open"`
+	// Queued and QueuedTokens are the requests waiting and their tokens;
+	// ByClass the requests waiting per class.
+	Queued       int            `json:"queued"`
+	QueuedTokens int64          `json:"queued_tokens"`
+	ByClass      map[string]int `json:"by_class"`
+	// DrainTokensPerSecond is how fast queued tokens were let through
+	// lately; 0 while unknown.
+	DrainTokensPerSecond float64 `json:"drain_tokens_per_second"`
 }
 
 // Role is one role's summary and balance.
@@ -234,6 +259,10 @@ type Role struct {
 	// PickImbalance is max/mean of the pick rates over the pickable
 	// ranks; null without rates or picks.
 	PickImbalance *float64 `json:"pick_imbalance"`
+	// SaturatedRanks counts the pickable ranks that are saturated;
+	// Saturated reports that all are (the pool queues requests).
+	SaturatedRanks int  `json:"saturated_ranks"`
+	Saturated      bool `json:"saturated"`
 }
 
 // Endpoint is one engine.
@@ -297,6 +326,9 @@ type Rank struct {
 	Waiting int `json:"waiting"`
 	// LoadFresh reports that a recent scrape backs the scraped numbers.
 	LoadFresh bool `json:"load_fresh"`
+	// Saturated reports that the rank is saturated: one more request
+	// would only wait in the engine's queue.
+	Saturated bool `json:"saturated"`
 	// LoadAgeSeconds is the age of the last successful scrape; null
 	// before the first.
 	LoadAgeSeconds *float64 `json:"load_age_seconds"`
@@ -420,6 +452,17 @@ func (h *Handler) poolPage(pl pool) PoolPage {
 	for _, d := range st.Decisions {
 		p.Decisions = append(p.Decisions, decisionOf(d))
 	}
+	for i := range p.Roles {
+		for _, rs := range st.Saturation {
+			if string(rs.Role) == p.Roles[i].Role {
+				p.Roles[i].SaturatedRanks, p.Roles[i].Saturated = rs.Saturated, rs.Full()
+			}
+		}
+	}
+	if pl.Admission != nil {
+		a := pl.Admission.Snapshot()
+		p.Admission = &Admission{Open: a.Open, Queued: a.Queued, QueuedTokens: a.QueuedTokens, ByClass: a.ByClass, DrainTokensPerSecond: a.DrainRate}
+	}
 	return p
 }
 
@@ -488,6 +531,7 @@ func endpointOf(es scheduler.EndpointStatus, now time.Time, rates map[targetID]f
 			Tokens:         t.Load.Tokens,
 			ScrapedTokens:  t.Load.Tokens - t.Load.Reserved,
 			ReservedTokens: t.Load.Reserved,
+			Saturated:      t.Saturated,
 			CapacityTokens: t.Load.Capacity,
 			Running:        t.Load.Running,
 			Waiting:        t.Load.Waiting,

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
 )
 
 // fakeSource returns the status it holds.
@@ -305,7 +306,8 @@ func TestHandler(t *testing.T) {
 	mux := http.NewServeMux()
 	agg := aggregatedStatus()
 	New([]Pool{
-		{Name: "default", Models: []string{"m"}, Source: &fakeSource{st: pdStatus()}},
+		{Name: "default", Models: []string{"m"}, Source: &fakeSource{st: pdStatus()},
+			Admission: fakeAdmission{admit.Snapshot{Queued: 3, QueuedTokens: 900, ByClass: map[string]int{"batch": 3}, DrainRate: 1500}}},
 		{Name: "small", Models: []string{"s", "s-instruct"}, Source: &fakeSource{st: agg}},
 	}, Options{Version: "v1"}).Register(mux)
 	srv := httptest.NewServer(mux)
@@ -355,11 +357,17 @@ func TestHandler(t *testing.T) {
 			if got := slices.Sorted(maps.Keys(doc.Top)); !slices.Equal(got, wantTop) {
 				t.Errorf("top-level fields %v, want %v", got, wantTop)
 			}
-			wantPool := []string{"decisions", "endpoints", "engine_ranks", "mode", "models", "name", "ready", "reservations", "roles", "time"}
+			wantPool := []string{"admission", "decisions", "endpoints", "engine_ranks", "mode", "models", "name", "ready", "reservations", "roles", "time"}
 			for i, pl := range doc.Pools {
 				if got := slices.Sorted(maps.Keys(pl)); !slices.Equal(got, wantPool) {
 					t.Errorf("pools[%d] fields %v, want %v", i, got, wantPool)
 				}
+			}
+			if got, want := string(doc.Pools[0]["admission"]), `{"open":false,"queued":3,"queued_tokens":900,"by_class":{"batch":3},"drain_tokens_per_second":1500}`; got != want {
+				t.Errorf("pools[0].admission = %s, want %s", got, want)
+			}
+			if got := string(doc.Pools[1]["admission"]); got != "null" {
+				t.Errorf("pools[1].admission = %s, want null (no queue)", got)
 			}
 			for _, k := range []string{"time", "ready", "mode", "engine_ranks", "reservations", "roles", "endpoints", "decisions"} {
 				if string(doc.Top[k]) != string(doc.Pools[0][k]) {
@@ -530,3 +538,8 @@ func TestPoolRates(t *testing.T) {
 		}
 	}
 }
+
+// fakeAdmission is an admission queue with a fixed snapshot.
+type fakeAdmission struct{ s admit.Snapshot }
+
+func (f fakeAdmission) Snapshot() admit.Snapshot { return f.s }

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/duet-router/duet/cmd/duet/internal/config"
+	"github.com/duet-router/duet/extproc"
+	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
+)
+
+// kicker forwards a scheduler's OnRelease to its pool's Admitter, which is
+// made after the scheduler (its gate is the scheduler's saturation).
+type kicker struct {
+	a atomic.Pointer[admit.Admitter]
+}
+
+// kick implements scheduler.Config.OnRelease.
+func (k *kicker) kick() {
+	if a := k.a.Load(); a != nil {
+		a.Kick()
+	}
+}
+
+// newAdmitter makes pool p's Admitter, gated by its scheduler's
+// saturation, with its metrics on reg (nil: none).
+func newAdmitter(a config.Admission, sched *scheduler.Scheduler, reg prometheus.Registerer) (*admit.Admitter, error) {
+	var obs admit.Observer
+	if reg != nil {
+		m, err := admit.NewMetrics(reg)
+		if err != nil {
+			return nil, fmt.Errorf("admission metrics: %w", err)
+		}
+		obs = m
+	}
+	adm, err := admit.NewAdmitter(a.AdmitConfig(), func() bool { return !sched.Saturated() }, obs)
+	if err != nil {
+		return nil, err
+	}
+	if reg != nil {
+		if err := reg.Register(adm.Collector()); err != nil {
+			return nil, fmt.Errorf("admission metrics: %w", err)
+		}
+	}
+	return adm, nil
+}
+
+// admission is what extproc needs of pool p's admission; nil when it has
+// none.
+func (p *pool) admission(a config.Admission) (*extproc.Admission, error) {
+	if p.admitter == nil {
+		return nil, nil
+	}
+	cl, err := a.AdmitRules().Compile()
+	if err != nil {
+		return nil, fmt.Errorf("pool %s: admission: %w", p.cfg.Name, err)
+	}
+	names := a.ClassNames()
+	return &extproc.Admission{
+		Admitter: p.admitter, Classifier: cl, Cost: p.sched.Cost,
+		EnginePriority: func(class int) (int, bool) { return enginePriority(a, names[class], p.sched) },
+	}, nil
+}
+
+// enginePriority is the priority field to write for a request of class,
+// and whether to write it: where admission.engine_priority and the pool's
+// engines say so. A class's default value (its priority) is negated for
+// engines that serve low values first, so the order holds there too.
+func enginePriority(a config.Admission, class string, sched *scheduler.Scheduler) (int, bool) {
+	ps, advertised := sched.EnginePriority()
+	if !a.WritesEnginePriority(advertised) {
+		return 0, false
+	}
+	v := a.EnginePriority(class)
+	if ps.LowValuesFirst && !explicitEnginePriority(a, class) {
+		v = -v
+	}
+	return v, true
+}
+
+// explicitEnginePriority reports whether class sets engine_priority.
+func explicitEnginePriority(a config.Admission, class string) bool {
+	for _, c := range a.Classes {
+		if c.Name == class {
+			return c.EnginePriority != nil
+		}
+	}
+	return false
+}
