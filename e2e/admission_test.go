@@ -1,0 +1,211 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// admissionYAML is the admission section of the admission tests: batch
+// requests may wait 3 s, interactive ones 20 s. Clients cannot choose
+// their class with a header (Envoy strips every x-duet-* header a client
+// sends): the interactive class is the API key sk-interactive's, by the
+// SHA-256 of the key, and the tenant is the key's hash. A prefill rank
+// with 3,000 prompt tokens pending is saturated (the engines' own queue is
+// not looked at, so only duet's view counts).
+const admissionYAML = `admission:
+  classes:
+  - {name: interactive, priority: 10, wait_limit: 20s}
+  - {name: batch, priority: 0, wait_limit: 3s}
+  class_header: x-duet-priority
+  api_keys: {7645b28b5463faac017baeb9c4aac66f80fda3eca4247f3f7838053082d5f6df: interactive}
+  tenant_from_api_key: true
+  max_queued: 100
+  saturation: {prefill_tokens: 3000, kv_fraction: -1, waiting: -1}
+`
+
+// admissionStack is one prefill and one decode engine whose prefill is
+// slow (a 2,000-token prompt takes about half a second), behind duet with
+// admissionYAML.
+func admissionStack(t *testing.T) *harness.Stack {
+	slow := []string{"--prefill-ms-per-1k-tokens", "250"}
+	return startStack(t, harness.Options{
+		Prefill:  []harness.SimSpec{{Args: slow}},
+		Decode:   []harness.SimSpec{{}},
+		DuetYAML: admissionYAML, LogLevel: "info", MaxRoutingRequests: 256,
+		DuetDefaultPolicies: true,
+	})
+}
+
+// classResult is one request's outcome.
+type classResult struct {
+	class  string
+	status int
+	took   time.Duration
+	retry  string // Retry-After
+	body   string
+	err    error
+}
+
+// sendClass sends one chat request of class with a prompt of about
+// promptTokens tokens (4 characters each), with the API key sk-<class>
+// and, to show that a client cannot pick its class, the header naming
+// class interactive.
+func sendClass(ctx context.Context, s *harness.Stack, class string, i, promptTokens int) classResult {
+	content := fmt.Sprintf("request %d of %s: %s", i, class, strings.Repeat("abcd", promptTokens))
+	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}],"max_tokens":4}`, content)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.EnvoyURL+"/v1/chat/completions", bytes.NewReader([]byte(body)))
+	if err != nil {
+		return classResult{class: class, err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk-"+class)
+	req.Header.Set("x-duet-priority", "interactive")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return classResult{class: class, err: err, took: time.Since(start)}
+	}
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return classResult{class: class, status: resp.StatusCode, took: time.Since(start), retry: resp.Header.Get("Retry-After"), body: string(out), err: err}
+}
+
+// Claim (issue 27): while a flood of low-priority long prompts saturates
+// the prefill engine, high-priority short requests are still served, ahead
+// of the flood; every request is served or gets 429 with Retry-After
+// within its class's wait limit, and none is lost.
+func TestAdmissionPriorityUnderFlood(t *testing.T) {
+	s := admissionStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var results []classResult
+	var wg sync.WaitGroup
+	send := func(class string, i, tokens int) {
+		wg.Go(func() {
+			r := sendClass(ctx, s, class, i, tokens)
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		})
+	}
+	const flood, interactive = 60, 6
+	for i := range flood {
+		send("batch", i, 2000)
+	}
+	harness.WaitFor(t, 20*time.Second, "the flood to queue in duet", func() bool {
+		return s.ReplicaMetric(0, "duet_admission_queued", map[string]string{"class": "batch"}) > 5
+	})
+	for i := range interactive {
+		send("interactive", i, 50)
+		time.Sleep(100 * time.Millisecond)
+	}
+	wg.Wait()
+
+	var batchServed []time.Duration
+	var served, refused int
+	var interactiveTook []time.Duration
+	for _, r := range results {
+		switch {
+		case r.err != nil:
+			t.Errorf("%s request lost: %v after %v", r.class, r.err, r.took)
+		case r.status == http.StatusOK && r.class == "interactive":
+			interactiveTook = append(interactiveTook, r.took)
+			served++
+		case r.status == http.StatusOK:
+			batchServed = append(batchServed, r.took)
+			served++
+		case r.status == http.StatusTooManyRequests:
+			refused++
+			if r.class == "interactive" {
+				t.Errorf("an interactive request was refused: %s", r.body)
+			}
+			if r.retry == "" || gjson.Get(r.body, "error.code").String() != "rate_limit_exceeded" {
+				t.Errorf("429 without Retry-After or OpenAI error: %q %s", r.retry, r.body)
+			}
+			// 3 s wait limit, plus the time to reach duet.
+			if r.took > 6*time.Second {
+				t.Errorf("a batch request was refused after %v, past its 3s wait limit", r.took)
+			}
+		default:
+			t.Errorf("%s request: status %d: %s", r.class, r.status, r.body)
+		}
+	}
+	if len(results) != flood+interactive {
+		t.Fatalf("%d results for %d requests", len(results), flood+interactive)
+	}
+	if len(interactiveTook) != interactive {
+		t.Fatalf("%d of %d interactive requests served", len(interactiveTook), interactive)
+	}
+	if refused == 0 {
+		t.Errorf("no batch request was refused: the flood did not overload the engines")
+	}
+	slices.Sort(batchServed)
+	slices.Sort(interactiveTook)
+	t.Logf("served %d (batch %d), refused %d; interactive took %v; batch served took p50 %v", served, len(batchServed), refused,
+		interactiveTook, median(batchServed))
+	if len(batchServed) > 0 && interactiveTook[len(interactiveTook)-1] >= median(batchServed) {
+		t.Errorf("the slowest interactive request took %v, not less than the batch median %v: priority did not hold",
+			interactiveTook[len(interactiveTook)-1], median(batchServed))
+	}
+	harness.WaitFor(t, 10*time.Second, "the queue to empty", func() bool {
+		return s.ReplicaMetric(0, "duet_admission_queued", nil) == 0
+	})
+	if n := s.ReplicaMetric(0, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "queued_admitted"}) +
+		s.ReplicaMetric(0, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "admitted"}); n != interactive {
+		t.Errorf("duet counted %v interactive requests admitted, want %d", n, interactive)
+	}
+}
+
+// Claim (issue 27): a queued request whose client goes away leaves duet's
+// queue at once, and is counted as such.
+func TestAdmissionClientLeaves(t *testing.T) {
+	s := admissionStack(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	// Saturate the prefill engine with requests that stay.
+	for i := range 8 {
+		wg.Go(func() { sendClass(ctx, s, "interactive", i, 2000) })
+	}
+	harness.WaitFor(t, 20*time.Second, "the prefill engine to saturate", func() bool {
+		return s.ReplicaMetric(0, "duet_saturated_targets", map[string]string{"role": "prefill"}) == 1 ||
+			s.ReplicaMetric(0, "duet_admission_queued", nil) > 0
+	})
+	leaving, leave := context.WithCancel(ctx)
+	const goners = 5
+	for i := range goners {
+		wg.Go(func() { sendClass(leaving, s, "batch", 100+i, 100) })
+	}
+	harness.WaitFor(t, 20*time.Second, "the leaving requests to queue", func() bool {
+		return s.ReplicaMetric(0, "duet_admission_queued", map[string]string{"class": "batch"}) == goners
+	})
+	leave()
+	harness.WaitFor(t, 5*time.Second, "the leaving requests to leave the queue", func() bool {
+		return s.ReplicaMetric(0, "duet_admission_queued", map[string]string{"class": "batch"}) == 0
+	})
+	if n := s.ReplicaMetric(0, "duet_admission_requests_total", map[string]string{"class": "batch", "outcome": "left"}); n != goners {
+		t.Errorf("duet counted %v requests that left, want %d", n, goners)
+	}
+	wg.Wait()
+}
+
+// median of sorted durations.
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[len(d)/2]
+}
