@@ -276,7 +276,8 @@ var variantDescriptions = map[string]string{
 		"its processor CPU includes the peer replica and nats-server (pinned with the other servers)",
 	variantReplicas2: "two duet replicas sharing state over NATS, both listed in Envoy's clusters to duet (envoy.duet_replicas: streams spread over them); processor CPU is both replicas and nats-server",
 	variantReplicas3: "three duet replicas, as duet 2 replicas",
-	variantPD:        "the rendered bootstrap of one prefill and one decode engine (the mirror)",
+	variantPD:        "the rendered bootstrap of one prefill and one decode engine (the mirror), duet's defaults (the admission queue on, never saturated here)",
+	variantPDNoQueue: "duet PD with the admission queue off (admission.enabled: false): what the queue costs when nothing is saturated is duet PD less this",
 	variantPDTokenizer: "duet PD with Qwen3's tokenizer and chat template (tokenizer section, page_size 16): every prompt new, so each is rendered and tokenized in full " +
 		"(the /generate case tokenizes its text)",
 	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",

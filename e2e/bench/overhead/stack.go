@@ -31,6 +31,7 @@ const (
 	variantReplicas2   = "duet 2 replicas"
 	variantReplicas3   = "duet 3 replicas"
 	variantPD          = "duet PD"
+	variantPDNoQueue   = "duet PD no queue"
 	variantSMG         = "SMG aggregated"
 	variantSMGPD       = "SMG PD"
 )
@@ -38,7 +39,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantPDTokenizer, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantPDNoQueue, variantPDTokenizer, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -62,7 +63,7 @@ var sharedReplicas = map[string]struct {
 
 // isPD reports whether a variant runs a prefill and a decode engine.
 func isPD(variant string) bool {
-	return variant == variantPD || variant == variantPDTokenizer || variant == variantSMGPD
+	return variant == variantPD || variant == variantPDNoQueue || variant == variantPDTokenizer || variant == variantSMGPD
 }
 
 // tokenizerYAML is duet's tokenizer section of the tokenizer variant:
@@ -188,6 +189,9 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 		if opts.DuetYAML, err = tokenizerYAML(); err != nil {
 			return nil, err
 		}
+	}
+	if variant == variantPDNoQueue {
+		opts.DuetYAML = "admission:\n  enabled: false\n"
 	}
 	decodeMode := "null"
 	prefillBoot := 0
