@@ -426,6 +426,8 @@ var valueSets = []valueSet{
 			"RoleBinding/duet-system/duet-endpointslices", "NetworkPolicy/duet-system/duet",
 			"PodDisruptionBudget/duet-system/duet", "Secret/duet-system/duet-admin-token",
 		},
+		// The classes the tier claim of deploy/istio/admission names.
+		admissionClasses: []string{"interactive", "batch"},
 	},
 	{
 		// Two models, each pool discovered from its Services: a PD one

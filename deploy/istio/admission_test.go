@@ -1,0 +1,170 @@
+package istio
+
+import (
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// The admission example: a RequestAuthentication on the gateway whose JWT
+// filter sets the class and tenant headers of duet's admission section,
+// and an AuthorizationPolicy that requires a token (docs/deploy/istio.md,
+// "Admission headers"). duet's configuration for Istio is the Helm
+// chart's example values.
+var (
+	admissionManifest = filepath.Join("admission", "requestauthentication.yaml")
+	istioHelmValues   = filepath.Join("..", "helm", "examples", "istio.yaml")
+)
+
+// jwtFilter is the JWT filter as Istio names it in the gateway's listener.
+const jwtFilter = "envoy.filters.http.jwt_authn"
+
+// helmAdmission is config.admission of the chart's Istio example, as the
+// tests read it.
+type helmAdmission struct {
+	Classes []struct {
+		Name string `yaml:"name"`
+	} `yaml:"classes"`
+	ClassHeader        string `yaml:"class_header"`
+	TenantHeader       string `yaml:"tenant_header"`
+	TrustClientHeaders bool   `yaml:"trust_client_headers"`
+}
+
+// readHelmAdmission reads config.admission of the chart's Istio example.
+func readHelmAdmission(t *testing.T) helmAdmission {
+	t.Helper()
+	data, err := os.ReadFile(istioHelmValues)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		Config struct {
+			Admission helmAdmission `yaml:"admission"`
+		} `yaml:"config"`
+	}
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		t.Fatalf("%s: %v", istioHelmValues, err)
+	}
+	return values.Config.Admission
+}
+
+// TestAdmissionManifests: the RequestAuthentication selects the gateway's
+// pods (the Gateway's selector) and sets exactly the class and tenant
+// headers of duet's admission section from JWT claims; both are x-duet-*
+// headers, which the EnvoyFilter strips from clients, so duet need not
+// (and does not) trust clients' headers; the AuthorizationPolicy beside it
+// admits, on the same pods, only requests with a verified token.
+func TestAdmissionManifests(t *testing.T) {
+	a := readHelmAdmission(t)
+	docs := map[string]obj{}
+	for _, d := range append(yamlDocs(t, "gateway.yaml"), yamlDocs(t, admissionManifest)...) {
+		docs[d["kind"].(string)] = d
+	}
+	gateway, auth, authz := docs["Gateway"], docs["RequestAuthentication"], docs["AuthorizationPolicy"]
+	if gateway == nil || auth == nil || authz == nil || len(yamlDocs(t, admissionManifest)) != 2 {
+		t.Fatalf("want the Gateway, and a RequestAuthentication and an AuthorizationPolicy alone in %s", admissionManifest)
+	}
+	selector := get(t, gateway, "spec", "selector")
+	for _, o := range []obj{auth, authz} {
+		if got := get(t, o, "spec", "selector", "matchLabels"); !reflect.DeepEqual(got, selector) {
+			t.Errorf("%v selects %v, want the gateway's pods %v", o["kind"], got, selector)
+		}
+	}
+	headers := map[string]string{}
+	for _, r := range asList(get(t, auth, "spec", "jwtRules")) {
+		for _, c := range asList(get(t, r, "outputClaimToHeaders")) {
+			h, _ := get(t, c, "header").(string)
+			claim, _ := get(t, c, "claim").(string)
+			headers[h] = claim
+		}
+	}
+	want := []string{a.ClassHeader, a.TenantHeader}
+	slices.Sort(want)
+	if got := slices.Sorted(maps.Keys(headers)); !slices.Equal(got, want) || slices.Contains(got, "") {
+		t.Errorf("the JWT claims set headers %v; duet's admission section reads class_header %q and tenant_header %q", got, a.ClassHeader, a.TenantHeader)
+	}
+	for h, claim := range headers {
+		if !strings.HasPrefix(h, "x-duet-") || claim == "" {
+			t.Errorf("claim %q sets header %q: want a claim, into an x-duet-* header (clients' copies are stripped)", claim, h)
+		}
+	}
+	if a.TrustClientHeaders {
+		t.Error("duet's admission section trusts client headers: the gateway sets them, and strips the clients'")
+	}
+	if len(a.Classes) < 2 {
+		t.Errorf("duet's admission section has classes %v: want at least two for the tier claim to choose from", a.Classes)
+	}
+	rules := asList(get(t, authz, "spec", "rules"))
+	if get(t, authz, "spec", "action") != "ALLOW" || len(rules) != 1 ||
+		!reflect.DeepEqual(get(t, rules[0], "from", 0, "source"), obj{"requestPrincipals": []any{"*"}}) {
+		t.Errorf("AuthorizationPolicy %v: want ALLOW for requestPrincipals [*] alone", authz["spec"])
+	}
+}
+
+// istioctl analyze, offline and with the stand-in cluster objects, reports
+// nothing on the manifests with the admission example but the EnvoyFilter
+// warning, and its objects satisfy Istio's CRD schemas.
+func TestAdmissionAnalyze(t *testing.T) {
+	tools := findIstioTools(t)
+	files := append(slices.Clone(manifests), admissionManifest, fixture)
+	checkClean(t, istioctlAnalyze(t, tools, files...))
+	checkClean(t, clusterAnalyze(t, tools, files...))
+	out, err := exec.Command(tools.Check, "crd", "-crds", tools.CRDs, admissionManifest).CombinedOutput()
+	if err != nil {
+		t.Fatalf("CRD schema validation: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), admissionManifest+":") {
+		t.Errorf("no object of %s was validated:\n%s", admissionManifest, out)
+	}
+}
+
+// Istio's own configuration generator, given the manifests and the
+// admission example, builds a gateway that strips clients' x-duet-*
+// headers first, runs the JWT filter before duet's ext_proc, and sets
+// both admission headers from the token's claims; the result loads in the
+// real Envoy.
+func TestAdmissionGatewayConfig(t *testing.T) {
+	tools := findIstioTools(t)
+	envoyTools, err := harness.FindTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := readHelmAdmission(t)
+	boot, _ := generateGatewayConfig(t, tools, append(slices.Clone(manifests), admissionManifest, fixture)...)
+	f := readGateway(t, boot)
+	if !f.earlyHeaders {
+		t.Error("no early header mutation: clients could set the admission headers")
+	}
+	jwt, extProc := slices.Index(f.httpFilters, jwtFilter), slices.Index(f.httpFilters, "envoy.filters.http.ext_proc")
+	if jwt < 0 || extProc < jwt {
+		t.Errorf("HTTP filters %v: want the JWT filter before duet's ext_proc", f.httpFilters)
+	}
+	set := map[string]bool{}
+	walk(boot["staticResources"], func(m map[string]any) {
+		if m["name"] != jwtFilter {
+			return
+		}
+		providers, _ := get(t, m, "typedConfig", "providers").(obj)
+		for _, p := range providers {
+			for _, c := range asList(p.(obj)["claimToHeaders"]) {
+				h, _ := c.(obj)["headerName"].(string)
+				set[h] = true
+			}
+		}
+	})
+	for _, h := range []string{a.ClassHeader, a.TenantHeader} {
+		if !set[h] {
+			t.Errorf("the JWT filter does not set %s from a claim (sets %v)", h, slices.Sorted(maps.Keys(set)))
+		}
+	}
+	loadsInEnvoy(t, envoyTools.Envoy, boot, "Istio's gateway configuration with the admission example")
+}
