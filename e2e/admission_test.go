@@ -37,15 +37,45 @@ const admissionYAML = `admission:
 
 // admissionStack is one prefill and one decode engine whose prefill is
 // slow (a 2,000-token prompt takes about half a second), behind duet with
-// admissionYAML.
-func admissionStack(t *testing.T) *harness.Stack {
+// admissionYAML; with replicas > 1, that many duet replicas share their
+// state over NATS.
+func admissionStack(t *testing.T, replicas int) *harness.Stack {
 	slow := []string{"--prefill-ms-per-1k-tokens", "250"}
-	return startStack(t, harness.Options{
+	opts := harness.Options{
 		Prefill:  []harness.SimSpec{{Args: slow}},
 		Decode:   []harness.SimSpec{{}},
 		DuetYAML: admissionYAML, LogLevel: "info", MaxRoutingRequests: 256,
 		DuetDefaultPolicies: true,
-	})
+	}
+	if replicas > 1 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		nats, err := harness.StartNATS(ctx, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nats.Stop(time.Second) })
+		opts.DuetReplicas = replicas
+		opts.DuetYAML += fmt.Sprintf("sync:\n  nats:\n    url: %s\n  heartbeat: 200ms\n", nats.URL)
+	}
+	s := startStack(t, opts)
+	for i := range replicas {
+		if replicas > 1 {
+			harness.WaitFor(t, 10*time.Second, fmt.Sprintf("replica %d to hear its peers", i), func() bool {
+				return s.ReplicaMetric(i, "duet_sync_peers", nil) == float64(replicas-1)
+			})
+		}
+	}
+	return s
+}
+
+// replicaSum sums a metric over every replica of s.
+func replicaSum(s *harness.Stack, name string, match map[string]string) float64 {
+	sum := 0.0
+	for i := range s.DuetAdminURLs {
+		sum += s.ReplicaMetric(i, name, match)
+	}
+	return sum
 }
 
 // classResult is one request's outcome.
@@ -85,9 +115,18 @@ func sendClass(ctx context.Context, s *harness.Stack, class string, i, promptTok
 // Claim (issue 27): while a flood of low-priority long prompts saturates
 // the prefill engine, high-priority short requests are still served, ahead
 // of the flood; every request is served or gets 429 with Retry-After
-// within its class's wait limit, and none is lost.
+// within its class's wait limit, and none is lost. With three replicas
+// sharing their picks over NATS, each queues its own streams and sees the
+// others' reservations: the same holds, and every replica's queue and
+// reservations end at 0.
 func TestAdmissionPriorityUnderFlood(t *testing.T) {
-	s := admissionStack(t)
+	for _, replicas := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) { testPriorityUnderFlood(t, replicas) })
+	}
+}
+
+func testPriorityUnderFlood(t *testing.T, replicas int) {
+	s := admissionStack(t, replicas)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var mu sync.Mutex
@@ -106,7 +145,7 @@ func TestAdmissionPriorityUnderFlood(t *testing.T) {
 		send("batch", i, 2000)
 	}
 	harness.WaitFor(t, 20*time.Second, "the flood to queue in duet", func() bool {
-		return s.ReplicaMetric(0, "duet_admission_queued", map[string]string{"class": "batch"}) > 5
+		return replicaSum(s, "duet_admission_queued", map[string]string{"class": "batch"}) > 5
 	})
 	for i := range interactive {
 		send("interactive", i, 50)
@@ -160,19 +199,22 @@ func TestAdmissionPriorityUnderFlood(t *testing.T) {
 		t.Errorf("the slowest interactive request took %v, not less than the batch median %v: priority did not hold",
 			interactiveTook[len(interactiveTook)-1], median(batchServed))
 	}
-	harness.WaitFor(t, 10*time.Second, "the queue to empty", func() bool {
-		return s.ReplicaMetric(0, "duet_admission_queued", nil) == 0
+	harness.WaitFor(t, 10*time.Second, "every queue to empty", func() bool {
+		return replicaSum(s, "duet_admission_queued", nil) == 0
 	})
-	if n := s.ReplicaMetric(0, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "queued_admitted"}) +
-		s.ReplicaMetric(0, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "admitted"}); n != interactive {
+	if n := replicaSum(s, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "queued_admitted"}) +
+		replicaSum(s, "duet_admission_requests_total", map[string]string{"class": "interactive", "outcome": "admitted"}); n != interactive {
 		t.Errorf("duet counted %v interactive requests admitted, want %d", n, interactive)
 	}
+	harness.WaitFor(t, 15*time.Second, "every replica's reservations to end", func() bool {
+		return replicaSum(s, "duet_target_tokens", map[string]string{"kind": "reserved"}) == 0
+	})
 }
 
 // Claim (issue 27): a queued request whose client goes away leaves duet's
 // queue at once, and is counted as such.
 func TestAdmissionClientLeaves(t *testing.T) {
-	s := admissionStack(t)
+	s := admissionStack(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup

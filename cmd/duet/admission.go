@@ -90,3 +90,24 @@ func explicitEnginePriority(a config.Admission, class string) bool {
 	}
 	return false
 }
+
+// queueSharer is what the pools' admission queues share with the other
+// replicas (replicas.Replicas).
+type queueSharer interface {
+	PublishQueue(pool string, h admit.Head)
+	PeerQueue(pool string) (priority int, queued bool)
+}
+
+// shareQueues makes every pool's admission queue defer to the other
+// replicas' queues of the pool and tell them of its own head: no replica
+// lets a request through while another holds a more important one, nor
+// passes one of equal rank that waits elsewhere.
+func (ps poolSet) shareQueues(r queueSharer) {
+	for _, p := range ps {
+		if p.admitter == nil {
+			continue
+		}
+		name := p.cfg.Name
+		p.admitter.ShareWith(func() (int, bool) { return r.PeerQueue(name) }, func(h admit.Head) { r.PublishQueue(name, h) })
+	}
+}

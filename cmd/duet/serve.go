@@ -113,6 +113,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		}
 		defer r.Close()
 		peers.Store(r)
+		pools.shareQueues(r)
 		// Every route and every entry Envoy sends is shared; each replica
 		// checks the entries against its own record of routes.
 		routes = recorders{book, r}

@@ -79,13 +79,31 @@ type Observer interface {
 	Left(class, tenant string, waited time.Duration)
 }
 
+// Peers tells what other replicas' queues of the same pool hold: the
+// highest priority any of them has queued, and whether any has a request
+// queued at all.
+type Peers func() (priority int, queued bool)
+
+// Head is a replica's queue head as its peers hear of it: the highest
+// priority queued, or queued false when the queue is empty.
+type Head struct {
+	Priority int
+	Queued   bool
+}
+
 // Admitter lets concurrent requests through a Queue: at once while its
 // gate is open and nothing waits, otherwise in the queue's order as the
-// gate opens, one at a time.
+// gate opens, one at a time. Among replicas (ShareWith) nothing waits
+// means nothing of the request's priority or higher waits at any of them,
+// and a queued request of a lower class than a peer's waits for it.
 type Admitter struct {
 	gate Gate
 	obs  Observer
 	now  func() time.Time
+
+	peers   Peers
+	publish func(Head)
+	head    Head // the head last published; guarded by mu
 
 	mu      sync.Mutex
 	q       *Queue
@@ -111,6 +129,45 @@ func NewAdmitter(cfg Config, gate Gate, obs Observer) (*Admitter, error) {
 	return &Admitter{gate: gate, obs: obs, now: time.Now, q: q, kick: make(chan struct{}, 1), stop: make(chan struct{})}, nil
 }
 
+// ShareWith makes the Admitter defer to its peers' queues (peers) and
+// tell them of its own (publish is called, outside the Admitter's lock,
+// whenever its head changes). Call it before the first Admit.
+func (a *Admitter) ShareWith(peers Peers, publish func(Head)) {
+	a.peers, a.publish = peers, publish
+}
+
+// peerAhead reports whether a peer has a request queued of priority p or
+// higher (orEqual), or strictly higher.
+func (a *Admitter) peerAhead(p int, orEqual bool) bool {
+	if a.peers == nil {
+		return false
+	}
+	top, queued := a.peers()
+	return queued && (top > p || orEqual && top == p)
+}
+
+// headLocked returns the head to publish when it changed since the last
+// one published, or false. Caller holds a.mu.
+func (a *Admitter) headLocked() (Head, bool) {
+	if a.publish == nil {
+		return Head{}, false
+	}
+	var h Head
+	h.Priority, h.Queued = a.q.Top()
+	if h == a.head {
+		return h, false
+	}
+	a.head = h
+	return h, true
+}
+
+// tell publishes h when changed is set.
+func (a *Admitter) tell(h Head, changed bool) {
+	if changed {
+		a.publish(h)
+	}
+}
+
 // Config returns the Admitter's queue configuration.
 func (a *Admitter) Config() Config { return a.q.cfg }
 
@@ -125,7 +182,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		a.mu.Unlock()
 		return nil, a.refused(class, tenant, ErrClosed, 0, time.Second)
 	}
-	if a.q.Len() == 0 && a.pending == 0 && a.gate() {
+	if a.q.Len() == 0 && a.pending == 0 && !a.peerAhead(a.q.cfg.Classes[r.Class].Priority, true) && a.gate() {
 		a.mu.Unlock()
 		if a.obs != nil {
 			a.obs.Admitted(class, tenant, 0)
@@ -139,7 +196,9 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		e.ready = make(chan error, 1)
 		a.startLocked()
 	}
+	head, changed := a.headLocked()
 	a.mu.Unlock()
+	a.tell(head, changed)
 	for _, v := range shed {
 		v.ready <- ErrShed
 	}
@@ -170,7 +229,9 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 	}
 	a.q.Remove(e)
 	retry = a.retryAfterLocked()
+	head, changed = a.headLocked()
 	a.mu.Unlock()
+	a.tell(head, changed)
 	waited := a.now().Sub(e.Arrived)
 	switch {
 	case err == nil:
@@ -239,18 +300,29 @@ func (a *Admitter) loop() {
 		case <-tick.C:
 		}
 		a.mu.Lock()
-		if a.pending == 0 && a.q.Len() > 0 && a.gate() {
+		if a.pending == 0 && a.q.Len() > 0 && !a.deferLocked() && a.gate() {
 			e := a.q.Pop(a.now())
 			a.pending++
 			e.ready <- nil
 		}
-		if a.q.Len() == 0 {
+		head, changed := a.headLocked()
+		empty := a.q.Len() == 0
+		if empty {
 			a.running = false
-			a.mu.Unlock()
-			return
 		}
 		a.mu.Unlock()
+		a.tell(head, changed)
+		if empty {
+			return
+		}
 	}
+}
+
+// deferLocked reports whether the queue's head must wait for a peer's
+// more important request. Caller holds a.mu.
+func (a *Admitter) deferLocked() bool {
+	top, ok := a.q.Top()
+	return ok && a.peerAhead(top, false)
 }
 
 // Snapshot is what an Admitter holds now.

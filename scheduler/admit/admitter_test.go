@@ -171,3 +171,41 @@ func TestAdmitRefusals(t *testing.T) {
 		})
 	}
 }
+
+// Among replicas, a request does not pass a peer's queued request of its
+// priority or higher, and a queued one waits for a peer's more important
+// one; each change of the queue's head is published.
+func TestAdmitShareWith(t *testing.T) {
+	g := &gate{}
+	g.open.Store(true)
+	a := newAdmitter(t, g, testConfig())
+	var peer atomic.Int64 // the peers' top priority queued, -1: none
+	peer.Store(10)
+	heads := make(chan Head, 16)
+	a.ShareWith(func() (int, bool) { p := peer.Load(); return int(p), p >= 0 }, func(h Head) { heads <- h })
+	out := admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
+	if h := <-heads; h != (Head{Priority: 0, Queued: true}) {
+		t.Fatalf("published %+v, want the batch class queued", h)
+	}
+	select {
+	case r := <-out:
+		t.Fatalf("let through while a peer holds an interactive request: %+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	peer.Store(-1)
+	a.Kick()
+	r := <-out
+	if r.err != nil || !r.t.Queued {
+		t.Fatalf("%+v %v", r.t, r.err)
+	}
+	r.t.Done()
+	if h := <-heads; h.Queued {
+		t.Fatalf("published %+v, want empty", h)
+	}
+	// A peer's equal priority queued: queue behind it, then go.
+	peer.Store(0)
+	out = admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
+	if r := <-out; r.err != nil || !r.t.Queued {
+		t.Fatalf("%+v %v", r.t, r.err)
+	}
+}

@@ -166,6 +166,17 @@ func (q *Queue) Tokens() int64 { return q.tokens }
 // ClassLen is the number of requests of class c queued.
 func (q *Queue) ClassLen(c int) int { return q.classes[c].byStart.Len() }
 
+// Top is the priority of the highest class that has a request queued;
+// false when the queue is empty.
+func (q *Queue) Top() (priority int, ok bool) {
+	for _, k := range q.byPriority {
+		if q.classes[k].byStart.Len() > 0 {
+			return q.cfg.Classes[k].Priority, true
+		}
+	}
+	return 0, false
+}
+
 // DrainRate is the rate, in tokens per second, at which requests left the
 // queue to be picked while it held some, over the last few seconds; 0
 // while it is unknown.

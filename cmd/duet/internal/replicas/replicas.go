@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 	"time"
@@ -37,6 +38,7 @@ import (
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
 )
 
 // Defaults of Options.
@@ -102,6 +104,10 @@ type Replicas struct {
 
 	mu    sync.Mutex
 	peers map[string]*Peer
+	// heads are this replica's admission queue heads by pool, and
+	// peerHeads each peer's, as last heard (guarded by mu).
+	heads     map[string]admit.Head
+	peerHeads map[string]map[string]admit.Head
 	// outbox holds the events published while NATS was away, sent once
 	// the peers have had time to reconnect too (see flushOutbox).
 	outbox [][]byte
@@ -115,8 +121,9 @@ type Replicas struct {
 
 	m metrics
 
-	stop chan struct{}
-	done sync.WaitGroup
+	stop      chan struct{}
+	done      sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // envelope is one message on the subject: exactly one of the event fields
@@ -128,6 +135,9 @@ type envelope struct {
 	Routed *routedEvent          `json:"routed,omitempty"`
 	Leg    *accesslog.Completion `json:"leg,omitempty"`
 	Hello  bool                  `json:"hello,omitempty"`
+	// Queues are the heads of the sender's admission queues, by pool: on
+	// every heartbeat, and alone whenever one changes.
+	Queues map[string]admit.Head `json:"queues,omitempty"`
 }
 
 // pickedWire is a pick on the wire: the prefix block hashes travel as
@@ -188,6 +198,7 @@ const (
 	kindRouted = "routed"
 	kindLeg    = "leg"
 	kindHello  = "hello"
+	kindQueue  = "queue"
 )
 
 // kind names e's event (a route carries its pick too).
@@ -199,6 +210,8 @@ func (e *envelope) kind() string {
 		return kindPicked
 	case e.Leg != nil:
 		return kindLeg
+	case !e.Hello && e.Queues != nil:
+		return kindQueue
 	}
 	return kindHello
 }
@@ -219,6 +232,7 @@ func Start(opts Options) (*Replicas, error) {
 		log = zap.NewNop()
 	}
 	r := &Replicas{opts: opts, log: log, now: time.Now, peers: map[string]*Peer{}, pending: map[string]pendingPick{},
+		heads: map[string]admit.Head{}, peerHeads: map[string]map[string]admit.Head{},
 		m: newMetrics(), stop: make(chan struct{})}
 	if opts.Registerer != nil {
 		r.m.register(opts.Registerer, r)
@@ -268,9 +282,11 @@ func Start(opts Options) (*Replicas, error) {
 // Close stops the heartbeat and flushes what is buffered, then closes the
 // connection.
 func (r *Replicas) Close() {
-	close(r.stop)
-	r.done.Wait()
-	_ = r.nc.Drain()
+	r.closeOnce.Do(func() {
+		close(r.stop)
+		r.done.Wait()
+		_ = r.nc.Drain()
+	})
 }
 
 // Picked keeps a pick (scheduler.Config.OnPicked) to publish with its
@@ -334,8 +350,8 @@ func (r *Replicas) publish(e *envelope) {
 		return
 	}
 	if !r.nc.IsConnected() {
-		if kind == kindHello {
-			return
+		if kind == kindHello || kind == kindQueue {
+			return // state, sent again on the next heartbeat
 		}
 		r.mu.Lock()
 		full := len(r.outbox) >= MaxOutbox
@@ -397,6 +413,9 @@ func (r *Replicas) receive(msg *nats.Msg) {
 		r.log.Info("a peer replica joined", zap.String("peer", e.From))
 	}
 	p.LastSeen, p.Lag, p.Alive = now, lag, true
+	if e.Queues != nil {
+		r.peerHeads[e.From] = e.Queues
+	}
 	r.mu.Unlock()
 	kind := e.kind()
 	r.m.events.WithLabelValues(kind, "received").Inc()
@@ -425,17 +444,52 @@ func (r *Replicas) receive(msg *nats.Msg) {
 func (r *Replicas) heartbeats() {
 	tick := time.NewTicker(r.opts.Heartbeat)
 	defer tick.Stop()
-	r.publish(&envelope{Hello: true})
+	r.publish(r.hello())
 	for {
 		select {
 		case <-r.stop:
 			return
 		case <-tick.C:
-			r.publish(&envelope{Hello: true})
+			r.publish(r.hello())
 			r.expirePeers()
 			r.sendStalePicks()
 		}
 	}
+}
+
+// hello is a heartbeat, with this replica's queue heads.
+func (r *Replicas) hello() *envelope {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return &envelope{Hello: true, Queues: maps.Clone(r.heads)}
+}
+
+// PublishQueue tells the peers the new head of this replica's admission
+// queue of pool (admit.Admitter.ShareWith's publish).
+func (r *Replicas) PublishQueue(pool string, h admit.Head) {
+	r.mu.Lock()
+	r.heads[pool] = h
+	heads := maps.Clone(r.heads)
+	r.mu.Unlock()
+	r.publish(&envelope{Queues: heads})
+}
+
+// PeerQueue is the highest priority any live peer has queued for pool,
+// and whether any has a request queued (admit.Peers).
+func (r *Replicas) PeerQueue(pool string) (priority int, queued bool) {
+	cutoff := r.now().Add(-peerTimeout * r.opts.Heartbeat)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name, heads := range r.peerHeads {
+		p := r.peers[name]
+		if p == nil || p.LastSeen.Before(cutoff) {
+			continue
+		}
+		if h, ok := heads[pool]; ok && h.Queued && (!queued || h.Priority > priority) {
+			priority, queued = h.Priority, true
+		}
+	}
+	return priority, queued
 }
 
 // expirePeers logs peers that stopped being heard from.

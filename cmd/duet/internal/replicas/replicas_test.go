@@ -15,6 +15,7 @@ import (
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
+	"github.com/duet-router/duet/scheduler/admit"
 )
 
 // startNATS runs an embedded NATS server on a free loopback port, or on
@@ -182,4 +183,40 @@ func TestNATSOutage(t *testing.T) {
 	if !ra.Connected() || !rb.Connected() {
 		t.Error("a replica did not reconnect")
 	}
+}
+
+// A replica's admission queue heads reach its peers at once and on every
+// heartbeat; a peer that goes silent stops counting.
+func TestQueueHeads(t *testing.T) {
+	ns := startNATS(t, 0)
+	defer ns.Shutdown()
+	var a, b, c recorder
+	ra := start(t, ns.ClientURL(), "a", &a, nil)
+	rb := start(t, ns.ClientURL(), "b", &b, nil)
+	rc := start(t, ns.ClientURL(), "c", &c, nil)
+	eventually(t, "the replicas to see each other", func() bool {
+		return len(ra.Peers()) == 2 && len(rb.Peers()) == 2 && len(rc.Peers()) == 2
+	})
+	ra.PublishQueue("qwen", admit.Head{Priority: 0, Queued: true})
+	rb.PublishQueue("qwen", admit.Head{Priority: 10, Queued: true})
+	eventually(t, "c to hear b's head, the highest", func() bool {
+		p, q := rc.PeerQueue("qwen")
+		return q && p == 10
+	})
+	if _, q := rc.PeerQueue("llama"); q {
+		t.Error("a pool nobody queues shows a queue")
+	}
+	rb.PublishQueue("qwen", admit.Head{})
+	eventually(t, "c to hear b's queue emptied", func() bool {
+		p, q := rc.PeerQueue("qwen")
+		return q && p == 0
+	})
+	if p, q := ra.PeerQueue("qwen"); q {
+		t.Errorf("a hears its own head: %d", p)
+	}
+	ra.Close()
+	eventually(t, "a's head to stop counting once a is silent", func() bool {
+		_, q := rc.PeerQueue("qwen")
+		return !q
+	})
 }
