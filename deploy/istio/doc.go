@@ -14,9 +14,12 @@
 // and the gateway's and duet's sidecars, on the real Envoy with mesh
 // certificates from a test CA, must serve PD traffic through duet, keep
 // every other caller away from it, and, with two replicas, skip a dead one
-// within a second; and duet's sidecar must pass duet's connections to the
-// engines' KV event ports through as plain TCP (or, under REGISTRY_ONLY,
-// reach them once the engine Services declare them). The Istio tools come
+// within a second; the admission example (admission/: a RequestAuthentication
+// that sets duet's admission headers from JWT claims) must be analyzed clean
+// and generate a gateway that runs the JWT filter before ext_proc; and duet's
+// sidecar must pass duet's connections to the engines' KV event ports
+// through as plain TCP (or, under REGISTRY_ONLY, reach them once the engine
+// Services declare them). The Istio tools come
 // from the separate Go module in
 // check/, built into .tools/istio by `make istio-tools`. Guide:
 // docs/deploy/istio.md.

@@ -10,7 +10,9 @@
 // and gateways with credentials that do not fit are shown refused. With two
 // duet replicas that share through a nats-server running the manifests'
 // nats.conf, the gateway's Envoy reaches both and skips one killed with
-// SIGKILL within a second.
+// SIGKILL within a second. The admission example (admission/: a
+// SecurityPolicy that sets duet's admission headers from JWT claims) is
+// translated too, and its JWT filter must run before duet's ext_proc.
 //
 // The package holds tests only; docs/deploy/envoy-gateway.md is the guide.
 package envoygateway
