@@ -170,7 +170,6 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 
 	var stopping atomic.Bool
 	mux := adminMux(reg, pools, &stopping)
-	debugHolds(mux, pools) // TMPDEBUG
 	if cfg.Listen.Pprof {
 		servePprof(mux)
 	}

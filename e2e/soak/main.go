@@ -132,7 +132,6 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	wg.Wait()
 	time.Sleep(3 * time.Second) // let feedback and aborts settle
 	reserved, settled := settleReserved(ctx, s, settle)
-	dumpHolds(s, heldReplicas(reserved)) // TMPDEBUG
 	record()
 	report(os.Stdout, results, samples)
 	if replicas > 1 {
