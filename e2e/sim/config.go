@@ -253,6 +253,29 @@ type Config struct {
 	// prefill's bootstrap server). Routers that pin a prefill rank without
 	// minting the room for it (SMG's --dp-aware) need it.
 	ForceQueryPrefillDPRank bool
+
+	// EnablePriorityScheduling is SGLang's --enable-priority-scheduling:
+	// every request has a priority (the body's integer priority field; a
+	// request without one gets the lowest, as SGLang gives it sys.maxsize
+	// or -sys.maxsize-1), and the engine model's waiting queues (a
+	// decode's prealloc queue too) let higher-priority requests start
+	// first, first come first served among equals. Larger values come
+	// first unless ScheduleLowPriorityValuesFirst. Running requests are
+	// never preempted (SGLang preempts them unless
+	// --disable-priority-preemption; the simulator does not model it).
+	// The simple model has no queue: there priority changes nothing but
+	// is validated and recorded.
+	EnablePriorityScheduling bool
+	// ScheduleLowPriorityValuesFirst is SGLang's
+	// --schedule-low-priority-values-first: with EnablePriorityScheduling,
+	// smaller priority values start first.
+	ScheduleLowPriorityValuesFirst bool
+	// AbortOnPriorityWhenDisabled is SGLang's
+	// --abort-on-priority-when-disabled: without EnablePriorityScheduling,
+	// a request that carries a priority is aborted with SGLang's 503
+	// "Using priority is disabled for this server. ..." instead of served
+	// (without it the field is ignored).
+	AbortOnPriorityWhenDisabled bool
 }
 
 // withDefaults returns c with zero fields replaced by defaults.
@@ -375,6 +398,9 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("health timeout must not be negative, got %s", c.HealthTimeout))
 	}
 	errs = append(errs, c.validateCache()...)
+	if c.Flavor == FlavorVLLM && (c.EnablePriorityScheduling || c.ScheduleLowPriorityValuesFirst || c.AbortOnPriorityWhenDisabled) {
+		errs = append(errs, errors.New("the priority scheduling flags are SGLang's: flavor vllm does not take them"))
+	}
 	if set, ok, err := ParseKVEventsConfig(c.KVEventsConfig, false); err != nil {
 		errs = append(errs, err)
 	} else if ok {

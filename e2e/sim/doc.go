@@ -24,7 +24,8 @@
 // independently of the others (quick and deterministic; the end-to-end
 // tests use it). With Config.Profile (--profile) a calibrated engine model
 // runs instead: per DP rank a continuous-batching scheduler with an FCFS
-// waiting queue, a KV token budget that gates admission, chunked prefill,
+// waiting queue (ordered by priority under priority scheduling, below), a
+// KV token budget that gates admission, chunked prefill,
 // a prefix cache with LRU eviction, prefill and decode step times from
 // published SGLang figures, lockstep steps across ranks under DP attention,
 // and a PD KV transfer time. Overload then shows as queueing (TTFT) and
@@ -56,6 +57,21 @@
 // text prompts with Config.Tokenizer, which keys them by the ids duet
 // computes (extproc.PromptTokens); blocks without ids are not published.
 // Model.OnCacheEvents reports the same events in virtual time.
+//
+// Priority scheduling follows SGLang 0.5.23. Every inference route but
+// /v1/responses (whose priority SGLang does not hand to its engine) reads
+// the body's integer priority field; one outside int64 is SGLang's 400
+// "priority must be a signed 64-bit integer ...". With
+// Config.EnablePriorityScheduling (--enable-priority-scheduling) the
+// engine model's waiting queues, a decode's prealloc queue included, let
+// larger values start first (smaller ones with
+// Config.ScheduleLowPriorityValuesFirst), first come first served among
+// equals, and a request without a priority goes last; running requests
+// are not preempted. Without it, Config.AbortOnPriorityWhenDisabled
+// (--abort-on-priority-when-disabled) aborts a request that carries a
+// priority as SGLang's scheduler does: a 503 ErrorResponse, or when
+// streaming a 200 whose stream carries the abort; otherwise the field is
+// ignored. /server_info reports the three flags.
 //
 // Model exposes the same engine model without HTTP or a clock, for callers
 // that drive it in virtual time (the cluster simulator, e2e/clustersim);
@@ -94,9 +110,10 @@
 // down.
 //
 // Every inference request is recorded and can be inspected over
-// GET /sim/requests (rids, abort outcome, finish reasons included), so
-// tests can assert what the router actually sent; GET /sim/stats counts
-// the aborts and lists the rids in flight with their stage.
+// GET /sim/requests (rids, priority, abort outcome, finish reasons
+// included), so tests can assert what the router actually sent; GET
+// /sim/stats counts the aborts and lists the rids in flight with their
+// stage.
 //
 // The command cmd/duet-sim wraps this package.
 package sim

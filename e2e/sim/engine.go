@@ -60,6 +60,9 @@ type engineRequest struct {
 	ids     []int64
 	maxNew  int
 	arrived time.Duration
+	// priority is the request's effective priority (priority scheduling
+	// only; see priorityOrder).
+	priority int64
 
 	state     reqState
 	aborted   bool
@@ -224,6 +227,8 @@ type engineParams struct {
 	// (--enable-hierarchical-cache), loaded back at loadGBps.
 	hostBlocks int
 	loadGBps   float64
+	// order is the waiting queues' order (priority scheduling).
+	order priorityOrder
 }
 
 // engineCore is the model of one server's DP ranks.
@@ -276,6 +281,8 @@ type requestSpec struct {
 	// tail and seed give the answer's blocks (decode radix cache).
 	tail HashTail
 	seed *int64
+	// priority is the effective priority (priorityOrder.effective).
+	priority int64
 }
 
 // submit queues a request on its rank at time t. A prompt that can never
@@ -293,13 +300,13 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 	q := &engineRequest{
 		id: c.seq, kind: spec.kind, rank: spec.rank, prompt: spec.prompt, blocks: spec.blocks, ids: spec.ids,
 		maxNew: min(spec.maxNew, c.p.capacity-spec.prompt), arrived: t, notify: make(chan struct{}, 1),
-		tail: spec.tail, seed: spec.seed,
+		tail: spec.tail, seed: spec.seed, priority: spec.priority,
 	}
 	if q.kind == kindPrefill {
 		q.maxNew = 1
 	}
 	r := c.ranks[spec.rank]
-	r.waiting = append(r.waiting, q)
+	c.enqueue(r, q)
 	r.live[q] = struct{}{}
 	r.promptTotal += int64(q.prompt)
 	c.unstall(r.group, t)
@@ -564,12 +571,16 @@ func (c *engineCore) planRank(r *engineRank, t time.Duration) bool {
 			budget -= take
 		}
 		hit, input := 0, 0
-		for budget > 0 && len(r.waiting) > 0 {
-			q := r.waiting[0]
-			if q.arrived > t || r.active() >= c.p.maxRunning || !c.admit(r, q, t) {
+		for budget > 0 {
+			i := c.nextWaiting(r, t)
+			if i < 0 {
 				break
 			}
-			r.waiting = r.waiting[1:]
+			q := r.waiting[i]
+			if r.active() >= c.p.maxRunning || !c.admit(r, q, t) {
+				break
+			}
+			r.waiting = dequeue(r.waiting, i)
 			q.state = stPrefill
 			r.prefilling = append(r.prefilling, q)
 			hit += q.cached
@@ -647,8 +658,8 @@ func (c *engineCore) startGroup(g *stepGroup, t time.Duration) bool {
 	g.wakeAt = never
 	if !work {
 		for _, r := range g.ranks {
-			if c.p.mode != ModeDecode && len(r.waiting) > 0 && r.waiting[0].arrived > t {
-				g.wakeAt = min(g.wakeAt, r.waiting[0].arrived)
+			if at, ok := c.nextArrival(r, t); ok {
+				g.wakeAt = min(g.wakeAt, at)
 			}
 			if len(r.ready) > 0 {
 				g.wakeAt = min(g.wakeAt, r.ready[0].readyAt)

@@ -85,6 +85,7 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		return
 	}
 	rec.RIDs = req.rids
+	rec.Priority = req.priority
 	if faults.fail {
 		s.reject(w, rec, route, internalErrorf("Internal server error (simulated fault: --fault-error-rate)"))
 		return
@@ -118,6 +119,12 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 	plans := s.plan(req, pin, rec)
 	w.Header().Set(headerDPRank, strconv.Itoa(plans[0].rank))
 	w.Header().Set(headerDPRanks, joinInts(rec.DPRanks))
+	if s.abortsPriority(req) {
+		// The scheduler aborts it on arrival, before a decode looks for
+		// its prefill.
+		s.abortPriority(w, req, rec)
+		return
+	}
 
 	// Decode learns the prefill's layout before it can wait for the KV. A
 	// failure here surfaces after the stream started, as in SGLang.

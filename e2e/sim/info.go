@@ -51,6 +51,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 		"version":                         Version,
 	}
 	maps.Copy(info, cacheServerArgs(s.cfg))
+	maps.Copy(info, priorityServerArgs(s.cfg))
 	if s.prof != nil {
 		info["chunked_prefill_size"] = s.prof.ChunkedPrefillSize
 		info["enable_cache_report"] = true

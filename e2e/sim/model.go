@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"time"
 )
 
@@ -145,6 +146,7 @@ func modelParams(cfg Config) engineParams {
 		maxRunning: cfg.MaxRunningRequests,
 		chunk:      prof.ChunkedPrefillSize,
 		gbps:       gbps,
+		order:      newPriorityOrder(cfg),
 	}
 	if cfg.Mode == ModeDecode && cfg.DecodeRadixCache {
 		p.decodeRadix = true
@@ -163,11 +165,18 @@ func (m *Model) Config() Config { return m.cfg }
 // Submit queues a request on rank at model time t, after advancing the
 // model to t. prompt is what ParsePrompt returns for its body (a decode
 // with the decode radix cache also caches the answer's blocks, from
-// prompt's Tail and Seed); maxNew is its max_tokens. It fails, as SGLang does, when the rank does
-// not exist or the prompt can never fit the rank's KV pool.
+// prompt's Tail and Seed); maxNew is its max_tokens. With
+// Config.EnablePriorityScheduling, prompt's Priority orders the rank's
+// waiting queue. It fails, as SGLang does, when the rank does not exist,
+// the prompt can never fit the rank's KV pool, or the prompt has a
+// priority that Config.AbortOnPriorityWhenDisabled refuses (SGLang's 503).
 func (m *Model) Submit(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
 	m.Advance(t)
-	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, ids: prompt.TokenIDs, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed}
+	if prompt.Priority != nil && !m.cfg.EnablePriorityScheduling && m.cfg.AbortOnPriorityWhenDisabled {
+		return nil, fmt.Errorf("submit: %d %s", http.StatusServiceUnavailable, priorityDisabledMsg)
+	}
+	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, ids: prompt.TokenIDs, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed,
+		priority: m.core.p.order.effective(prompt.Priority)}
 	switch m.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
@@ -272,7 +281,8 @@ func (m *Model) LoadsJSON(t time.Duration) ([]byte, error) {
 
 // ServerInfoJSON is the part of GET /server_info that routers read: DP
 // size, disaggregation mode and bootstrap port, capacity, and the prefix
-// cache args (decode radix cache, hierarchical cache, page size).
+// cache args (decode radix cache, hierarchical cache, page size), and the
+// priority scheduling args.
 func (m *Model) ServerInfoJSON() ([]byte, error) {
 	port := m.cfg.BootstrapPort
 	if port == 0 && m.cfg.Mode == ModePrefill {
@@ -290,6 +300,7 @@ func (m *Model) ServerInfoJSON() ([]byte, error) {
 		"version":                       Version,
 	}
 	maps.Copy(info, cacheServerArgs(m.cfg))
+	maps.Copy(info, priorityServerArgs(m.cfg))
 	return json.Marshal(info)
 }
 
@@ -379,6 +390,9 @@ type Prompt struct {
 	// The cache blocks of the prompt carry them into the KV events
 	// (OnCacheEvents); Blocks must be those ParsePrompt computes from them.
 	TokenIDs []int64
+	// Priority is the body's priority field (SGLang's priority
+	// scheduling), nil when absent.
+	Priority *int64
 }
 
 // ParsePrompt parses an inference request body sent to path (one of the
@@ -416,5 +430,6 @@ func parsePrompt(path string, body []byte, opts parseOptions) (Prompt, error) {
 		return Prompt{}, fmt.Errorf("parse prompt: %d %s", aerr.status, aerr.msg)
 	}
 	it := req.items[0]
-	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens, Tail: it.tail, Seed: it.seed, TokenIDs: it.ids}, nil
+	return Prompt{Tokens: it.promptTokens, Blocks: it.blocks, MaxTokens: it.maxTokens, Tail: it.tail, Seed: it.seed, TokenIDs: it.ids,
+		Priority: req.priority}, nil
 }

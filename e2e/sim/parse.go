@@ -32,6 +32,10 @@ type inferRequest struct {
 	disaggPrefillRank *int
 	// rids holds the request id of every item (see parseRIDs).
 	rids []string
+	// priority is the body's priority (one for all items), nil when
+	// absent; always nil on /v1/responses, whose priority SGLang does not
+	// hand to the engine, and with the vLLM flavour.
+	priority *int64
 }
 
 // itemInput is one schedulable item.
@@ -148,6 +152,11 @@ func parseInferRequest(route routeKind, body []byte, servedModel string, opts pa
 	}
 	if req.boot, err = parseBootstrap(root, len(req.items)); err != nil {
 		return nil, err
+	}
+	if route != routeResponses {
+		if req.priority, err = parsePriority(root.Get("priority")); err != nil {
+			return nil, err
+		}
 	}
 	return req, nil
 }

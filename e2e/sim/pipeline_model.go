@@ -12,7 +12,7 @@ import (
 // streamed as the engine's steps make them.
 func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
 	spec := requestSpec{rank: p.rank, prompt: p.in.promptTokens, blocks: p.in.blocks, ids: p.in.ids, maxNew: p.in.maxTokens,
-		tail: p.in.tail, seed: p.in.seed}
+		tail: p.in.tail, seed: p.in.seed, priority: newPriorityOrder(s.cfg).effective(req.priority)}
 	switch s.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill

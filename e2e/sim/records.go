@@ -74,6 +74,11 @@ type Record struct {
 	// item's tokens whose KV it sent (prompt - decode_prefix_len); 0 for
 	// an item whose transfer did not start.
 	TransferredTokens []int `json:"transferred_tokens,omitempty"`
+	// Priority is the body's priority field, nil when absent (and on
+	// /v1/responses, whose priority SGLang does not hand to its engine).
+	// A request without one runs at the lowest priority under
+	// --enable-priority-scheduling.
+	Priority *int64 `json:"priority"`
 	// StartedAt is when the request arrived.
 	StartedAt time.Time `json:"started_at"`
 	// DurationMS is how long the request took, in milliseconds.
