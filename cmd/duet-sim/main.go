@@ -15,6 +15,10 @@
 // SGLang's KV events over ZMQ (a PUB socket and a replay ROUTER per DP
 // rank); --tokenizer-path keys text prompts by the token ids duet computes,
 // so that their events carry token ids too.
+// --enable-priority-scheduling (with --schedule-low-priority-values-first)
+// orders the engine model's waiting queues by the requests' priority
+// field, and --abort-on-priority-when-disabled aborts requests that carry
+// one when it is off, as SGLang does.
 //
 // Besides SGLang's routes (/generate, /v1/chat/completions,
 // /v1/completions, /v1/responses, /abort_request, /health,
@@ -139,6 +143,13 @@ func parseFlags(args []string) (options, error) {
 		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", `+
 			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank `+
 			`(engine model; token-id prompts, or text ones with --tokenizer-path)`)
+	fs.BoolVar(&o.cfg.EnablePriorityScheduling, "enable-priority-scheduling", false,
+		"SGLang's priority scheduling: the body's priority field orders the engine model's waiting queues (larger values first; "+
+			"a request without one goes last, FIFO among equals; no preemption of running requests)")
+	fs.BoolVar(&o.cfg.ScheduleLowPriorityValuesFirst, "schedule-low-priority-values-first", false,
+		"with --enable-priority-scheduling: smaller priority values start first")
+	fs.BoolVar(&o.cfg.AbortOnPriorityWhenDisabled, "abort-on-priority-when-disabled", false,
+		"without --enable-priority-scheduling: abort a request that carries a priority with SGLang's 503 instead of ignoring the field")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return o, err

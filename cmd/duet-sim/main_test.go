@@ -142,6 +142,27 @@ func TestParseFlags(t *testing.T) {
 					t.Fatalf("err %v", err)
 				}
 			}},
+		{name: "priority scheduling flags", args: []string{"--enable-priority-scheduling", "--schedule-low-priority-values-first",
+			"--abort-on-priority-when-disabled"},
+			check: func(t *testing.T, o options) {
+				c := o.cfg
+				if !c.EnablePriorityScheduling || !c.ScheduleLowPriorityValuesFirst || !c.AbortOnPriorityWhenDisabled {
+					t.Fatalf("parsed %+v", c)
+				}
+			}},
+		{name: "priority scheduling defaults", args: nil, check: func(t *testing.T, o options) {
+			c := o.cfg
+			if c.EnablePriorityScheduling || c.ScheduleLowPriorityValuesFirst || c.AbortOnPriorityWhenDisabled {
+				t.Fatalf("parsed %+v", c)
+			}
+		}},
+		{name: "priority flags are SGLang's", args: []string{"--flavor", "vllm", "--enable-priority-scheduling"},
+			check: func(t *testing.T, o options) {
+				_, err := sim.New(o.cfg, nil)
+				if err == nil || !strings.Contains(err.Error(), "flavor vllm does not take them") {
+					t.Fatalf("err %v", err)
+				}
+			}},
 		{name: "bad loads fault", args: []string{"--fault-loads", "slow"}, wantErr: "invalid loads fault"},
 		{name: "bad flavor", args: []string{"--flavor", "tgi"}, wantErr: "invalid flavor"},
 		{name: "negative spike", args: []string{"--fault-spike-ms", "-1"}, wantErr: "must not be negative"},
