@@ -251,3 +251,76 @@ func median(d []time.Duration) time.Duration {
 	}
 	return d[len(d)/2]
 }
+
+// Claim (issue 27): where every engine of the pool runs SGLang's priority
+// scheduling (advertised in /server_info), both legs carry the class's
+// priority, whatever priority the client sent; where the engines do not,
+// the client's priority is dropped, so engines that abort prioritized
+// requests when priority scheduling is off serve them.
+func TestAdmissionEnginePriority(t *testing.T) {
+	tests := []struct {
+		name    string
+		engine  []string
+		want    map[string]*int64 // by class
+		wantAll int               // requests each engine serves
+	}{
+		{"priority scheduling", []string{"--enable-priority-scheduling"}, map[string]*int64{"interactive": ptr(int64(10)), "batch": ptr(int64(0))}, 2},
+		{"aborts when off", []string{"--abort-on-priority-when-disabled"}, map[string]*int64{"interactive": nil, "batch": nil}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startStack(t, harness.Options{
+				Prefill: []harness.SimSpec{{Args: tt.engine}}, Decode: []harness.SimSpec{{Args: tt.engine}},
+				DuetYAML: admissionYAML, DuetDefaultPolicies: true,
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for i, class := range []string{"interactive", "batch"} {
+				content := fmt.Sprintf("priority %d", i)
+				body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}],"max_tokens":2,"priority":99}`, content)
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.EnvoyURL+"/v1/chat/completions", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer sk-"+class)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%s: status %d: %s", class, resp.StatusCode, out)
+				}
+			}
+			for _, e := range []*harness.Sim{s.Prefill[0], s.Decode[0]} {
+				recs, err := e.Requests(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(recs) != tt.wantAll {
+					t.Fatalf("%s recorded %d requests, want %d", e.Name, len(recs), tt.wantAll)
+				}
+				// Sent one after the other: interactive, then batch.
+				slices.SortFunc(recs, func(a, b harness.Record) int { return a.StartedAt.Compare(b.StartedAt) })
+				for i, r := range recs {
+					class := []string{"interactive", "batch"}[i]
+					if fmt.Sprint(deref(r.Priority)) != fmt.Sprint(deref(tt.want[class])) {
+						t.Errorf("%s: the %s request carried priority %v, want %v", e.Name, class, deref(r.Priority), deref(tt.want[class]))
+					}
+				}
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// deref shows a priority: its value, or "none".
+func deref(p *int64) any {
+	if p == nil {
+		return "none"
+	}
+	return *p
+}
