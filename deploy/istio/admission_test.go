@@ -9,10 +9,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/extproc"
 )
 
 // The admission example: a RequestAuthentication on the gateway whose JWT
@@ -32,7 +34,8 @@ const jwtFilter = "envoy.filters.http.jwt_authn"
 // tests read it.
 type helmAdmission struct {
 	Classes []struct {
-		Name string `yaml:"name"`
+		Name      string        `yaml:"name"`
+		WaitLimit time.Duration `yaml:"wait_limit"`
 	} `yaml:"classes"`
 	ClassHeader        string `yaml:"class_header"`
 	TenantHeader       string `yaml:"tenant_header"`
@@ -42,19 +45,25 @@ type helmAdmission struct {
 // readHelmAdmission reads config.admission of the chart's Istio example.
 func readHelmAdmission(t *testing.T) helmAdmission {
 	t.Helper()
-	data, err := os.ReadFile(istioHelmValues)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var values struct {
 		Config struct {
 			Admission helmAdmission `yaml:"admission"`
 		} `yaml:"config"`
 	}
-	if err := yaml.Unmarshal(data, &values); err != nil {
-		t.Fatalf("%s: %v", istioHelmValues, err)
-	}
+	readYAMLFile(t, istioHelmValues, &values)
 	return values.Config.Admission
+}
+
+// readYAMLFile decodes the YAML file at path into v.
+func readYAMLFile(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
 }
 
 // TestAdmissionManifests: the RequestAuthentication selects the gateway's
@@ -62,7 +71,8 @@ func readHelmAdmission(t *testing.T) helmAdmission {
 // headers of duet's admission section from JWT claims; both are x-duet-*
 // headers, which the EnvoyFilter strips from clients, so duet need not
 // (and does not) trust clients' headers; the AuthorizationPolicy beside it
-// admits, on the same pods, only requests with a verified token.
+// admits, on the same pods, only requests with a verified token. The
+// EnvoyFilters let a queued request wait out the longest wait limit.
 func TestAdmissionManifests(t *testing.T) {
 	a := readHelmAdmission(t)
 	docs := map[string]obj{}
@@ -103,6 +113,31 @@ func TestAdmissionManifests(t *testing.T) {
 	if len(a.Classes) < 2 {
 		t.Errorf("duet's admission section has classes %v: want at least two for the tier claim to choose from", a.Classes)
 	}
+	// The EnvoyFilters let a queued request's answer wait out the longest
+	// wait limit (the single-pool one as bootstrapParams says; the
+	// two-pool one as duet renders testdata/duet-pools.yaml, whose
+	// admission section must be the chart's).
+	var longest time.Duration
+	for _, c := range a.Classes {
+		longest = max(longest, c.WaitLimit)
+	}
+	if got := bootstrapParams().MaxMessageTimeout; got < longest+extproc.HoldMargin {
+		t.Errorf("the EnvoyFilter's max_message_timeout %v is below the longest admission wait limit %v plus duet's margin %v", got, longest, extproc.HoldMargin)
+	}
+	var pools struct {
+		Admission any `yaml:"admission"`
+	}
+	var chart struct {
+		Config struct {
+			Admission any `yaml:"admission"`
+		} `yaml:"config"`
+	}
+	readYAMLFile(t, poolsDuetConfig, &pools)
+	readYAMLFile(t, istioHelmValues, &chart)
+	if !reflect.DeepEqual(pools.Admission, chart.Config.Admission) {
+		t.Errorf("%s: admission %v, want the chart's Istio values' %v", poolsDuetConfig, pools.Admission, chart.Config.Admission)
+	}
+
 	rules := asList(get(t, authz, "spec", "rules"))
 	if get(t, authz, "spec", "action") != "ALLOW" || len(rules) != 1 ||
 		!reflect.DeepEqual(get(t, rules[0], "from", 0, "source"), obj{"requestPrincipals": []any{"*"}}) {

@@ -25,8 +25,12 @@ func bootstrapParams() envoy.Params {
 		// Every replica, through the headless Service of replicas.yaml.
 		Duet:         envoy.Address{Host: "duet-replicas.inference.svc.cluster.local", Port: 9002},
 		MaxBodyBytes: 32 << 20, MessageTimeout: 2 * time.Second, StreamIdleTimeout: 15 * time.Minute, MaxRoutingRequests: 256,
-		Prefill: []envoy.Address{{Host: "sglang-prefill.inference.svc.cluster.local", Port: 30000}},
-		Decode:  []envoy.Address{{Host: "sglang-decode.inference.svc.cluster.local", Port: 30000}},
+		// What duet renders for the admission section of the chart's Istio
+		// values: the longest wait limit (30s) plus 2s
+		// (TestAdmissionManifests).
+		MaxMessageTimeout: 32 * time.Second,
+		Prefill:           []envoy.Address{{Host: "sglang-prefill.inference.svc.cluster.local", Port: 30000}},
+		Decode:            []envoy.Address{{Host: "sglang-decode.inference.svc.cluster.local", Port: 30000}},
 		// The engines are headless Services, as with duet's kubernetes: section.
 		Headless: true,
 	}
