@@ -96,6 +96,11 @@ type Session struct {
 	// Stream makes the session's requests streaming: only they show time to
 	// first token and time per output token (see Params.StreamFraction).
 	Stream bool
+	// Class names the priority class the session's requests are sent with
+	// (a gateway's x-duet-priority header), and Tenant who sends them;
+	// "" where the workload names none. Only admission reads them
+	// (clustersim.Admission).
+	Class, Tenant string
 }
 
 // Workload is a deterministic schedule of sessions.

@@ -34,8 +34,20 @@ type Request struct {
 	// mean time per output token after the first. Zero when not reached.
 	TTFT, TPOT, E2E time.Duration
 	// Err is why it failed ("" when it was served; "unfinished" when the
-	// run ended first).
+	// run ended first; "refused: " and Refused when admission refused it).
 	Err string
+	// Class and Tenant are the request's priority class and tenant: its
+	// session's, or with admission the class duet's rules gave it; "" when
+	// the workload names none.
+	Class  string `json:",omitempty"`
+	Tenant string `json:",omitempty"`
+	// Queued reports that it waited in duet's admission queue, for Wait
+	// (until it was let through or refused).
+	Queued bool          `json:",omitempty"`
+	Wait   time.Duration `json:",omitempty"`
+	// Refused is why admission refused it (admit.Outcome: queue_full,
+	// wait_limit, shed); "" when it was let through.
+	Refused string `json:",omitempty"`
 }
 
 // sample is the ranks' true load at one instant.
@@ -94,6 +106,7 @@ func (r *run) result() *Result {
 			Session: q.session, Turn: q.turn, Arrival: q.arrival,
 			PromptTokens: q.turnInfo.prompt.Tokens, CachedTokens: q.cached, HitBound: q.bound, OutputTokens: q.generated, Err: q.err,
 			DecodeCached: q.decodeCached, DecodeBound: q.decodeBound,
+			Class: q.class, Tenant: q.tenant, Queued: q.queued, Wait: q.wait, Refused: q.refused,
 		}
 		if q.pEng != nil {
 			out.Prefill = rankName("p", q.pEng, q.pRank)
@@ -172,8 +185,10 @@ func mean(xs []float64) float64 {
 // Summary condenses the measured requests of a Result.
 type Summary struct {
 	// Requests, Served and Failed count the measured requests; Failed
-	// includes the unfinished ones.
+	// includes the unfinished ones and those admission refused, which
+	// Refused counts.
 	Requests, Served, Failed int
+	Refused                  int `json:",omitempty"`
 	// TTFT and E2E in model milliseconds over served requests.
 	TTFTMean, TTFTP50, TTFTP99 float64
 	// TPOTMean is the mean time per output token (ms) over served
@@ -213,6 +228,9 @@ func (res *Result) Summarize() Summary {
 		s.Requests++
 		if q.Err != "" {
 			s.Failed++
+			if q.Refused != "" {
+				s.Refused++
+			}
 			ttft = append(ttft, math.Inf(1))
 			continue
 		}

@@ -111,6 +111,10 @@ type Config struct {
 	// Restarts empty engines' prefix caches mid-run, as a restarted engine
 	// starts (their ranks report AllBlocksCleared); in time order.
 	Restarts []Restart
+	// Admission, if set, queues requests in duet while the pool is
+	// saturated (see Admission); each replica has its own queue. Nil
+	// routes every request on arrival, as before admission existed.
+	Admission *Admission
 }
 
 // Restart empties one engine's prefix caches at a time.
@@ -176,6 +180,8 @@ type run struct {
 	restarts []Restart
 	// oracle is the replicas' view with CacheOracle.
 	oracle *oracleView
+	// adm is the admission queues (nil without Config.Admission).
+	adm *admission
 }
 
 // request is one request in flight or done.
@@ -205,6 +211,17 @@ type request struct {
 	generated                 int
 	err                       string
 	finished                  bool
+	// class and tenant are the session's (with admission, the class and
+	// tenant duet's rules gave the request).
+	class, tenant string
+	// sreq is the request to the scheduler once built (schedRequest),
+	// until its pick.
+	sreq *scheduler.Request
+	// queued reports that the request waited in duet's admission queue,
+	// for wait; refused is why admission refused it.
+	queued  bool
+	wait    time.Duration
+	refused string
 }
 
 // newRun builds the engines, the scheduler and the first arrivals.
@@ -257,6 +274,11 @@ func newRun(cfg Config) (*run, error) {
 			r.followEvents(e)
 		}
 	}
+	adm, err := newAdmission(cfg, cfg.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	r.adm = adm
 	if cfg.Oracle == OracleNone {
 		for i := range cfg.Replicas {
 			s, err := r.newScheduler()
@@ -301,6 +323,9 @@ func (r *run) newScheduler() (*scheduler.Scheduler, error) {
 	sc.Prefill, sc.Decode = prefill, decode
 	sc.PrefillPolicy, sc.DecodePolicy = prefillSpec, decodeSpec
 	sc.EngineRanks = r.cfg.Policy.EngineRanks
+	if r.cfg.Admission != nil {
+		sc.Saturation = r.cfg.Admission.Saturation
+	}
 	sc.Clock = func() time.Time { return epoch.Add(r.now) }
 	sc.HTTPClient = &http.Client{Transport: &transport{byHost: byHost, now: func() time.Duration { return r.now }}}
 	sc.Health.Interval = -1
@@ -367,6 +392,9 @@ func (r *run) loop(ctx context.Context) error {
 		if len(r.arrivals) > 0 {
 			next = min(next, r.arrivals[0].at)
 		}
+		if t, ok := r.adm.nextDeadline(); ok {
+			next = min(next, t)
+		}
 		busy := len(r.arrivals) > 0 || r.active > 0
 		if !busy || next >= r.end {
 			return nil
@@ -395,11 +423,13 @@ func (r *run) loop(ctx context.Context) error {
 			r.sample()
 			r.nextSample += r.cfg.SampleInterval
 		}
+		r.admitQueued(ctx)
 		for len(r.arrivals) > 0 && r.arrivals[0].at <= r.now {
 			a := heap.Pop(&r.arrivals).(arrival)
 			r.dispatch(ctx, a.session, a.turn)
 			r.settle()
 		}
+		r.admitQueued(ctx)
 	}
 }
 
@@ -476,20 +506,33 @@ func preloadBlocks(i, n int) []uint64 {
 	return out
 }
 
-// dispatch sends session s's turn k now: pick, then both legs at once.
+// dispatch handles the arrival of session s's turn k now: with admission
+// it may wait in duet's queue first; otherwise it is sent at once.
 func (r *run) dispatch(ctx context.Context, s, k int) {
 	turn := &r.cfg.Workload.turns[s][k]
+	session := &r.cfg.Workload.Workload.Sessions[s]
 	q := &request{
 		id: "s" + strconv.Itoa(s) + "t" + strconv.Itoa(k), session: s, turn: k,
 		arrival: r.now, turnInfo: turn, pLegRank: scheduler.NoRank, dLegRank: scheduler.NoRank,
+		class: session.Class, tenant: session.Tenant,
 	}
-	q.decodeBound = r.decodeBound(turn.prompt)
-	q.bound = r.hitBound(turn.prompt)
 	if n := len(r.scheds); n > 0 {
 		q.replica = len(r.requests) % n // round robin over the replicas
 	}
 	r.requests = append(r.requests, q)
 	r.active++
+	if r.adm != nil {
+		r.admitArrival(ctx, q)
+		return
+	}
+	r.send(ctx, q)
+}
+
+// send routes q now: pick, then both legs at once.
+func (r *run) send(ctx context.Context, q *request) {
+	turn := q.turnInfo
+	q.decodeBound = r.decodeBound(turn.prompt)
+	q.bound = r.hitBound(turn.prompt)
 	if err := r.route(ctx, q); err != nil {
 		r.fail(q, err.Error())
 		return
@@ -596,14 +639,10 @@ func (r *run) route(ctx context.Context, q *request) error {
 		r.routeAround(q)
 		return nil
 	}
-	req := q.turnInfo.req
-	req.ID = q.id
-	req.Blocks = nil
-	if r.cfg.Cache != CacheEstimate {
-		req.TokenIDs = q.turnInfo.prompt.TokenIDs
-	}
+	req := r.schedRequest(q)
+	q.sreq = nil // the pick is its last use
 	r.routing = &q.turnInfo.prompt
-	d, err := r.scheds[q.replica].Pick(ctx, &req)
+	d, err := r.scheds[q.replica].Pick(ctx, req)
 	r.routing = nil
 	if err != nil {
 		return err
