@@ -10,8 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/duet-router/duet/extproc"
 )
 
 // admissionDir holds the admission example: a SecurityPolicy whose JWT
@@ -26,11 +29,21 @@ const jwtFilter = "envoy.filters.http.jwt_authn"
 // read it.
 type duetAdmission struct {
 	Classes []struct {
-		Name string `yaml:"name"`
+		Name      string        `yaml:"name"`
+		WaitLimit time.Duration `yaml:"wait_limit"`
 	} `yaml:"classes"`
 	ClassHeader        string `yaml:"class_header"`
 	TenantHeader       string `yaml:"tenant_header"`
 	TrustClientHeaders bool   `yaml:"trust_client_headers"`
+}
+
+// longestWait is the longest wait limit of the section's classes.
+func (a duetAdmission) longestWait() time.Duration {
+	var longest time.Duration
+	for _, c := range a.Classes {
+		longest = max(longest, c.WaitLimit)
+	}
+	return longest
 }
 
 // readAdmission reads the admission section of duet's ConfigMap in objs.
@@ -134,8 +147,10 @@ func reflectEqual(a, b any) bool {
 // TestAdmissionTranslation: Envoy Gateway v1.9.1 takes the manifests with
 // the admission SecurityPolicy whole (the policy accepted), and its xDS
 // strips clients' x-duet-* headers first, runs the JWT filter before
-// duet's ext_proc, sets the admission headers from the token's claims, and
-// enables the JWT filter on every route that runs duet.
+// duet's ext_proc, sets the admission headers from the token's claims,
+// enables the JWT filter on every route that runs duet, and lets duet hold
+// a queued request up to the ConfigMap's longest wait limit (patch.yaml's
+// max_message_timeout).
 func TestAdmissionTranslation(t *testing.T) {
 	egctl, creds := translateSetup(t)
 	objs, err := loadManifests()
@@ -172,7 +187,7 @@ func TestAdmissionTranslation(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range admissionEffects(tr, a.ClassHeader, a.TenantHeader) {
+	for _, m := range admissionEffects(tr, a.longestWait()+extproc.HoldMargin, a.ClassHeader, a.TenantHeader) {
 		t.Error(m)
 	}
 }
@@ -198,10 +213,11 @@ func securityPolicies(t *testing.T, dir string) []object {
 }
 
 // admissionEffects lists what the translation's xDS lacks for duet's
-// admission headers: the listener strips x-duet-* first, the JWT filter
-// comes before duet's ext_proc and sets each header from a claim, and
-// every route that runs ext_proc runs the JWT filter too.
-func admissionEffects(tr *translation, headers ...string) []string {
+// admission queue: the listener strips x-duet-* first, the JWT filter
+// comes before duet's ext_proc and sets each header from a claim, every
+// route that runs ext_proc runs the JWT filter too, and ext_proc lets duet
+// hold a queued request's answer for at least hold.
+func admissionEffects(tr *translation, hold time.Duration, headers ...string) []string {
 	var missing []string
 	need := func(ok bool, what string) {
 		if !ok {
@@ -247,6 +263,8 @@ func admissionEffects(tr *translation, headers ...string) []string {
 			}
 		case strings.HasPrefix(name, "envoy.filters.http.ext_proc/") && extProc < 0:
 			extProc = i
+			limit := seconds(get(f, "typedConfig", "maxMessageTimeout"))
+			need(limit >= hold, fmt.Sprintf("duet's ext_proc: max_message_timeout %v, want at least the longest admission wait limit and duet's margin, %v", limit, hold))
 		}
 	}
 	need(jwt >= 0 && extProc > jwt, fmt.Sprintf("the JWT filter before duet's ext_proc (filters %v)", names))
