@@ -108,9 +108,10 @@ type Replicas struct {
 	// peerHeads each peer's, as last heard (guarded by mu).
 	heads     map[string]admit.Head
 	peerHeads map[string]map[string]admit.Head
-	// outbox holds the events published while NATS was away, sent once
-	// the peers have had time to reconnect too (see flushOutbox).
+	// outbox holds the events published while NATS was away, and after
+	// it returned until the peers are back too (see rejoin).
 	outbox [][]byte
+	rejoin rejoin
 
 	// pending holds each pick until its request's route is recorded, so
 	// that the two travel in one message: a replica killed between them
@@ -247,9 +248,7 @@ func Start(opts Options) (*Replicas, error) {
 		nats.ConnectHandler(func(*nats.Conn) { r.connected("connected") }),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			r.connected("reconnected")
-			// Every replica reconnects within a reconnect wait of the
-			// server's return; two heartbeats later they all listen again.
-			time.AfterFunc(2*opts.Heartbeat, r.flushOutbox)
+			r.rejoined()
 		}),
 		// Held in the outbox instead: the client's own buffer would be
 		// flushed before the peers have subscribed again.
@@ -349,19 +348,11 @@ func (r *Replicas) publish(e *envelope) {
 		r.m.dropped.WithLabelValues(kind, "malformed").Inc()
 		return
 	}
-	if !r.nc.IsConnected() {
-		if kind == kindHello || kind == kindQueue {
+	if kind == kindHello || kind == kindQueue {
+		if !r.nc.IsConnected() {
 			return // state, sent again on the next heartbeat
 		}
-		r.mu.Lock()
-		full := len(r.outbox) >= MaxOutbox
-		if !full {
-			r.outbox = append(r.outbox, data)
-		}
-		r.mu.Unlock()
-		if full {
-			r.m.dropped.WithLabelValues(kind, "outbox_full").Inc()
-		}
+	} else if r.keep(kind, data) {
 		return
 	}
 	if err := r.nc.Publish(r.opts.Subject, data); err != nil {
@@ -372,25 +363,24 @@ func (r *Replicas) publish(e *envelope) {
 	r.m.events.WithLabelValues(kind, "sent").Inc()
 }
 
-// flushOutbox sends the events kept while NATS was away.
-func (r *Replicas) flushOutbox() {
+// keep puts an event of kind in the outbox while NATS is away or the
+// replica waits for its peers to return (rejoin), and reports whether it
+// did; beyond MaxOutbox the event is dropped and counted.
+func (r *Replicas) keep(kind string, data []byte) bool {
 	r.mu.Lock()
-	out := r.outbox
-	r.outbox = nil
+	if !r.rejoin.holding && r.nc.IsConnected() {
+		r.mu.Unlock()
+		return false
+	}
+	full := len(r.outbox) >= MaxOutbox
+	if !full {
+		r.outbox = append(r.outbox, data)
+	}
 	r.mu.Unlock()
-	if len(out) == 0 {
-		return
+	if full {
+		r.m.dropped.WithLabelValues(kind, "outbox_full").Inc()
 	}
-	sent := 0
-	for _, data := range out {
-		if err := r.nc.Publish(r.opts.Subject, data); err != nil {
-			r.m.dropped.WithLabelValues("unknown", "publish").Add(float64(len(out) - sent))
-			break
-		}
-		sent++
-	}
-	r.m.events.WithLabelValues("outbox", "sent").Add(float64(sent))
-	r.log.Info("sent the events kept while NATS was away", zap.Int("events", sent))
+	return true
 }
 
 // receive applies one peer's event.
@@ -416,7 +406,11 @@ func (r *Replicas) receive(msg *nats.Msg) {
 	if e.Queues != nil {
 		r.peerHeads[e.From] = e.Queues
 	}
+	back := r.heardFrom(e.From)
 	r.mu.Unlock()
+	if back {
+		r.flushIfReady()
+	}
 	kind := e.kind()
 	r.m.events.WithLabelValues(kind, "received").Inc()
 	r.m.lag.Observe(max(lag.Seconds(), 0))
@@ -453,6 +447,7 @@ func (r *Replicas) heartbeats() {
 			r.publish(r.hello())
 			r.expirePeers()
 			r.sendStalePicks()
+			r.flushIfReady() // at the latest peerTimeout heartbeats after NATS returned
 		}
 	}
 }
@@ -537,6 +532,7 @@ func (r *Replicas) disconnected(err error) {
 	if r.nc != nil && r.nc.IsClosed() {
 		return
 	}
+	r.lost()
 	r.log.Warn("NATS unreachable: routing alone until it returns (events are buffered, then dropped and counted)", zap.Error(err))
 }
 

@@ -2,13 +2,16 @@ package replicas
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -219,4 +222,112 @@ func TestQueueHeads(t *testing.T) {
 		_, q := rc.PeerQueue("qwen")
 		return !q
 	})
+}
+
+// gatedDialer refuses every connection while closed is set: a replica whose
+// reconnection to NATS is slower than its peers'.
+type gatedDialer struct {
+	closed atomic.Bool
+	d      net.Dialer
+}
+
+func (g *gatedDialer) Dial(network, address string) (net.Conn, error) {
+	if g.closed.Load() {
+		return nil, errors.New("gated")
+	}
+	return g.d.Dial(network, address)
+}
+
+// received reports whether r was given request id's route and a leg.
+func (r *recorder) received(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.routes[id]; !ok {
+		return false
+	}
+	for _, c := range r.legs {
+		if c.RequestID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Issue 27: after a NATS restart the replicas reconnect one after the
+// other. Core NATS delivers a message only to the subscriptions the server
+// has when it arrives, so what a replica published between its own
+// reconnection and a slower peer's was lost for that peer: a pick sent
+// from the outbox later reached it, the leg that ends it never did, and
+// the hold stayed until the reservation TTL (the soak's reserved tokens on
+// one survivor). A replica now keeps its events, from the outage until
+// rejoinDelay heartbeats after it reconnected and every peer that was live
+// before the outage is heard from again, or at most peerTimeout heartbeats;
+// a peer that never returns holds nothing up for longer.
+func TestEventsAfterReconnectReachSlowerPeer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// returns: the slow peer reconnects once a has published.
+		returns bool
+	}{
+		{name: "the slow peer returns", returns: true},
+		{name: "the slow peer never returns", returns: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := startNATS(t, 0)
+			port := ns.Addr().(*net.TCPAddr).Port
+			var a, b, c recorder
+			slow := &gatedDialer{}
+			// A heartbeat long enough that peerTimeout of them outlasts a
+			// reconnection (ReconnectWait and its jitter).
+			const beat = time.Second
+			ra := startWith(t, ns.ClientURL(), "a", &a, beat)
+			rb := startWith(t, ns.ClientURL(), "b", &b, beat)
+			rc := startWith(t, ns.ClientURL(), "c", &c, beat, nats.SetCustomDialer(slow))
+			eventually(t, "the replicas to see each other", func() bool {
+				return len(ra.Peers()) == 2 && len(rb.Peers()) == 2 && len(rc.Peers()) == 2
+			})
+
+			slow.closed.Store(true)
+			ns.Shutdown()
+			eventually(t, "the replicas to notice the outage", func() bool {
+				return !ra.Connected() && !rb.Connected() && !rc.Connected()
+			})
+			ns2 := startNATS(t, port)
+			defer ns2.Shutdown()
+			eventually(t, "a and b to reconnect", func() bool { return ra.Connected() && rb.Connected() })
+
+			ra.Picked(scheduler.Picked{RequestID: "r1", Holds: []scheduler.PickedHold{{Role: scheduler.RolePrefill,
+				Target: scheduler.TargetKey{URL: "http://p:1", Rank: 0}, Tokens: 14, Work: 14}}})
+			ra.Record("r1", routed.Route{Decode: "10.0.0.1:1", Prefill: "10.0.0.2:1", DecodeRank: routed.NoRank})
+			ra.Complete(context.Background(), accesslog.Completion{RequestID: "r1", Leg: accesslog.LegPrefill, Upstream: "10.0.0.2:1"})
+			if tc.returns {
+				slow.closed.Store(false)
+				waitFor(t, 10*time.Second, "c to get a's route and leg", func() bool { return c.received("r1") })
+			}
+			waitFor(t, 10*time.Second, "b to get a's route and leg", func() bool { return b.received("r1") })
+		})
+	}
+}
+
+// startWith starts a replica with heartbeat beat and extra NATS options.
+func startWith(t *testing.T, url, name string, a Applier, beat time.Duration, opts ...nats.Option) *Replicas {
+	t.Helper()
+	r, err := Start(Options{URL: url, Subject: "duet.test", Name: name, Apply: a, Heartbeat: beat, NATS: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// waitFor polls cond until it holds or fails the test after within.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
