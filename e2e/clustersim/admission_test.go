@@ -256,7 +256,8 @@ func TestAdmissionRefusesOracleAndBypass(t *testing.T) {
 
 // TestSLO checks which requests meet an SLO.
 func TestSLO(t *testing.T) {
-	slo := SLO{TTFT: 2 * time.Second, TTFTPerToken: time.Millisecond, TPOT: 50 * time.Millisecond}
+	perToken := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	slo := SLO{TTFT: 2 * time.Second, Allowance: perToken, TPOT: 50 * time.Millisecond}
 	for _, tt := range []struct {
 		name  string
 		q     Request

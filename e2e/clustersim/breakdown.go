@@ -7,12 +7,14 @@ import (
 )
 
 // SLO is what one request must see to count toward goodput: served, its
-// first token within TTFT (plus TTFTPerToken for each prompt token, for
-// workloads whose prompts run to tens of thousands of tokens), and its
-// mean time per output token within TPOT (a request of one output token
-// has none). A refused, failed or unfinished request never meets it.
+// first token within TTFT (plus Allowance of its prompt's length, if set:
+// for workloads whose prompts run to tens of thousands of tokens, whose
+// prefill alone takes longer than any flat bound), and its mean time per
+// output token within TPOT (a request of one output token has none). A
+// refused, failed or unfinished request never meets it.
 type SLO struct {
-	TTFT, TTFTPerToken, TPOT time.Duration
+	TTFT, TPOT time.Duration
+	Allowance  func(promptTokens int) time.Duration
 }
 
 // Met reports whether q met the SLO.
@@ -23,7 +25,11 @@ func (o SLO) Met(q Request) bool {
 // FirstTokenMet reports whether q was served with its first token within
 // the SLO's bound.
 func (o SLO) FirstTokenMet(q Request) bool {
-	return q.Err == "" && q.TTFT <= o.TTFT+time.Duration(q.PromptTokens)*o.TTFTPerToken
+	bound := o.TTFT
+	if o.Allowance != nil {
+		bound += o.Allowance(q.PromptTokens)
+	}
+	return q.Err == "" && q.TTFT <= bound
 }
 
 // Group is what one set of measured requests (a class, a tenant, all) saw.

@@ -26,6 +26,17 @@
 //     GET /server_info and GET /v1/loads with the body a duet-sim server
 //     would send (sim.Model.LoadsJSON).
 //
+// With Config.Admission, requests pass duet's admission queue (package
+// scheduler/admit) before the pick, driven in virtual time as duet drives
+// it: a request is picked on arrival while its replica's queue is empty
+// and the pool is not saturated (scheduler.Saturated), and is otherwise
+// queued (by class, fairly between tenants) or refused; after every event
+// that may free room (a leg's feedback, a load scrape) queued requests are
+// let through one at a time while the pool is not saturated, and a request
+// still queued at its class's wait limit is refused. Result.Breakdown
+// measures goodput at a per-request SLO by class and tenant. Without
+// admission a run is what it was before admission existed, byte for byte.
+//
 // Two references show the headroom left. OracleLoad replaces the scheduler
 // with a choice only a simulator can make: each leg goes to the rank with
 // the least true pending work. Result's hit-rate bound is the share of

@@ -58,6 +58,11 @@ func run(ctx context.Context, args []string) error {
 	fs.BoolVar(&decodeCache, "decode-cache", false, "run the decode radix cache comparison (docs/benchmarks/decode-cache.md) instead of the main matrix")
 	var kvEvents bool
 	fs.BoolVar(&kvEvents, "kv-events", false, "run the KV events comparison (docs/benchmarks/kv-events.md) instead of the main matrix")
+	var admission, admissionSweep bool
+	var admissionVariants string
+	fs.BoolVar(&admission, "admission", false, "run the admission comparison (docs/benchmarks/admission/) instead of the main matrix: overload scenarios and the quality matrix's with queueing off and on")
+	fs.BoolVar(&admissionSweep, "admission-sweep", true, "with -admission, also sweep the saturation thresholds on burst_2x and steady")
+	fs.StringVar(&admissionVariants, "admission-variants", "", "with -admission, comma-separated variants added to every scenario (e.g. on/p=8192/kv=0.85)")
 	fs.Float64Var(&o.rate, "rate", 0, "compare every scenario at this rate (sessions/s) without a goodput search (experiments)")
 	fs.StringVar(&routingList, "routings", "", "comma-separated routings to compare in every scenario, engine_default first (default: each scenario's own); a suffix +covered or +inflight sets load.prefill_accounting")
 	var cross, crossPolicies string
@@ -78,6 +83,9 @@ func run(ctx context.Context, args []string) error {
 	}
 	if o.seeds < 2 || o.window <= o.warmup {
 		return errors.New("need -seeds >= 2 and -window > -warmup")
+	}
+	if admission {
+		return runAdmission(ctx, o, tracePath, only, admissionVariants, admissionSweep, out)
 	}
 	all := scenarios(tracePath)
 	if decodeCache {
