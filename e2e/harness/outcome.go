@@ -48,22 +48,44 @@ type Result struct {
 // maxTokens) to Envoy at baseURL with client, and classifies the answer.
 // The client's timeout bounds the wait: a request that hits it is lost.
 func Chat(ctx context.Context, client *http.Client, baseURL string, i int, stream bool, maxTokens int) Result {
+	return ChatWith(ctx, client, baseURL, i, stream, maxTokens, ChatExtra{})
+}
+
+// ChatExtra shapes a Chat request further.
+type ChatExtra struct {
+	// PromptTokens, when positive, pads the prompt to about that many
+	// tokens (4 characters each).
+	PromptTokens int
+	// APIKey, when set, is sent as the bearer token (duet's admission
+	// classes requests by its hash).
+	APIKey string
+}
+
+// ChatWith is Chat with extra.
+func ChatWith(ctx context.Context, client *http.Client, baseURL string, i int, stream bool, maxTokens int, extra ChatExtra) Result {
 	start := time.Now()
 	id := fmt.Sprintf("chat-%d-%d", i, start.UnixNano())
-	r := chat(ctx, client, baseURL, id, i, stream, maxTokens)
+	r := chat(ctx, client, baseURL, id, i, stream, maxTokens, extra)
 	r.ID, r.Wait = id, time.Since(start)
 	return r
 }
 
-func chat(ctx context.Context, client *http.Client, baseURL, id string, i int, stream bool, maxTokens int) Result {
-	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"Request %d: tell me about disaggregated serving."}],"max_tokens":%d,"stream":%v}`,
-		i, maxTokens, stream)
+func chat(ctx context.Context, client *http.Client, baseURL, id string, i int, stream bool, maxTokens int, extra ChatExtra) Result {
+	content := fmt.Sprintf("Request %d: tell me about disaggregated serving.", i)
+	if extra.PromptTokens > 0 {
+		content += " " + strings.Repeat("abcd", extra.PromptTokens)
+	}
+	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%v}`,
+		content, maxTokens, stream)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return Result{Outcome: OutcomeLost, Detail: err.Error()}
 	}
 	req.Header.Set("content-type", "application/json")
 	req.Header.Set("x-request-id", id)
+	if extra.APIKey != "" {
+		req.Header.Set("authorization", "Bearer "+extra.APIKey)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return Result{Outcome: OutcomeLost, Detail: err.Error()}

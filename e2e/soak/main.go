@@ -38,10 +38,16 @@ func main() {
 	replicas := flag.Int("replicas", 1, "duet replicas; above 1 they share state through a nats-server (make nats-server), "+
 		"and the fault schedule also kills the last replica and NATS")
 	settle := flag.Duration("settle", 30*time.Second, "how long every live replica has, once the load ended, to release all its reserved tokens")
+	var b bursts
+	flag.Float64Var(&b.rate, "burst-rate", 0, "with a positive rate, bursts of long batch-class prompts on top of the load, at this many requests per second, "+
+		"beyond what the engines (duet-sim's engine model, profile "+burstProfile+", 2 ranks each) can take: duet's admission queue holds them, serves the interactive load first and refuses the rest with 429")
+	flag.DurationVar(&b.every, "burst-every", time.Minute, "period of the bursts")
+	flag.DurationVar(&b.length, "burst-for", 20*time.Second, "length of each burst")
+	flag.IntVar(&b.promptTokens, "burst-prompt-tokens", 8000, "prompt length of the burst's requests, in tokens")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *duration, *rate, *cycle, *replicas, *settle); err != nil {
+	if err := run(ctx, *duration, *rate, *cycle, *replicas, *settle, b); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
 		os.Exit(1)
 	}
@@ -54,7 +60,34 @@ type sample struct {
 	goroutines, legs, resv float64
 }
 
-func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration, replicas int, settle time.Duration) error {
+// bursts are the soak's overload: long batch-class prompts at rate for
+// length, every every.
+type bursts struct {
+	rate          float64
+	every, length time.Duration
+	promptTokens  int
+}
+
+// burstProfile is the engines' duet-sim profile when the soak bursts.
+const burstProfile = "dsv3-dp8-h100-node"
+
+// API keys of the soak's classes (admissionYAML maps their hashes).
+const (
+	keyInteractive = "sk-interactive"
+	keyBatch       = "sk-batch"
+)
+
+// admissionYAML gives the base load (keyInteractive) a class above the
+// bursts' (every other key, the default class).
+const admissionYAML = `admission:
+  classes:
+  - {name: interactive, priority: 10, wait_limit: 10s}
+  - {name: batch, priority: 0, wait_limit: 5s}
+  default_class: batch
+  api_keys: {7645b28b5463faac017baeb9c4aac66f80fda3eca4247f3f7838053082d5f6df: interactive}
+`
+
+func run(ctx context.Context, duration time.Duration, rate float64, cycle time.Duration, replicas int, settle time.Duration, b bursts) error {
 	opts := harness.Options{
 		Prefill:      []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
 		Decode:       []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
@@ -62,6 +95,16 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 		LogLevel:     "warn",
 		DuetYAML:     "health:\n  interval: 500ms\n  timeout: 500ms\n",
 		DuetReplicas: replicas,
+	}
+	if b.rate > 0 {
+		// Engines with queues (the calibrated engine model, 2 ranks each),
+		// so that the bursts overload them as they would real engines.
+		for _, specs := range [][]harness.SimSpec{opts.Prefill, opts.Decode} {
+			for i := range specs {
+				specs[i].Args = []string{"--profile", burstProfile}
+			}
+		}
+		opts.DuetYAML += admissionYAML
 	}
 	var nats *harness.NATS
 	if replicas > 1 {
@@ -115,6 +158,15 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 			}
 		}
 	}()
+	var burstResults []harness.Result
+	if b.rate > 0 {
+		wg.Go(func() {
+			out := burst(loadCtx, client, s.EnvoyURL, b)
+			mu.Lock()
+			burstResults = out
+			mu.Unlock()
+		})
+	}
 	interval := time.Duration(float64(time.Second) / rate)
 	next := time.Now()
 	for i := 0; loadCtx.Err() == nil; i++ {
@@ -123,7 +175,7 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := harness.Chat(context.Background(), client, s.EnvoyURL, i, i%2 == 1, 16+i%48)
+			r := harness.ChatWith(context.Background(), client, s.EnvoyURL, i, i%2 == 1, 16+i%48, harness.ChatExtra{APIKey: keyInteractive})
 			mu.Lock()
 			results = append(results, r)
 			mu.Unlock()
@@ -134,6 +186,12 @@ func run(ctx context.Context, duration time.Duration, rate float64, cycle time.D
 	reserved, settled := settleReserved(ctx, s, settle)
 	record()
 	report(os.Stdout, results, samples)
+	if b.rate > 0 {
+		fmt.Printf("\nbursts (batch class, %d-token prompts at %.0f req/s for %v every %v):\n", b.promptTokens, b.rate, b.length, b.every)
+		report(os.Stdout, burstResults, nil)
+		fmt.Printf("\nadmission: refused %s\n", refusals(s))
+		results = append(results, burstResults...)
+	}
 	if replicas > 1 {
 		fmt.Println("\n| replica | untrusted entries | adopted entries | sync events dropped | reserved tokens |")
 		fmt.Println("|---|---|---|---|---|")
@@ -325,9 +383,60 @@ func report(w io.Writer, results []harness.Result, samples []sample) {
 	for _, o := range harness.Outcomes {
 		fmt.Fprintf(w, "| %s | %d | %v |\n", o, counts[o], worst[o].Round(time.Millisecond))
 	}
+	if len(samples) == 0 {
+		return
+	}
 	fmt.Fprintln(w, "\n| at | duet heap MiB | duet RSS MiB | goroutines | legs tracked | reservations |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	for _, s := range samples {
 		fmt.Fprintf(w, "| %v | %.1f | %.1f | %.0f | %.0f | %.0f |\n", s.at, s.heapMiB, s.rssMiB, s.goroutines, s.legs, s.resv)
 	}
+}
+
+// burst sends b's requests until ctx ends and returns their results.
+func burst(ctx context.Context, client *http.Client, url string, b bursts) []harness.Result {
+	var (
+		mu  sync.Mutex
+		out []harness.Result
+		wg  sync.WaitGroup
+	)
+	interval := time.Duration(float64(time.Second) / b.rate)
+	for start := time.Now(); ctx.Err() == nil; start = start.Add(b.every) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(start.Add(b.every - b.length))):
+		}
+		end := time.Now().Add(b.length)
+		for i := 0; ctx.Err() == nil && time.Now().Before(end); i++ {
+			wg.Go(func() {
+				r := harness.ChatWith(context.Background(), client, url, 1_000_000+i, false, 16, harness.ChatExtra{APIKey: keyBatch, PromptTokens: b.promptTokens})
+				mu.Lock()
+				out = append(out, r)
+				mu.Unlock()
+			})
+			time.Sleep(interval)
+		}
+	}
+	wg.Wait()
+	return out
+}
+
+// refusals sums every replica's admission refusals by class and reason.
+func refusals(s *harness.Stack) string {
+	var parts []string
+	for _, class := range []string{"interactive", "batch"} {
+		for _, reason := range []string{"wait_limit", "queue_full", "shed"} {
+			n := 0.0
+			for i := range s.Duets {
+				n += max(s.ReplicaMetric(i, "duet_admission_requests_total", map[string]string{"class": class, "outcome": reason}), 0)
+			}
+			if n > 0 {
+				parts = append(parts, fmt.Sprintf("%s %s %.0f", class, reason, n))
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
