@@ -65,11 +65,16 @@ func (p *pool) admission(a config.Admission) (*extproc.Admission, error) {
 	}, nil
 }
 
+// enginePriorities is what enginePriority reads of a pool's scheduler.
+type enginePriorities interface {
+	EnginePriority() (scheduler.PriorityScheduling, bool)
+}
+
 // enginePriority is the priority field to write for a request of class,
 // and whether to write it: where admission.engine_priority and the pool's
 // engines say so. A class's default value (its priority) is negated for
 // engines that serve low values first, so the order holds there too.
-func enginePriority(a config.Admission, class string, sched *scheduler.Scheduler) (int, bool) {
+func enginePriority(a config.Admission, class string, sched enginePriorities) (int, bool) {
 	ps, advertised := sched.EnginePriority()
 	if !a.WritesEnginePriority(advertised) {
 		return 0, false
