@@ -30,6 +30,34 @@ type ChatRequest struct {
 	Stream bool
 	// Seed is the sampling seed (OpenAI's seed); 0 sends none.
 	Seed int64
+	// Class, if set, is sent as the API key of that class, APIKey(Class),
+	// in Authorization, as a deployment tells its clients apart (duet
+	// classes a request by the SHA-256 of its key: admission.api_keys).
+	Class string
+	// Tenant, if set, is sent in TenantHeader.
+	Tenant string
+}
+
+// TenantHeader carries a request's tenant (ChatRequest.Tenant). It is not
+// an x-duet-* header, which duet's Envoy removes from clients' requests:
+// duet reads it where its configuration names it and trusts it
+// (admission.tenant_header, admission.trust_client_headers), as the
+// compose example does.
+const TenantHeader = "x-tenant"
+
+// APIKey is the bearer token the benchmark client sends for class: sk-<class>.
+func APIKey(class string) string { return "sk-" + class }
+
+// setHeaders sets the headers of a request of r on h: the content type,
+// and the class's API key and the tenant where r names them.
+func (r ChatRequest) setHeaders(h http.Header) {
+	h.Set("Content-Type", "application/json")
+	if r.Class != "" {
+		h.Set("Authorization", "Bearer "+APIKey(r.Class))
+	}
+	if r.Tenant != "" {
+		h.Set(TenantHeader, r.Tenant)
+	}
 }
 
 // Body renders the request, with ignore_eos so that the engine generates
@@ -62,7 +90,8 @@ type Outcome struct {
 	// not streamed).
 	First, Last time.Time
 	// Done is when the response ended: [DONE] for a stream, the whole body
-	// otherwise (zero when it did not end).
+	// otherwise, the refusal for a refused request (zero when it did not
+	// end).
 	Done time.Time
 	// Chunks counts the chunks with generated content.
 	Chunks int
@@ -70,6 +99,12 @@ type Outcome struct {
 	Usage *Usage
 	// Status is the HTTP status (0 when none arrived).
 	Status int
+	// Refused is set when the router answered 429 (Too Many Requests):
+	// duet's admission shed the request. A refused request is neither
+	// failed nor unfinished (Err stays empty); RetryAfter is the answer's
+	// Retry-After header.
+	Refused    bool
+	RetryAfter string
 	// Err describes a failure: a non-200 status, an in-stream error, a
 	// transport error or a stream cut short. "" when the request succeeded.
 	Err string
@@ -88,8 +123,9 @@ type Usage struct {
 	HasCached    bool
 }
 
-// OK reports whether the request completed without error.
-func (o Outcome) OK() bool { return o.Err == "" && !o.Canceled && !o.Done.IsZero() }
+// OK reports whether the request completed without error (a refused
+// request did not).
+func (o Outcome) OK() bool { return o.Err == "" && !o.Canceled && !o.Refused && !o.Done.IsZero() }
 
 // Tokens returns the generated tokens: usage.completion_tokens when
 // reported, else the content chunks seen.
@@ -117,7 +153,7 @@ func Send(ctx context.Context, client *http.Client, url string, req ChatRequest)
 		o.Err = err.Error()
 		return o
 	}
-	hreq.Header.Set("Content-Type", "application/json")
+	req.setHeaders(hreq.Header)
 	o.Sent = time.Now()
 	resp, err := client.Do(hreq)
 	if err != nil {
@@ -126,6 +162,12 @@ func Send(ctx context.Context, client *http.Client, url string, req ChatRequest)
 	}
 	defer resp.Body.Close()
 	o.Status = resp.StatusCode
+	if resp.StatusCode == http.StatusTooManyRequests {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		o.Refused, o.RetryAfter = true, resp.Header.Get("Retry-After")
+		o.Done = time.Now()
+		return o
+	}
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		o.Err = fmt.Sprintf("status %d: %s", resp.StatusCode, bytes.TrimSpace(msg))

@@ -11,6 +11,10 @@
 //   - sampler.go polls every engine's per-rank load (/v1/loads);
 //   - stats.go turns results and samples into summaries (TTFT, TPOT,
 //     throughput, rank imbalance, prefix hit rate, errors);
+//   - classes.go breaks a case down by priority class and tenant (429s,
+//     goodput at an SLO) for a workload whose sessions name them
+//     (priority_mix, whose client sends the class as an API key and the
+//     tenant in a header);
 //   - runner.go runs one case (workload × load × policy) on a fresh stack;
 //   - report.go and plot.go write the Markdown tables and PNG plots.
 //

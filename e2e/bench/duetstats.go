@@ -33,6 +33,13 @@ type DuetStats struct {
 	// (duet_kv_events_fallbacks_total), over the whole case.
 	KVEvents    float64 `json:"kv_events,omitempty"`
 	KVFallbacks float64 `json:"kv_event_fallbacks,omitempty"`
+	// Admission counts duet_admission_requests_total by "class/outcome"
+	// (admitted, queued_admitted, wait_limit, queue_full, shed, ...) and
+	// AdmissionTenants by "class/tenant", over the whole case (warm-up
+	// included): how duet classed and judged the requests. Empty with the
+	// queue off.
+	Admission        map[string]float64 `json:"admission,omitempty"`
+	AdmissionTenants map[string]float64 `json:"admission_tenants,omitempty"`
 }
 
 // CPUPerRequestMs is duet's CPU time per request of the window, in wall
@@ -65,6 +72,9 @@ func (d DuetStats) line(requests int) string {
 			counts[k] = float64(v)
 		}
 		s += fmt.Sprintf("; kv event targets %s, %.0f events, %.0f fallbacks", formatCounts(counts), d.KVEvents, d.KVFallbacks)
+	}
+	if len(d.Admission) > 0 {
+		s += "; admission " + formatCounts(d.Admission)
 	}
 	return s
 }
@@ -113,6 +123,8 @@ func readDuetStats(ctx context.Context, stack *harness.Stack, window time.Durati
 	d.Tokenized = sumByLabel(fams["duet_tokenize_requests_total"], "outcome")
 	d.KVEvents = sumAll(fams["duet_kv_events_total"])
 	d.KVFallbacks = sumAll(fams["duet_kv_events_fallbacks_total"])
+	d.Admission = sumByLabels(fams["duet_admission_requests_total"], "class", "outcome")
+	d.AdmissionTenants = sumByLabels(fams["duet_admission_requests_total"], "class", "tenant")
 	if f := fams["duet_kv_events_state"]; f != nil {
 		d.KVEventStates = map[string]int{}
 		names := map[float64]string{0: "fallback", 1: "warming", 2: "live"}
@@ -146,16 +158,29 @@ func sumAll(f *dto.MetricFamily) float64 {
 
 // sumByLabel sums f's series by their label's value (nil for nil).
 func sumByLabel(f *dto.MetricFamily, label string) map[string]float64 {
-	if f == nil {
-		return nil
-	}
-	out := map[string]float64{}
+	return sumByLabels(f, label)
+}
+
+// sumByLabels sums f's series by their labels' values, joined by "/"
+// (nil for nil, or when no series has every label).
+func sumByLabels(f *dto.MetricFamily, labels ...string) map[string]float64 {
+	var out map[string]float64
 	for _, m := range f.GetMetric() {
+		values := make([]string, len(labels))
+		found := 0
 		for _, l := range m.GetLabel() {
-			if l.GetName() == label {
-				out[l.GetValue()] += value(m)
+			if i := slices.Index(labels, l.GetName()); i >= 0 {
+				values[i] = l.GetValue()
+				found++
 			}
 		}
+		if found < len(labels) {
+			continue
+		}
+		if out == nil {
+			out = map[string]float64{}
+		}
+		out[strings.Join(values, "/")] += value(m)
 	}
 	return out
 }

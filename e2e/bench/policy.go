@@ -24,7 +24,41 @@ type Policy struct {
 	Label string
 	// DuetYAML is appended to duet's configuration for this policy
 	// (harness.Options.DuetYAML), e.g. a tokenizer or kv_events section.
+	// It holds no admission section: RunPlan writes that one
+	// (AdmissionYAML).
 	DuetYAML string
+	// AdmissionOff runs duet with its admission queue off
+	// (admission.enabled: false), whatever the workload's admission
+	// section (Plan.Admission) says.
+	AdmissionOff bool
+}
+
+// AdmissionYAML is duet's admission section of a case: the section's keys
+// (YAML indented by two spaces; "" for none) with enabled: false first
+// when off; "" when there are no keys and the queue stays on (duet's
+// defaults).
+func AdmissionYAML(keys string, off bool) string {
+	if keys == "" && !off {
+		return ""
+	}
+	out := "admission:\n"
+	if off {
+		out += "  enabled: false\n"
+	}
+	if keys != "" {
+		out += strings.TrimSuffix(keys, "\n") + "\n"
+	}
+	return out
+}
+
+// forWorkload returns p as it runs a workload whose admission section has
+// keys (Plan.Admission): duet's configuration with its admission section
+// appended. Another router than duet is returned as it is.
+func (p Policy) forWorkload(keys string) Policy {
+	if p.Router == "" {
+		p.DuetYAML += AdmissionYAML(keys, p.AdmissionOff)
+	}
+	return p
 }
 
 // PolicyEngineDefault is the baseline: duet picks engines round robin and

@@ -95,6 +95,8 @@ var workloadTitles = map[string]string{
 		"a 1.5k-4k-token tool result and a 100-600-token seeded answer per turn, histories up to 60k tokens)",
 	WorkloadMultiTenant: "Multi-tenant (150 tenants with a 5.5k-6.5k-token prefix of their own, a 200-800-token question " +
 		"and a 100-300-token answer per request, no history; llm-d's precise-prefix benchmark shape)",
+	WorkloadPriorityMix: "Priority mix (20 % interactive: 300-1,500 tokens in, 50-300 out, always streamed; 80 % batch: " +
+		"2k-6k in, 100-800 out; tenants tenant-1 to tenant-4 sending 4:2:1:1 of each class; the class by API key, the tenant by header)",
 }
 
 // WriteMarkdown renders the report.
@@ -273,6 +275,7 @@ func (r Report) writeWorkload(b *strings.Builder, w string) {
 		b.WriteString("First error per case: " + errs)
 	}
 	b.WriteString("\n\n")
+	r.writeClasses(b, w)
 	r.writeDecodeCache(b, w)
 	r.writeDuet(b, w)
 }

@@ -64,6 +64,9 @@ type Config struct {
 	// SimTokenizer is a tokenizer directory every engine keys text prompts
 	// by (duet-sim --tokenizer-path; harness.Options.SimTokenizer).
 	SimTokenizer string
+	// SLO is what a workload with priority classes counts its goodput
+	// against (Summary.SummarizeClasses; zero: DefaultSLO).
+	SLO SLO
 	// Dir receives each case's logs; a case's directory is removed after it
 	// succeeds unless KeepLogs is set.
 	Dir      string
@@ -100,6 +103,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Model == "" {
 		c.Model = "sim-model"
+	}
+	if c.SLO == (SLO{}) {
+		c.SLO = DefaultSLO()
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -253,6 +259,7 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 
 	res.Polls = sampler.Polls()
 	res.Summary.Summarize(results, res.Polls, counters, res.Window, t0, end, cfg.Scale)
+	res.Summary.SummarizeClasses(results, res.Window, end, cfg.Scale, cfg.SLO)
 	if c.Policy.Router == "" {
 		res.Summary.Duet = readDuetStats(ctx, stack, cfg.wall(res.Window.To-res.Window.From), cpuBefore, cpuAfter)
 	}
@@ -269,6 +276,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		formatHit(res.Summary.HitRate), decodeHit, res.Summary.Errors, res.Summary.Unfinished, time.Since(begin).Seconds())
 	if d := res.Summary.Duet; d != nil {
 		fmt.Fprintf(cfg.Log, "    duet: %s\n", d.line(res.Summary.Requests))
+	}
+	for _, cl := range res.Summary.Classes {
+		fmt.Fprintf(cfg.Log, "    %s\n", cl.line())
 	}
 	if res.Summary.FirstError != "" {
 		fmt.Fprintf(cfg.Log, "    first error: %s\n", oneLine(res.Summary.FirstError))
@@ -453,7 +463,7 @@ func replay(ctx context.Context, cfg Config, client *http.Client, url string, w 
 					return
 				}
 				msgs := append(history, Message{Role: "user", Content: turn.User})
-				r := Result{Session: s.ID, Turn: k, Offset: time.Duration(float64(now.Sub(t0)) * cfg.Scale)}
+				r := Result{Session: s.ID, Turn: k, Offset: time.Duration(float64(now.Sub(t0)) * cfg.Scale), Class: s.Class, Tenant: s.Tenant}
 				select {
 				case slots <- struct{}{}:
 				default:
@@ -461,11 +471,12 @@ func replay(ctx context.Context, cfg Config, client *http.Client, url string, w 
 					record(r)
 					return
 				}
-				r.Outcome = Send(ctx, client, url, ChatRequest{Model: cfg.Model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream, Seed: turn.Seed})
+				r.Outcome = Send(ctx, client, url, ChatRequest{Model: cfg.Model, Messages: msgs, MaxTokens: turn.OutputTokens, Stream: s.Stream, Seed: turn.Seed,
+					Class: s.Class, Tenant: s.Tenant})
 				<-slots
 				record(r)
 				if !r.Outcome.OK() {
-					return // a failed turn ends its conversation
+					return // a failed or refused turn ends its conversation
 				}
 				history = append(msgs[:len(msgs):len(msgs)], Message{Role: "assistant", Content: turn.Assistant})
 				if !sleepUntil(ctx, time.Now().Add(cfg.wall(turn.Think))) {

@@ -134,6 +134,8 @@ type Result struct {
 	Offset time.Duration
 	// Outcome is what the client saw (wall-clock times).
 	Outcome Outcome
+	// Class and Tenant are the session's (Session.Class and Tenant).
+	Class, Tenant string
 }
 
 // Summary is the outcome of one case.
@@ -144,11 +146,13 @@ type Summary struct {
 	// RequestRate is the offered request rate (sessions × mean turns).
 	RequestRate float64 `json:"request_rate"`
 	// Requests were sent in the measured window; Completed finished,
-	// Errors failed, Unfinished were still running at the cutoff.
+	// Errors failed, Unfinished were still running at the cutoff, and
+	// Refused were answered 429 by the router (admission shed them).
 	Requests   int `json:"requests"`
 	Completed  int `json:"completed"`
 	Errors     int `json:"errors"`
 	Unfinished int `json:"unfinished"`
+	Refused    int `json:"refused,omitempty"`
 	// TTFTms and TPOTms are in model milliseconds, over the streamed
 	// requests (TTFTms.N of them). TTFT includes streamed requests still
 	// waiting for their first token at the cutoff, with their wait so far
@@ -183,6 +187,11 @@ type Summary struct {
 	// Duet is what duet's process and metrics say of the case; nil when
 	// another router ran.
 	Duet *DuetStats `json:"duet,omitempty"`
+	// Classes break the case down by priority class, for a workload whose
+	// sessions name classes (SummarizeClasses); nil otherwise.
+	Classes []ClassStats `json:"classes,omitempty"`
+	// SLO is what Classes' goodput counts against; nil without Classes.
+	SLO *SLO `json:"slo,omitempty"`
 }
 
 // Window is the measured part of a run, in model time since its start.
@@ -207,6 +216,9 @@ func (s *Summary) Summarize(results []Result, polls []Poll, counters *CounterDel
 		}
 		s.Requests++
 		switch {
+		case o.Refused:
+			s.Refused++
+			continue
 		case o.Err != "":
 			s.Errors++
 			if s.FirstError == "" {
@@ -222,15 +234,7 @@ func (s *Summary) Summarize(results []Result, polls []Poll, counters *CounterDel
 			e2e = append(e2e, model(o.Done.Sub(o.Sent)))
 		}
 		if o.Stream {
-			switch {
-			case !o.First.IsZero():
-				ttft = append(ttft, model(o.First.Sub(o.Sent)))
-			case !o.Sent.IsZero():
-				ttft = append(ttft, model(cutoff.Sub(o.Sent)))
-			}
-			if o.OK() && o.Tokens() > 1 && o.Last.After(o.First) {
-				tpot = append(tpot, model(o.Last.Sub(o.First))/float64(o.Tokens()-1))
-			}
+			ttft, tpot = appendStreamTimes(ttft, tpot, o, cutoff, model)
 		}
 		if o.OK() && o.Usage != nil {
 			prompt += o.Usage.PromptTokens

@@ -31,6 +31,10 @@ type Plan struct {
 	Build func(name string, rate float64, window time.Duration, seed uint64, p Params) (Workload, error)
 	// Policies are compared; the first should be the baseline.
 	Policies []Policy
+	// Admission holds, by workload, the keys of duet's admission section
+	// for that workload's duet cases (YAML indented by two spaces; see
+	// AdmissionYAML); a workload without one runs duet's defaults.
+	Admission map[string]string
 	// ChunkBudget bounds the streamed content chunks per wall second that
 	// the plan expects (every chunk costs the simulator, Envoy and the
 	// client CPU time): a case streams only the share of its sessions that
@@ -88,7 +92,7 @@ func RunPlan(ctx context.Context, plan Plan) (Report, error) {
 			fmt.Fprintf(cfg.Log, "%s at %g sessions/s: %d sessions, %d requests planned, %.0f%% of sessions streamed\n",
 				name, rate, len(w.Sessions), w.Requests(), 100*w.StreamFraction)
 			for _, pol := range plan.Policies {
-				c := Case{Workload: w, Policy: pol, RequestsPerSession: perSession}
+				c := Case{Workload: w, Policy: pol.forWorkload(plan.Admission[name]), RequestsPerSession: perSession}
 				res, err := RunCase(ctx, cfg, c)
 				if ctx.Err() != nil {
 					return rep, ctx.Err()

@@ -126,3 +126,69 @@ func runTinyPlan(t *testing.T, plan Plan, policies ...string) Report {
 	}
 	return rep
 }
+
+// The priority mix runs end to end on the real stack: its requests reach
+// duet with their class (by API key) and tenant (by the trusted header),
+// as duet's admission counters show, and are summarized by class; with
+// the queue off duet counts nothing. Nothing saturates at this load, so
+// every request is served.
+func TestRunPlanPriorityMixEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end to end; skipped with -short")
+	}
+	keys := "  classes:\n  - {name: interactive, priority: 10}\n  - {name: batch}\n  default_class: batch\n" +
+		// printf %s sk-interactive | sha256sum
+		"  api_keys: {7645b28b5463faac017baeb9c4aac66f80fda3eca4247f3f7838053082d5f6df: interactive}\n" +
+		"  tenant_header: " + TenantHeader + "\n  trust_client_headers: true\n"
+	plan := Plan{
+		Config:    tinyStack(t),
+		Params:    QuickParams(),
+		Workloads: []string{WorkloadPriorityMix},
+		Rates:     map[string][]float64{WorkloadPriorityMix: {10}},
+		Admission: map[string]string{WorkloadPriorityMix: keys},
+		Window:    3 * time.Second,
+		Seed:      2,
+	}
+	policies, err := SelectPolicies([]string{"least_cost", "least_cost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies[1].Name, policies[1].AdmissionOff = "least_cost+noqueue", true
+	plan.Policies = policies
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	rep, err := RunPlan(ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Summaries {
+		if s.Failed != "" || s.Errors > 0 || s.Refused > 0 || s.Completed != s.Requests || len(s.Classes) != 2 || s.Duet == nil {
+			t.Fatalf("%s: %+v", s.Policy, s)
+		}
+		in, batch := s.Classes[0], s.Classes[1]
+		if in.Class != ClassInteractive || batch.Class != ClassBatch || in.Requests+batch.Requests != s.Requests || in.TTFTms.N != in.Requests {
+			t.Errorf("%s: classes %+v", s.Policy, s.Classes)
+		}
+		if s.Policy == "least_cost+noqueue" {
+			if len(s.Duet.Admission) > 0 {
+				t.Errorf("queue off, counters %v", s.Duet.Admission)
+			}
+			continue
+		}
+		// duet counted every interactive request of the window (and before
+		// it) as interactive, under the tenants the client sent.
+		counted := 0.0
+		for k, v := range s.Duet.AdmissionTenants {
+			class, tenant, _ := strings.Cut(k, "/")
+			if class == ClassInteractive {
+				counted += v
+				if !strings.HasPrefix(tenant, "tenant-") {
+					t.Errorf("interactive request of tenant %q", tenant)
+				}
+			}
+		}
+		if counted < float64(in.Requests) || s.Duet.Admission["interactive/admitted"] != counted {
+			t.Errorf("duet counted %v interactive (%v), the client sent %d in the window", counted, s.Duet.Admission, in.Requests)
+		}
+	}
+}

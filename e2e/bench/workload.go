@@ -40,6 +40,11 @@ const (
 	// tenant's prefix and a question of its own, without history (see
 	// MultiTenantParams). It is not in Workloads: it runs when named.
 	WorkloadMultiTenant = "multi_tenant"
+	// WorkloadPriorityMix is independent requests of two priority classes
+	// from several tenants: 20 % short interactive turns, 80 % long batch
+	// prompts (see PriorityMixParams). It is not in Workloads: it runs when
+	// named.
+	WorkloadPriorityMix = "priority_mix"
 )
 
 // Workloads lists the workload names in report order.
@@ -49,8 +54,11 @@ var Workloads = []string{
 }
 
 // AllWorkloads returns every workload Generate knows: Workloads, then
-// those that run only when named (WorkloadMultiTenant).
-func AllWorkloads() []string { return append(slices.Clone(Workloads), WorkloadMultiTenant) }
+// those that run only when named (WorkloadMultiTenant,
+// WorkloadPriorityMix).
+func AllWorkloads() []string {
+	return append(slices.Clone(Workloads), WorkloadMultiTenant, WorkloadPriorityMix)
+}
 
 // charsPerToken is the text size of one token: every generated word is three
 // letters and a space, which both duet's default estimate and the
@@ -97,9 +105,11 @@ type Session struct {
 	// first token and time per output token (see Params.StreamFraction).
 	Stream bool
 	// Class names the priority class the session's requests are sent with
-	// (a gateway's x-duet-priority header), and Tenant who sends them;
-	// "" where the workload names none. Only admission reads them
-	// (clustersim.Admission).
+	// (a gateway's x-duet-priority header in the simulator; the class's API
+	// key on the real path, ChatRequest.Class), and Tenant who sends them
+	// (TenantHeader); "" where the workload names none, and then the
+	// requests carry neither. Only admission reads them
+	// (clustersim.Admission, duet's admission section).
 	Class, Tenant string
 }
 
@@ -434,6 +444,8 @@ type Params struct {
 	Agentic AgenticParams
 	// MultiTenant shapes the multi_tenant workload.
 	MultiTenant MultiTenantParams
+	// PriorityMix shapes the priority_mix workload.
+	PriorityMix PriorityMixParams
 	// StreamFraction is the share of sessions that stream, drawn per
 	// session independently of everything else, so that it changes no
 	// arrival and no prompt (0 means 1: every session streams).
@@ -502,6 +514,8 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 		}
 	case WorkloadMultiTenant:
 		w.Sessions = multiTenantSessions(rng, rate, window, p.MultiTenant.withDefaults())
+	case WorkloadPriorityMix:
+		w.Sessions = priorityMixSessions(rng, rate, window, p.PriorityMix.withDefaults())
 	default:
 		return Workload{}, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(AllWorkloads(), ", "))
 	}
@@ -511,8 +525,17 @@ func Generate(name string, rate float64, window time.Duration, seed uint64, p Pa
 	}
 	w.StreamFraction = frac
 	streams := rand.New(rand.NewPCG(seed, stringSeed(name+"/stream")))
+	streamed := 0
 	for i := range w.Sessions {
-		w.Sessions[i].Stream = streams.Float64() < frac
+		// Every session draws, so that the others' draws stay the same.
+		s := &w.Sessions[i]
+		s.Stream = streams.Float64() < frac || alwaysStreams(*s)
+		if s.Stream {
+			streamed++
+		}
+	}
+	if name == WorkloadPriorityMix && len(w.Sessions) > 0 {
+		w.StreamFraction = float64(streamed) / float64(len(w.Sessions))
 	}
 	return w, nil
 }
@@ -710,6 +733,9 @@ func MeanOutputTokens(name string, p Params) float64 {
 		return p.Agentic.withDefaults().Answer.mean()
 	case WorkloadMultiTenant:
 		return p.MultiTenant.withDefaults().Answer.mean()
+	case WorkloadPriorityMix:
+		pp := p.PriorityMix.withDefaults()
+		return pp.InteractiveShare*pp.Interactive.Output.mean() + (1-pp.InteractiveShare)*pp.Batch.Output.mean()
 	}
 	return p.Variable.withDefaults().Output.mean()
 }
@@ -732,7 +758,7 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 		return 1 + max(0, float64(ap.MaxHistory)-ap.System.mean()-ap.Context.mean())/(ap.Step.mean()+ap.Answer.mean())
 	}
 	// Independent requests (variable, prefill_bound, heavy_tail,
-	// multi_tenant).
+	// multi_tenant, priority_mix).
 	return 1
 }
 
@@ -743,7 +769,8 @@ func MeanRequestsPerSession(name string, p Params) float64 {
 // lognormal shapes around smaller medians, and the cache-pressure
 // conversations keep 20 times as many system prompts as the multi-turn
 // ones. The multi-tenant workload keeps tenants whose prefixes are about
-// ten times their questions.
+// ten times their questions, and the priority mix batch prompts about ten
+// times the interactive ones.
 func QuickParams() Params {
 	v := VariableParams{Prompt: IntRange{200, 600}, Output: IntRange{5, 20}}
 	m := MultiTurnParams{Systems: 2, System: IntRange{100, 200}, Turns: IntRange{2, 3},
@@ -758,5 +785,7 @@ func QuickParams() Params {
 		Agentic: AgenticParams{Systems: 2, System: IntRange{100, 200}, Context: IntRange{1600, 3000},
 			Step: IntRange{150, 400}, Answer: IntRange{10, 60}, MaxHistory: 6000, Think: m.Think},
 		MultiTenant: MultiTenantParams{Tenants: 12, Prefix: IntRange{500, 700}, Question: IntRange{20, 80}, Answer: IntRange{5, 20}},
+		PriorityMix: PriorityMixParams{Interactive: VariableParams{Prompt: IntRange{50, 150}, Output: IntRange{5, 20}},
+			Batch: VariableParams{Prompt: IntRange{500, 1500}, Output: IntRange{10, 40}}},
 	}
 }

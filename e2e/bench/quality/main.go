@@ -49,6 +49,9 @@ type options struct {
 	// warmup is the start of the window left out of the statistics (0:
 	// 10% of it).
 	warmup time.Duration
+	// sloTTFT and sloTPOT are the per-request SLO of the goodput of a
+	// workload with priority classes (model time).
+	sloTTFT, sloTPOT time.Duration
 	// set holds the flags given on the command line.
 	set map[string]bool
 }
@@ -68,6 +71,10 @@ var (
 		// The simulated multi-tenant scenario's rate (make bench-sim
 		// -kv-events) on the same cluster.
 		bench.WorkloadMultiTenant: "10",
+		// The default cluster's goodput rate (the highest at which duet
+		// without its queue serves 99 % within the SLO, measured by a
+		// sweep: docs/benchmarks/admission-envoy) and twice it.
+		bench.WorkloadPriorityMix: "9,18",
 	}
 	simpleRates = map[string]string{
 		bench.WorkloadVariable:    "4,8,16,32",
@@ -75,6 +82,8 @@ var (
 		bench.WorkloadBursty:      "2,4,8,16",
 		bench.WorkloadAgentic:     "0.2",
 		bench.WorkloadMultiTenant: "10",
+		// The simple model has no contention: nothing saturates.
+		bench.WorkloadPriorityMix: "4",
 	}
 )
 
@@ -104,7 +113,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost; "+
 		"also "+bench.PolicyDecodeByLoad+", and "+bench.PolicySMG+" and "+bench.PolicySMGEngineRanks+": SMG's binary (smg=="+bench.SMGVersion+
 		", make .venv/.bench-installed) in place of Envoy + duet, with and without --dp-aware; "+
-		"a duet policy with the suffix "+suffixTokens+" runs duet with -tokenizer and kv_events off, with "+suffixEvents+" with -tokenizer and the engines' KV events, e.g. least_cost"+suffixEvents+")")
+		"a duet policy with the suffix "+suffixTokens+" runs duet with -tokenizer and kv_events off, with "+suffixEvents+" with -tokenizer and the engines' KV events, e.g. least_cost"+suffixEvents+"; "+
+		"one with the suffix "+suffixNoQueue+" (last) runs duet with its admission queue off, e.g. least_cost"+suffixNoQueue+")")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer family (qwen3, llama3_1, deepseek_v3: a directory under $DUET_TOKENIZERS_DIR or .tools/tokenizers, make tokenizers) "+
 		"or directory: every engine runs --tokenizer-path with it and publishes KV events (--kv-events-config), in every case; needed by the "+suffixTokens+" and "+suffixEvents+" policies")
 	fs.IntVar(&o.repeat, "repeat", 1, "runs of every policy on the same arrivals, interleaved (run k > 1 is named POLICY#k), for the run-to-run spread")
@@ -118,6 +128,10 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.loadInterval, "load-interval", 500*time.Millisecond, "duet's load.interval, model time")
 	fs.DurationVar(&o.sampleInterval, "sample-interval", 500*time.Millisecond, "load sampling period, model time")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload and simulator seed")
+	fs.DurationVar(&o.sloTTFT, "slo-ttft", time.Duration(bench.DefaultSLO().TTFTms*float64(time.Millisecond)),
+		"goodput SLO of a workload with priority classes ("+bench.WorkloadPriorityMix+"): each request's time to first token, model time")
+	fs.DurationVar(&o.sloTPOT, "slo-tpot", time.Duration(bench.DefaultSLO().TPOTms*float64(time.Millisecond)),
+		"goodput SLO: each request's mean time per output token after the first, model time")
 	fs.IntVar(&o.prefill, "prefill", 2, "prefill engines")
 	fs.IntVar(&o.decode, "decode", 2, "decode engines")
 	fs.IntVar(&o.dp, "dp", 4, "DP ranks per engine")
@@ -216,6 +230,7 @@ func buildPlan(o options) (bench.Plan, error) {
 			Dir:            o.logDir,
 			KeepLogs:       o.keepLogs,
 			Log:            os.Stdout,
+			SLO:            bench.SLO{TTFTms: ms(o.sloTTFT), TPOTms: ms(o.sloTPOT)},
 		},
 	}
 	var simArgs []string
@@ -272,7 +287,7 @@ func buildPlan(o options) (bench.Plan, error) {
 	if o.quick {
 		applyQuick(&plan, o)
 		defaults = map[string]string{bench.WorkloadVariable: "4", bench.WorkloadMultiTurn: "1", bench.WorkloadBursty: "2", bench.WorkloadAgentic: "1",
-			bench.WorkloadMultiTenant: "4"}
+			bench.WorkloadMultiTenant: "4", bench.WorkloadPriorityMix: "4"}
 	}
 	if o.repeat < 1 {
 		return plan, fmt.Errorf("-repeat %d: want 1 or more", o.repeat)
@@ -344,8 +359,12 @@ func buildPlan(o options) (bench.Plan, error) {
 	if o.repeat > 1 {
 		plan.Setup = append(plan.Setup, fmt.Sprintf("every policy ran %d times on the same arrivals, interleaved (all policies, then all again); run k > 1 is named POLICY#k", o.repeat))
 	}
+	addAdmission(&plan, scale)
 	return plan, nil
 }
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // smgPolicies returns the names of the policies that run SMG.
 func smgPolicies(ps []bench.Policy) []string {

@@ -18,13 +18,23 @@ const (
 	suffixEvents = "+events"
 )
 
+// suffixNoQueue, last in a duet policy's name, runs it with duet's
+// admission queue off (admission.enabled: false), e.g.
+// least_cost+noqueue or least_cost+events+noqueue.
+const suffixNoQueue = "+noqueue"
+
 // selectPolicies is bench.SelectRoutings that also knows the +tokens and
 // +events variants of a duet policy (e.g. least_cost+events), which need
-// the tokenizer directory tok; pageSize is the engines' page size.
+// the tokenizer directory tok (pageSize is the engines' page size), and
+// the +noqueue variant of any duet policy.
 func selectPolicies(names []string, tok string, pageSize int) ([]bench.Policy, error) {
 	var plain []string
 	variants := map[int]string{} // position in names -> suffix
+	noQueue := map[int]bool{}
 	for i, n := range names {
+		if base, ok := strings.CutSuffix(n, suffixNoQueue); ok && base != "" {
+			noQueue[i], n = true, base
+		}
 		for _, suffix := range []string{suffixTokens, suffixEvents} {
 			if base, ok := strings.CutSuffix(n, suffix); ok && base != "" {
 				variants[i] = suffix
@@ -47,16 +57,19 @@ func selectPolicies(names []string, tok string, pageSize int) ([]bench.Policy, e
 			return nil, err
 		}
 		suffix, ok := variants[i]
-		if !ok {
+		if !ok && !noQueue[i] {
 			out = append(out, ps...)
 			continue
 		}
 		for _, p := range ps {
 			if p.Router != "" {
-				return nil, fmt.Errorf("policy %s: %s routes without duet, so without duet's tokenizer", names[i], p.Name)
+				return nil, fmt.Errorf("policy %s: %s routes without duet, so without duet's tokenizer or admission queue", names[i], p.Name)
 			}
 			p.Name, p.Label = names[i], ""
-			p.DuetYAML = tokenizerYAML(tok, pageSize, suffix == suffixEvents)
+			if ok {
+				p.DuetYAML = tokenizerYAML(tok, pageSize, suffix == suffixEvents)
+			}
+			p.AdmissionOff = noQueue[i]
 			out = append(out, p)
 		}
 	}
