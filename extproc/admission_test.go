@@ -25,7 +25,7 @@ func admissionClient(t *testing.T, open *atomic.Bool, enginePriority bool) extpr
 		Classes:     []admit.Class{{Name: "batch", WaitLimit: 100 * time.Millisecond}, {Name: "interactive", Priority: 10, WaitLimit: time.Second}},
 		MaxRequests: 10, MaxTokens: 1 << 20,
 	}
-	a, err := admit.NewAdmitter(cfg, open.Load, nil)
+	a, err := admit.NewAdmitter(cfg, func(float64) bool { return open.Load() }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

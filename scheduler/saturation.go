@@ -59,8 +59,14 @@ func (r RoleSaturation) Full() bool { return r.Targets > 0 && r.Saturated == r.T
 // Saturated reports whether the pool is saturated: every target of one of
 // its roles is. A role with no target to pick is not saturated (a pick
 // then fails at once, which is better than a wait).
-func (s *Scheduler) Saturated() bool {
-	for _, r := range s.Saturation() {
+func (s *Scheduler) Saturated() bool { return s.SaturatedAt(1) }
+
+// SaturatedAt is Saturated with every threshold scaled by share (0 < share
+// ≤ 1): where an admission class of lower priority stops going through,
+// so that its requests leave the engines' queues short for the classes
+// above it.
+func (s *Scheduler) SaturatedAt(share float64) bool {
+	for _, r := range s.saturationAt(share) {
 		if r.Full() {
 			return true
 		}
@@ -70,21 +76,43 @@ func (s *Scheduler) Saturated() bool {
 
 // Saturation returns each role's saturation now: prefill first, when the
 // pool has a prefill role.
-func (s *Scheduler) Saturation() []RoleSaturation {
+func (s *Scheduler) Saturation() []RoleSaturation { return s.saturationAt(1) }
+
+// saturationAt is Saturation with the thresholds scaled by share.
+func (s *Scheduler) saturationAt(share float64) []RoleSaturation {
 	snap := s.snap.Load()
 	out := make([]RoleSaturation, 0, 2)
 	s.ledger.mu.Lock()
 	defer s.ledger.mu.Unlock()
 	now := s.now()
+	c := s.saturation.scaled(share)
 	if s.pd {
-		out = append(out, s.roleSaturation(RolePrefill, &snap.prefill, now))
+		out = append(out, s.roleSaturation(RolePrefill, &snap.prefill, now, c))
 	}
-	return append(out, s.roleSaturation(RoleDecode, &snap.decode, now))
+	return append(out, s.roleSaturation(RoleDecode, &snap.decode, now, c))
+}
+
+// scaled is c with every threshold that is on scaled by share (in (0, 1];
+// anything else leaves c as it is). Counts stay at least 1.
+func (c SaturationConfig) scaled(share float64) SaturationConfig {
+	if !(share > 0 && share < 1) {
+		return c
+	}
+	if c.PrefillTokens > 0 {
+		c.PrefillTokens = max(int64(float64(c.PrefillTokens)*share), 1)
+	}
+	if c.KVFraction > 0 {
+		c.KVFraction *= share
+	}
+	if c.Waiting > 0 {
+		c.Waiting = max(int(float64(c.Waiting)*share), 1)
+	}
+	return c
 }
 
 // roleSaturation counts p's targets that picks may choose and those that
 // are saturated. Caller holds s.ledger.mu.
-func (s *Scheduler) roleSaturation(role Role, p *pool, now time.Time) RoleSaturation {
+func (s *Scheduler) roleSaturation(role Role, p *pool, now time.Time, c SaturationConfig) RoleSaturation {
 	r := RoleSaturation{Role: role}
 	since := s.ledger.freshSince(now)
 	at := now.UnixNano()
@@ -94,7 +122,7 @@ func (s *Scheduler) roleSaturation(role Role, p *pool, now time.Time) RoleSatura
 			continue
 		}
 		r.Targets++
-		if s.saturated(ts, s.ledger.loadSince(ts, since)) {
+		if s.saturatedBy(c, ts, s.ledger.loadSince(ts, since)) {
 			r.Saturated++
 		}
 	}
@@ -103,7 +131,11 @@ func (s *Scheduler) roleSaturation(role Role, p *pool, now time.Time) RoleSatura
 
 // saturated reports whether a target with load ld is saturated.
 func (s *Scheduler) saturated(ts *targetState, ld Load) bool {
-	c := s.saturation
+	return s.saturatedBy(s.saturation, ts, ld)
+}
+
+// saturatedBy reports whether a target with load ld is saturated by c.
+func (s *Scheduler) saturatedBy(c SaturationConfig, ts *targetState, ld Load) bool {
 	if c.Waiting > 0 && ld.Fresh && ld.Waiting >= c.Waiting {
 		return true
 	}

@@ -127,3 +127,24 @@ func TestEnginePriority(t *testing.T) {
 		})
 	}
 }
+
+// A share scales every threshold: half the prompt work saturates at 0.5.
+func TestSaturatedAt(t *testing.T) {
+	p := newFakeEngine(t, map[string]response{"/server_info": ok(info(1, "prefill", 8998)), "/v1/loads": ok(loadsBody(0, 10000, 0))})
+	d := newFakeEngine(t, map[string]response{"/server_info": ok(info(1, "decode", -1)), "/v1/loads": ok(loadsBody(0, 100000, 0))})
+	s := newTestScheduler(t, Config{
+		Prefill: []EndpointSpec{{URL: p.url()}}, Decode: []EndpointSpec{{URL: d.url()}},
+		Saturation: SaturationConfig{PrefillTokens: 1500},
+	}, nil)
+	mustDiscover(t, s)
+	s.ScrapeLoads(testContext(t))
+	if _, err := s.Pick(testContext(t), &Request{ID: "r", Prompt: []byte(strings.Repeat("x", 4000))}); err != nil {
+		t.Fatal(err)
+	}
+	if s.Saturated() || s.SaturatedAt(1) {
+		t.Errorf("saturated at the full threshold: %v", s.Saturation())
+	}
+	if !s.SaturatedAt(0.5) {
+		t.Error("not saturated at half the threshold")
+	}
+}

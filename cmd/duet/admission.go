@@ -36,7 +36,7 @@ func newAdmitter(a config.Admission, sched *scheduler.Scheduler, reg prometheus.
 		}
 		obs = m
 	}
-	adm, err := admit.NewAdmitter(a.AdmitConfig(), func() bool { return !sched.Saturated() }, obs)
+	adm, err := admit.NewAdmitter(a.AdmitConfig(), func(share float64) bool { return !sched.SaturatedAt(share) }, obs)
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,12 @@ func (r *run) admitArrival(ctx context.Context, q *request) {
 	class := a.classify(q)
 	sched, queue := r.scheds[q.replica], a.queues[q.replica]
 	cost := sched.Cost(r.schedRequest(q))
-	if queue.Len() == 0 && !sched.Saturated() {
+	cl := a.cfg.Queue.Classes[class]
+	share := cl.Share
+	if share == 0 {
+		share = 1
+	}
+	if queue.Len() == 0 && !a.peerAhead(q.replica, cl.Priority, true) && !sched.SaturatedAt(share) {
 		r.send(ctx, q)
 		return
 	}
@@ -159,7 +164,8 @@ func (r *run) admitQueued(ctx context.Context) {
 		open = false
 		for k := range n {
 			i := (a.turn + k) % n
-			if a.queues[i].Len() == 0 || r.scheds[i].Saturated() {
+			head := a.queues[i].Peek()
+			if head == nil || a.peerAhead(i, a.cfg.Queue.Classes[head.Request.Class].Priority, false) || r.scheds[i].SaturatedAt(a.queues[i].Share(head)) {
 				continue
 			}
 			q := a.take(a.queues[i].Pop(now))
@@ -204,4 +210,19 @@ func (r *run) schedRequest(q *request) *scheduler.Request {
 		q.sreq = &req
 	}
 	return q.sreq
+}
+
+// peerAhead reports whether a replica other than self has a request
+// queued of priority p or higher (orEqual), or strictly higher: the queue
+// heads replicas share over NATS in production (admit.Admitter.ShareWith).
+func (a *admission) peerAhead(self, p int, orEqual bool) bool {
+	for i, q := range a.queues {
+		if i == self {
+			continue
+		}
+		if top, ok := q.Top(); ok && (top > p || orEqual && top == p) {
+			return true
+		}
+	}
+	return false
 }

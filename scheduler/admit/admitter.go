@@ -8,10 +8,12 @@ import (
 	"time"
 )
 
-// Gate tells whether a pool has room for one more request now: false
-// while every target of one of its roles is saturated. The Admitter calls
-// it under its own lock; it must not call back into the Admitter.
-type Gate func() bool
+// Gate tells whether a pool has room for one more request of a class
+// whose saturation thresholds are scaled by share (Class.Share; 1 for the
+// thresholds as configured): false while every target of one of its roles
+// is saturated at them. The Admitter calls it under its own lock; it must
+// not call back into the Admitter.
+type Gate func(share float64) bool
 
 // pollInterval is how often a backlogged Admitter asks its gate again
 // without being kicked: engines free up between scrapes and feedback.
@@ -182,7 +184,8 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		a.mu.Unlock()
 		return nil, a.refused(class, tenant, ErrClosed, 0, time.Second)
 	}
-	if a.q.Len() == 0 && a.pending == 0 && !a.peerAhead(a.q.cfg.Classes[r.Class].Priority, true) && a.gate() {
+	cl := a.q.cfg.Classes[r.Class]
+	if a.q.Len() == 0 && a.pending == 0 && !a.peerAhead(cl.Priority, true) && a.gate(cl.share()) {
 		a.mu.Unlock()
 		if a.obs != nil {
 			a.obs.Admitted(class, tenant, 0)
@@ -300,7 +303,7 @@ func (a *Admitter) loop() {
 		case <-tick.C:
 		}
 		a.mu.Lock()
-		if a.pending == 0 && a.q.Len() > 0 && !a.deferLocked() && a.gate() {
+		if head := a.q.Peek(); a.pending == 0 && head != nil && !a.deferLocked() && a.gate(a.q.Share(head)) {
 			e := a.q.Pop(a.now())
 			a.pending++
 			e.ready <- nil
@@ -343,7 +346,7 @@ type Snapshot struct {
 func (a *Admitter) Snapshot() Snapshot {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s := Snapshot{Queued: a.q.Len(), QueuedTokens: a.q.Tokens(), ByClass: map[string]int{}, DrainRate: a.q.DrainRate(), Open: a.gate()}
+	s := Snapshot{Queued: a.q.Len(), QueuedTokens: a.q.Tokens(), ByClass: map[string]int{}, DrainRate: a.q.DrainRate(), Open: a.gate(1)}
 	for i, c := range a.q.cfg.Classes {
 		s.ByClass[c.Name] = a.q.ClassLen(i)
 	}

@@ -11,7 +11,7 @@ import (
 // gate is a Gate a test opens and closes.
 type gate struct{ open atomic.Bool }
 
-func (g *gate) fn() Gate { return func() bool { return g.open.Load() } }
+func (g *gate) fn() Gate { return func(float64) bool { return g.open.Load() } }
 
 func newAdmitter(t *testing.T, g *gate, cfg Config) *Admitter {
 	t.Helper()
@@ -207,5 +207,36 @@ func TestAdmitShareWith(t *testing.T) {
 	out = admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
 	if r := <-out; r.err != nil || !r.t.Queued {
 		t.Fatalf("%+v %v", r.t, r.err)
+	}
+}
+
+// A class whose share of the thresholds is reached waits while a class
+// with room above it goes through.
+func TestAdmitShares(t *testing.T) {
+	var full atomic.Bool // the engines are past half their thresholds
+	full.Store(true)
+	cfg := testConfig()
+	cfg.Classes[0].Share = 0.5 // batch
+	a, err := NewAdmitter(cfg, func(share float64) bool { return !full.Load() || share == 1 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	batch := admitAsync(context.Background(), a, Request{Class: 0, Tokens: 1})
+	waitQueued(t, a, 1)
+	r := <-admitAsync(context.Background(), a, Request{Class: 1, Tokens: 1})
+	if r.err != nil {
+		t.Fatalf("interactive: %v", r.err)
+	}
+	r.t.Done()
+	select {
+	case b := <-batch:
+		t.Fatalf("batch let through past its share: %+v", b)
+	case <-time.After(30 * time.Millisecond):
+	}
+	full.Store(false)
+	a.Kick()
+	if b := <-batch; b.err != nil {
+		t.Fatalf("batch: %v", b.err)
 	}
 }

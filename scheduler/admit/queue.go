@@ -21,6 +21,19 @@ type Class struct {
 	// cannot start within it is refused (at once where the queue's drain
 	// rate tells so). Positive.
 	WaitLimit time.Duration
+	// Share scales the saturation thresholds for the class (0 < Share ≤
+	// 1; 0 means 1): a class below 1 stops going through while the
+	// engines still have room for a higher one, so that its requests
+	// leave the engines' own queues short for the classes above it.
+	Share float64
+}
+
+// share is c's Share, 1 when unset.
+func (c Class) share() float64 {
+	if c.Share == 0 {
+		return 1
+	}
+	return c.Share
 }
 
 // Config configures a Queue.
@@ -52,6 +65,9 @@ func (c Config) Validate() error {
 		seen[cl.Name] = true
 		if cl.WaitLimit <= 0 {
 			return fmt.Errorf("admit: class %q: wait limit must be positive", cl.Name)
+		}
+		if !(cl.Share >= 0 && cl.Share <= 1) {
+			return fmt.Errorf("admit: class %q: share %v is not in (0, 1]", cl.Name, cl.Share)
 		}
 	}
 	if c.MaxRequests <= 0 {
@@ -272,6 +288,19 @@ func (q *Queue) lowestBelow(c int) *Entry {
 	}
 	return nil
 }
+
+// Peek returns the request Pop would let through next, or nil.
+func (q *Queue) Peek() *Entry {
+	for _, k := range q.byPriority {
+		if cq := &q.classes[k]; cq.byStart.Len() > 0 {
+			return cq.byStart[0]
+		}
+	}
+	return nil
+}
+
+// Share is the saturation share of e's class (Class.Share, 1 when unset).
+func (q *Queue) Share(e *Entry) float64 { return q.cfg.Classes[e.Request.Class].share() }
 
 // Pop lets the next request through at now: the highest class that has
 // any, and in it the earliest start tag (arrival breaks ties). Nil when

@@ -80,6 +80,10 @@ type AdmissionClass struct {
 	// EnginePriority is the `priority` field written into the class's
 	// requests where the engines schedule by priority; nil means Priority.
 	EnginePriority *int `yaml:"engine_priority"`
+	// SaturationShare scales the saturation thresholds for the class, in
+	// (0, 1]; 0 (unset) means 1. A class below 1 stops going through
+	// while the engines still have room for the classes above it.
+	SaturationShare float64 `yaml:"saturation_share"`
 }
 
 // Saturation configures when a target is saturated
@@ -208,6 +212,9 @@ func (a *Admission) validateClasses() []error {
 		seen[cl.Name] = i
 		if cl.WaitLimit <= 0 || cl.WaitLimit > MaxAdmissionWaitLimit {
 			errs = append(errs, fmt.Errorf("%s.wait_limit: %v is not in (0, %v]", field, cl.WaitLimit, MaxAdmissionWaitLimit))
+		}
+		if !(cl.SaturationShare >= 0 && cl.SaturationShare <= 1) {
+			errs = append(errs, fmt.Errorf("%s.saturation_share: %v is not in (0, 1]", field, cl.SaturationShare))
 		}
 	}
 	if err := a.checkClass("admission.default_class", a.DefaultClass); err != nil {
@@ -387,7 +394,7 @@ func (a Admission) ClassNames() []string {
 func (a Admission) AdmitConfig() admit.Config {
 	cfg := admit.Config{MaxRequests: a.MaxQueued, MaxTokens: a.MaxQueuedTokens}
 	for _, c := range a.Classes {
-		cfg.Classes = append(cfg.Classes, admit.Class{Name: c.Name, Priority: c.Priority, WaitLimit: c.WaitLimit})
+		cfg.Classes = append(cfg.Classes, admit.Class{Name: c.Name, Priority: c.Priority, WaitLimit: c.WaitLimit, Share: c.SaturationShare})
 	}
 	cfg.Weights = maps.Clone(a.TenantWeights)
 	return cfg
