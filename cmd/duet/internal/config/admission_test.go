@@ -102,6 +102,7 @@ func TestAdmissionErrorsNameTheField(t *testing.T) {
 		{"class twice", oneEngine + "admission: {classes: [{name: a}, {name: a}]}", []string{"admission.classes[1].name: \"a\" is also admission.classes[0].name"}},
 		{"negative wait limit", oneEngine + "admission: {classes: [{name: a, wait_limit: -1s}]}", []string{"admission.classes[0].wait_limit: -1s is not in (0, 5m0s]"}},
 		{"wait limit over 5m", oneEngine + "admission: {classes: [{name: a, wait_limit: 6m}]}", []string{"admission.classes[0].wait_limit: 6m0s"}},
+		{"saturation share above 1", oneEngine + "admission: {classes: [{name: a, saturation_share: 1.5}]}", []string{"admission.classes[0].saturation_share: 1.5 is not in (0, 1]"}},
 		{"unknown default class", oneEngine + "admission: {default_class: gold}", []string{"admission.default_class: \"gold\" is not a class of admission.classes (default)"}},
 		{"api key not a hash", oneEngine + "admission: {api_keys: {sk-123: default}}", []string{"admission.api_keys.sk-123: the key is not the hex SHA-256", "sha256sum"}},
 		{"api key hash too short", oneEngine + "admission: {api_keys: {abcd: default}}", []string{"admission.api_keys.abcd"}},
