@@ -29,6 +29,10 @@ type Admission struct {
 	// Saturation says when a target is saturated; every replica's
 	// scheduler gets it (scheduler.Config.Saturation).
 	Saturation scheduler.SaturationConfig
+	// EnginePriority runs every engine with SGLang's priority scheduling
+	// (sim.Config.EnablePriorityScheduling) and gives each request its
+	// class's priority, as duet writes it (admission.engine_priority).
+	EnginePriority bool
 }
 
 // The headers a simulated client sends its session's class and tenant in

@@ -100,7 +100,7 @@ type engine struct {
 
 // newEngine builds engine i of role; aggregated makes a decode engine
 // serve whole requests.
-func newEngine(role scheduler.Role, i int, spec Engine, aggregated bool) (*engine, error) {
+func newEngine(role scheduler.Role, i int, spec Engine, aggregated, priority bool) (*engine, error) {
 	mode := sim.ModeDecode
 	octet := 1
 	switch {
@@ -109,7 +109,8 @@ func newEngine(role scheduler.Role, i int, spec Engine, aggregated bool) (*engin
 	case aggregated:
 		mode = sim.ModeNull
 	}
-	cfg := sim.Config{Mode: mode, Profile: spec.Profile, DPSize: spec.DPSize, MaxTotalTokens: spec.MaxTotalTokens, KVTransferGBps: spec.KVTransferGBps}
+	cfg := sim.Config{Mode: mode, Profile: spec.Profile, DPSize: spec.DPSize, MaxTotalTokens: spec.MaxTotalTokens, KVTransferGBps: spec.KVTransferGBps,
+		EnablePriorityScheduling: priority}
 	if mode == sim.ModeDecode {
 		cfg.DecodeRadixCache, cfg.HierarchicalCache = spec.DecodeRadixCache, spec.HierarchicalCache
 	}

@@ -249,15 +249,16 @@ func newRun(cfg Config) (*run, error) {
 	r.end = cfg.Workload.Workload.Window + cfg.Drain
 	r.restarts = slices.Clone(cfg.Restarts)
 	aggregated := len(cfg.Cluster.Prefill) == 0
+	priority := cfg.Admission != nil && cfg.Admission.EnginePriority
 	for i, spec := range cfg.Cluster.Prefill {
-		e, err := newEngine(scheduler.RolePrefill, i, spec, false)
+		e, err := newEngine(scheduler.RolePrefill, i, spec, false, priority)
 		if err != nil {
 			return nil, err
 		}
 		r.prefill = append(r.prefill, e)
 	}
 	for i, spec := range cfg.Cluster.Decode {
-		e, err := newEngine(scheduler.RoleDecode, i, spec, aggregated)
+		e, err := newEngine(scheduler.RoleDecode, i, spec, aggregated, priority)
 		if err != nil {
 			return nil, err
 		}
@@ -538,8 +539,14 @@ func (r *run) send(ctx context.Context, q *request) {
 		return
 	}
 	maxNew := turn.prompt.MaxTokens
+	prompt := turn.prompt
+	if r.adm != nil && r.adm.cfg.EnginePriority {
+		// duet writes the class's priority; both legs get it.
+		p := int64(r.adm.cfg.Queue.Classes[r.adm.classify(q)].Priority)
+		prompt.Priority = &p
+	}
 	if q.pEng != nil {
-		it, err := q.pEng.model.Submit(r.now, q.pRank, turn.prompt, maxNew)
+		it, err := q.pEng.model.Submit(r.now, q.pRank, prompt, maxNew)
 		if err != nil {
 			r.fail(q, "prefill: "+err.Error())
 			return
@@ -547,7 +554,7 @@ func (r *run) send(ctx context.Context, q *request) {
 		it.Tag = q
 		q.pItem = it
 	}
-	it, err := q.dEng.model.Submit(r.now, q.dRank, turn.prompt, maxNew)
+	it, err := q.dEng.model.Submit(r.now, q.dRank, prompt, maxNew)
 	if err != nil {
 		if q.pItem != nil {
 			q.pEng.model.Abort(r.now, q.pItem)
