@@ -22,11 +22,13 @@ type SaturationConfig struct {
 	Waiting int
 }
 
-// Saturation defaults, chosen by the routing-quality simulator
-// (docs/admission.md, "Thresholds").
+// Saturation defaults, chosen by the routing-quality simulator's sweep
+// (docs/admission-sim.md): 8192 pending prompt tokens is about 1.5 s of a
+// DeepSeek-V3-class rank's prefill; a decode rank's reported load leaves
+// out what its running requests will still claim, so 0.8 of its KV.
 const (
-	DefaultSaturationPrefillTokens = 32768
-	DefaultSaturationKVFraction    = 0.9
+	DefaultSaturationPrefillTokens = 8192
+	DefaultSaturationKVFraction    = 0.8
 	DefaultSaturationWaiting       = 16
 )
 

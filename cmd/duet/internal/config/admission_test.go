@@ -52,14 +52,14 @@ func TestAdmissionDefaults(t *testing.T) {
 			yaml: oneEngine,
 			want: Admission{Enabled: true, Classes: []AdmissionClass{{Name: "default", WaitLimit: 10 * time.Second}},
 				DefaultClass: "default", MaxQueued: 128, MaxQueuedTokens: 4 << 20, EnginePriorityMode: "auto",
-				Saturation: Saturation{PrefillTokens: 32768, KVFraction: 0.9, Waiting: 16}},
+				Saturation: Saturation{PrefillTokens: 8192, KVFraction: 0.8, Waiting: 16}},
 		},
 		{
 			name: "off, the rest defaulted",
 			yaml: oneEngine + "admission: {enabled: false}\n",
 			want: Admission{Classes: []AdmissionClass{{Name: "default", WaitLimit: 10 * time.Second}},
 				DefaultClass: "default", MaxQueued: 128, MaxQueuedTokens: 4 << 20, EnginePriorityMode: "auto",
-				Saturation: Saturation{PrefillTokens: 32768, KVFraction: 0.9, Waiting: 16}},
+				Saturation: Saturation{PrefillTokens: 8192, KVFraction: 0.8, Waiting: 16}},
 		},
 		{
 			name: "the lowest class is the default; an unset wait limit is 10s; a small Envoy limit halves max_queued",
@@ -67,7 +67,7 @@ func TestAdmissionDefaults(t *testing.T) {
 			want: Admission{Enabled: true, Classes: []AdmissionClass{{Name: "hi", Priority: 5, WaitLimit: 10 * time.Second},
 				{Name: "lo", Priority: -1, WaitLimit: time.Minute}, {Name: "lo2", Priority: -1, WaitLimit: 10 * time.Second}},
 				DefaultClass: "lo", MaxQueued: 20, MaxQueuedTokens: 4 << 20, EnginePriorityMode: "auto",
-				Saturation: Saturation{PrefillTokens: 32768, KVFraction: 0.9, Waiting: 16}},
+				Saturation: Saturation{PrefillTokens: 8192, KVFraction: 0.8, Waiting: 16}},
 		},
 		{
 			name: "saturation measures off",
