@@ -249,7 +249,8 @@ var sweepVariants = []string{
 	"on/kv=0.7", "on/kv=0.8", "on/kv=0.85", "on/kv=0.95",
 	"on/w=2", "on/w=4", "on/w=8", "on/w=off",
 	"on/wait=2s", "on/wait=5s",
-	"on/p=8192/kv=0.85", "on/p=4096/kv=0.8", "on/p=8192/kv=0.85/wait=2s", "on/p=4096/kv=0.8/wait=2s",
+	"on/p=8192/kv=0.85", "on/p=8192/kv=0.8", "on/p=4096/kv=0.8",
+	"on/p=8192/kv=0.8/wait=2s", "on/p=4096/kv=0.8/wait=2s",
 }
 
 // admissionScenarios returns the admission comparison's scenarios: the
@@ -278,7 +279,8 @@ func admissionScenarios(tracePath string, extra []string) []admScenario {
 		{name: "steady", title: "The classes mix at 0.8× the pool's goodput rate (no overload)", mix: mixes["classes"], shape: constant(0.8),
 			variants: with(variantOff, variantOn), sweep: true},
 		{name: "noisy_tenant", title: "A noisy tenant, all tenants together at 2× the pool's goodput rate", mix: mixes["tenants"], shape: constant(2),
-			variants: with(variantOff, variantOn, tenantsAlone, variantOff+"+r3", variantOn+"+r3", tenantsAlone+"+r3"), sweep: true},
+			variants: with(append([]string{variantOff, variantOn, tenantsAlone, variantOff + "+r3", variantOn + "+r3", tenantsAlone + "+r3"},
+				withReplicaMark(extra, 3)...)...), sweep: true},
 		{name: "trace_2x", title: "The trace time-compressed to 2× the pool's goodput speed", mix: mixes["trace"], shape: constant(2),
 			variants: with(variantOff, variantOn, classesAlone)},
 	}
@@ -289,6 +291,15 @@ func admissionScenarios(tracePath string, extra []string) []admScenario {
 		}
 		out = append(out, admScenario{name: "matrix_" + sc.name, title: sc.title, fixed: &sc, rate: rate, variants: with(variantOff, variantOn),
 			sweep: sc.name == "variable"})
+	}
+	return out
+}
+
+// withReplicaMark returns variants run on n replicas.
+func withReplicaMark(variants []string, n int) []string {
+	out := make([]string, len(variants))
+	for i, v := range variants {
+		out[i] = v + replicaMark + strconv.Itoa(n)
 	}
 	return out
 }
