@@ -148,3 +148,15 @@ func TestSaturatedAt(t *testing.T) {
 		t.Error("not saturated at half the threshold")
 	}
 }
+
+// BenchmarkSaturated is the gate every admitted request passes while its
+// pool has room: 2 engines × dp 8 (16 targets), aggregated.
+func BenchmarkSaturated(b *testing.B) {
+	s := benchScheduler(b, 2, 8, "least_cost")
+	b.ReportAllocs()
+	for b.Loop() {
+		if s.Saturated() {
+			b.Fatal("saturated")
+		}
+	}
+}
