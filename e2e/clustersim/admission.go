@@ -124,8 +124,9 @@ func (a *admission) nextDeadline() (at time.Duration, ok bool) {
 }
 
 // admitArrival handles q's arrival with admission: picked at once when
-// its replica's queue is empty and the pool is not saturated, else
-// queued or refused.
+// its replica's queue is empty, no other replica holds a request of its
+// class's priority or higher queued, and the pool is not saturated at its
+// class's share of the thresholds; else queued or refused.
 func (r *run) admitArrival(ctx context.Context, q *request) {
 	a := r.adm
 	class := a.classify(q)
@@ -152,9 +153,11 @@ func (r *run) admitArrival(ctx context.Context, q *request) {
 	a.entries[e] = q
 }
 
-// admitQueued lets queued requests through while their replica's pool is
-// not saturated, each picked before the next is judged; then it refuses
-// those whose wait limit has come. Replicas take turns, one request each,
+// admitQueued lets each replica's queue head through while no other
+// replica holds a more important request queued and the pool is not
+// saturated at the head's class's share of the thresholds, each picked
+// before the next is judged; then it refuses those whose wait limit has
+// come. Replicas take turns, one request each,
 // from a turn that moves on every call: concurrent replicas race for the
 // room that frees up, and none may always win it.
 func (r *run) admitQueued(ctx context.Context) {

@@ -37,23 +37,32 @@ const (
 	admissionMaxTokens = 4 << 20
 )
 
-// admissionConfig is the queue of every admission variant, with the
-// saturation thresholds sat and the classes' wait limits (0: the
-// default).
-func admissionConfig(sat scheduler.SaturationConfig, wait time.Duration) *clustersim.Admission {
-	if wait <= 0 {
-		wait = admissionWaitLimit
-	}
+// admissionSettings are what a variant sets beyond the defaults.
+type admissionSettings struct {
+	// sat are the saturation thresholds (zero fields: the defaults).
+	sat scheduler.SaturationConfig
+	// wait is every class's wait limit (0: admissionWaitLimit).
+	wait time.Duration
+	// batchShare is the batch class's saturation share (0: 1).
+	batchShare float64
+	// enginePriority runs the engines with SGLang's priority scheduling.
+	enginePriority bool
+}
+
+// admissionConfig is the queue of an admission variant.
+func admissionConfig(s admissionSettings) *clustersim.Admission {
+	wait := cmp.Or(s.wait, admissionWaitLimit)
 	return &clustersim.Admission{
 		Queue: admit.Config{
 			Classes: []admit.Class{
 				{Name: classInteractive, Priority: 1, WaitLimit: wait},
-				{Name: classBatch, Priority: 0, WaitLimit: wait},
+				{Name: classBatch, Priority: 0, WaitLimit: wait, Share: s.batchShare},
 			},
 			MaxRequests: admissionMaxQueued, MaxTokens: admissionMaxTokens,
 		},
-		DefaultClass: classBatch,
-		Saturation:   sat,
+		DefaultClass:   classBatch,
+		Saturation:     s.sat,
+		EnginePriority: s.enginePriority,
 	}
 }
 
@@ -110,31 +119,44 @@ func parseVariant(name string) (variant, error) {
 	default:
 		return v, fmt.Errorf("variant %q: want off, on[/k=v...] or %sX, with an optional %sN", name, alonePrefix, replicaMark)
 	}
-	var sat scheduler.SaturationConfig
-	var wait time.Duration
+	var set admissionSettings
 	for _, kv := range parts[1:] {
-		k, val, _ := strings.Cut(kv, "=")
-		var err error
-		switch k {
-		case "p":
-			sat.PrefillTokens, err = thresholdInt(val)
-		case "kv":
-			sat.KVFraction, err = thresholdFloat(val)
-		case "w":
-			var n int64
-			n, err = thresholdInt(val)
-			sat.Waiting = int(n)
-		case "wait":
-			wait, err = time.ParseDuration(val)
-		default:
-			err = errors.New("unknown setting")
-		}
-		if err != nil {
+		if err := set.parse(kv); err != nil {
 			return v, fmt.Errorf("variant %q: %s: %w", name, kv, err)
 		}
 	}
-	v.adm = admissionConfig(sat, wait)
+	v.adm = admissionConfig(set)
+	if err := v.adm.Queue.Validate(); err != nil {
+		return v, fmt.Errorf("variant %q: %w", name, err)
+	}
 	return v, nil
+}
+
+// parse applies one setting of a variant name: p=, kv=, w= (thresholds,
+// or off), wait= (the classes' wait limit), share= (the batch class's
+// saturation share), prio (engines schedule by priority).
+func (s *admissionSettings) parse(kv string) error {
+	k, val, _ := strings.Cut(kv, "=")
+	var err error
+	switch k {
+	case "p":
+		s.sat.PrefillTokens, err = thresholdInt(val)
+	case "kv":
+		s.sat.KVFraction, err = thresholdFloat(val)
+	case "w":
+		var n int64
+		n, err = thresholdInt(val)
+		s.sat.Waiting = int(n)
+	case "wait":
+		s.wait, err = time.ParseDuration(val)
+	case "share":
+		s.batchShare, err = strconv.ParseFloat(val, 64)
+	case "prio":
+		s.enginePriority = true
+	default:
+		err = errors.New("unknown setting")
+	}
+	return err
 }
 
 // thresholdInt parses a threshold: a number, or "off" (-1).
@@ -245,12 +267,12 @@ var (
 // the classes' wait limit) moved alone from its default, then a few
 // combinations.
 var sweepVariants = []string{
-	"on/p=2048", "on/p=4096", "on/p=8192", "on/p=16384", "on/p=65536",
-	"on/kv=0.7", "on/kv=0.8", "on/kv=0.85", "on/kv=0.95",
+	"on/p=2048", "on/p=4096", "on/p=16384", "on/p=32768", "on/p=65536",
+	"on/kv=0.7", "on/kv=0.85", "on/kv=0.9", "on/kv=0.95",
 	"on/w=2", "on/w=4", "on/w=8", "on/w=off",
 	"on/wait=2s", "on/wait=5s",
-	"on/p=8192/kv=0.85", "on/p=8192/kv=0.8", "on/p=4096/kv=0.8",
-	"on/p=8192/kv=0.8/wait=2s", "on/p=4096/kv=0.8/wait=2s",
+	"on/share=0.5", "on/share=0.75", "on/prio", "on/prio/share=0.5",
+	"on/p=32768/kv=0.9", "on/p=4096/wait=2s",
 }
 
 // admissionScenarios returns the admission comparison's scenarios: the

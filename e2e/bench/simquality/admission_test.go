@@ -24,12 +24,15 @@ func TestParseVariant(t *testing.T) {
 		wait     time.Duration
 		replicas int
 		drop     string
+		share    float64
+		prio     bool
 	}{
 		{name: "off"},
 		{name: "on", on: true, wait: admissionWaitLimit},
 		{name: "on/p=4096/kv=0.8/w=off/wait=2s", on: true, prefill: 4096, kv: 0.8, waiting: -1, wait: 2 * time.Second},
 		{name: "on+r3", on: true, wait: admissionWaitLimit, replicas: 3},
 		{name: "alone-noisy+r3", replicas: 3, drop: "noisy"},
+		{name: "on/prio/share=0.5", on: true, wait: admissionWaitLimit, share: 0.5, prio: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v, err := parseVariant(tt.name)
@@ -43,12 +46,14 @@ func TestParseVariant(t *testing.T) {
 				return
 			}
 			s := v.adm.Saturation
-			if s.PrefillTokens != tt.prefill || s.KVFraction != tt.kv || s.Waiting != tt.waiting || v.adm.Queue.Classes[0].WaitLimit != tt.wait {
+			batch := v.adm.Queue.Classes[1]
+			if s.PrefillTokens != tt.prefill || s.KVFraction != tt.kv || s.Waiting != tt.waiting || v.adm.Queue.Classes[0].WaitLimit != tt.wait ||
+				batch.Share != tt.share || v.adm.EnginePriority != tt.prio {
 				t.Fatalf("saturation %+v, classes %+v", s, v.adm.Queue.Classes)
 			}
 		})
 	}
-	for _, bad := range []string{"maybe", "on/p=x", "on/q=1", "off/p=1", "on+r0"} {
+	for _, bad := range []string{"maybe", "on/p=x", "on/q=1", "off/p=1", "on+r0", "on/share=2"} {
 		if _, err := parseVariant(bad); err == nil {
 			t.Errorf("%q: want an error", bad)
 		}
