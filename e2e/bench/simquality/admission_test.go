@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"math"
 	"os"
 	"path/filepath"
@@ -143,28 +141,9 @@ func TestAdmissionReport(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the simulator for about 30 seconds of CPU")
 	}
-	dirs := []string{t.TempDir(), t.TempDir()}
-	for _, dir := range dirs {
-		args := []string{"-admission", "-admission-sweep=false", "-seeds", "2", "-window", "90s", "-warmup", "20s", "-resamples", "200",
-			"-scenarios", "overload_2x,steady,matrix_preloaded", "-admission-variants", "on/p=4096", "-out", dir}
-		if err := run(context.Background(), args); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range []string{admissionReportFile, admissionDataFile} {
-		a, err := os.ReadFile(filepath.Join(dirs[0], name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(filepath.Join(dirs[1], name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(a, b) {
-			t.Fatalf("%s differs between two runs with the same flags", name)
-		}
-	}
-	md, _ := os.ReadFile(filepath.Join(dirs[0], admissionReportFile))
+	dir := runTwiceIdentical(t, []string{"-admission", "-admission-sweep=false", "-seeds", "2", "-window", "90s", "-warmup", "20s", "-resamples", "200",
+		"-scenarios", "overload_2x,steady,matrix_preloaded", "-admission-variants", "on/p=4096"}, admissionReportFile, admissionDataFile)
+	md, _ := os.ReadFile(filepath.Join(dir, admissionReportFile))
 	for _, want := range []string{"## The pools' goodput rates", "## Aims of issue 27", aimHighClass, aimGoodput, aimNoHarm,
 		"(`overload_2x`)", "| on/p=4096 | interactive |", "alone-batch", "matrix_preloaded"} {
 		if !strings.Contains(string(md), want) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,28 +20,9 @@ func TestReportIsByteIdentical(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the simulator for about 20 seconds of CPU")
 	}
-	dirs := []string{t.TempDir(), t.TempDir()}
-	for _, dir := range dirs {
-		args := []string{"-seeds", "2", "-window", "60s", "-warmup", "10s", "-resamples", "200", "-rate", "3",
-			"-routings", "engine_default,duet_default,oracle_load", "-scenarios", "multiturn,preloaded", "-out", dir}
-		if err := run(context.Background(), args); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range []string{reportFile, dataFile} {
-		a, err := os.ReadFile(filepath.Join(dirs[0], name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(filepath.Join(dirs[1], name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(a, b) {
-			t.Fatalf("%s differs between two runs with the same flags", name)
-		}
-	}
-	md, _ := os.ReadFile(filepath.Join(dirs[0], reportFile))
+	dir := runTwiceIdentical(t, []string{"-seeds", "2", "-window", "60s", "-warmup", "10s", "-resamples", "200", "-rate", "3",
+		"-routings", "engine_default,duet_default,oracle_load", "-scenarios", "multiturn,preloaded"}, reportFile, dataFile)
+	md, _ := os.ReadFile(filepath.Join(dir, reportFile))
 	for _, want := range []string{"## Headline", "oracle_load", "of bound", "engine_default", "[", "Rank 0 preloaded"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report lacks %q", want)
@@ -133,4 +115,31 @@ func TestKVEventsReport(t *testing.T) {
 	if !strings.Contains(string(md), "# KV events") {
 		t.Error("report lacks its title")
 	}
+}
+
+// runTwiceIdentical runs simquality with args twice, each with its own -out
+// directory, demands that files are byte-identical in both, and returns
+// the first directory.
+func runTwiceIdentical(t *testing.T, args []string, files ...string) string {
+	t.Helper()
+	dirs := []string{t.TempDir(), t.TempDir()}
+	for _, dir := range dirs {
+		if err := run(context.Background(), append(slices.Clone(args), "-out", dir)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range files {
+		a, err := os.ReadFile(filepath.Join(dirs[0], name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(dirs[1], name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(a, b) {
+			t.Fatalf("%s differs between two runs with the same flags", name)
+		}
+	}
+	return dirs[0]
 }
