@@ -79,21 +79,7 @@ func enginePriority(a config.Admission, class string, sched enginePriorities) (i
 	if !a.WritesEnginePriority(advertised) {
 		return 0, false
 	}
-	v := a.EnginePriority(class)
-	if ps.LowValuesFirst && !explicitEnginePriority(a, class) {
-		v = -v
-	}
-	return v, true
-}
-
-// explicitEnginePriority reports whether class sets engine_priority.
-func explicitEnginePriority(a config.Admission, class string) bool {
-	for _, c := range a.Classes {
-		if c.Name == class {
-			return c.EnginePriority != nil
-		}
-	}
-	return false
+	return a.EnginePriority(class, ps.LowValuesFirst), true
 }
 
 // queueSharer is what the pools' admission queues share with the other

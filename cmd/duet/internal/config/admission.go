@@ -428,14 +428,19 @@ func (a Admission) MaxWaitLimit() time.Duration {
 }
 
 // EnginePriority is the SGLang `priority` value of class: its
-// engine_priority, else its priority; 0 for a class that is not defined.
-func (a Admission) EnginePriority(class string) int {
+// engine_priority as set, else its priority, negated for engines that
+// serve low values first (lowValuesFirst) so that the classes' order
+// holds there too; 0 for a class that is not defined.
+func (a Admission) EnginePriority(class string, lowValuesFirst bool) int {
 	for _, c := range a.Classes {
 		if c.Name != class {
 			continue
 		}
-		if c.EnginePriority != nil {
+		switch {
+		case c.EnginePriority != nil:
 			return *c.EnginePriority
+		case lowValuesFirst:
+			return -c.Priority
 		}
 		return c.Priority
 	}

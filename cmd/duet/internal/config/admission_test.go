@@ -192,9 +192,10 @@ func TestAdmissionConversions(t *testing.T) {
 		{"SaturationConfig", a.SaturationConfig(), scheduler.SaturationConfig{PrefillTokens: 16384, KVFraction: 0.8, Waiting: -1}},
 		{"MaxWaitLimit", a.MaxWaitLimit(), 30 * time.Second},
 		{"ClassNames", a.ClassNames(), []string{"interactive", "batch"}},
-		{"EnginePriority given", a.EnginePriority("interactive"), 7},
-		{"EnginePriority from priority", a.EnginePriority("batch"), 0},
-		{"EnginePriority of no class", a.EnginePriority("gold"), 0},
+		{"EnginePriority given", a.EnginePriority("interactive", false), 7},
+		{"EnginePriority given, low values first", a.EnginePriority("interactive", true), 7},
+		{"EnginePriority from priority", a.EnginePriority("batch", false), 0},
+		{"EnginePriority of no class", a.EnginePriority("gold", false), 0},
 		{"engine_priority mode", a.EnginePriorityMode, EnginePriorityOn},
 		{"enabled", a.Enabled, true},
 	} {
@@ -232,7 +233,7 @@ func TestAdmissionConversions(t *testing.T) {
 	if _, err := def.Admission.AdmitRules().Compile(); err != nil {
 		t.Errorf("package admit refuses the default AdmitRules: %v", err)
 	}
-	if got := def.Admission.EnginePriority(DefaultAdmissionClass); got != 0 {
+	if got := def.Admission.EnginePriority(DefaultAdmissionClass, false); got != 0 {
 		t.Errorf("EnginePriority(default) = %d, want 0", got)
 	}
 }
