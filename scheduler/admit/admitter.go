@@ -71,9 +71,8 @@ func (t *Ticket) Done() {
 // Observer is told what an Admitter does; every method may be called
 // concurrently, and must be cheap. Metrics implements it.
 type Observer interface {
-	// Queued: a request of class (name) and tenant waits.
-	Queued(class, tenant string)
-	// Admitted: a request went on to its pick after waiting (0: at once).
+	// Admitted: a request of class (name) and tenant went on to its pick
+	// after waiting (0: at once). How many wait is the queue's own gauge.
 	Admitted(class, tenant string, waited time.Duration)
 	// Refused: a request was refused for reason (see Refusal).
 	Refused(class, tenant string, reason error, waited time.Duration)
@@ -208,9 +207,6 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 	if err != nil {
 		return nil, a.refused(class, tenant, err, 0, retry)
 	}
-	if a.obs != nil {
-		a.obs.Queued(class, tenant)
-	}
 	a.Kick()
 	if onQueued != nil {
 		onQueued(e.Deadline.Sub(now))
@@ -225,7 +221,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		err = ctx.Err()
 	}
 	a.mu.Lock()
-	if err != nil && e.index < 0 && e.ready != nil && len(e.ready) > 0 {
+	if err != nil && e.index < 0 && len(e.ready) > 0 {
 		// Let through (or shed) while the timer or the client fired: the
 		// queue's word wins.
 		err = <-e.ready

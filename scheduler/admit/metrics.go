@@ -58,9 +58,6 @@ func (m *Metrics) tenant(t string) string {
 	return t
 }
 
-// Queued implements Observer.
-func (m *Metrics) Queued(class, tenant string) {}
-
 // Admitted implements Observer.
 func (m *Metrics) Admitted(class, tenant string, waited time.Duration) {
 	if waited == 0 {
