@@ -68,7 +68,8 @@ func (s *Scheduler) Saturated() bool { return s.SaturatedAt(1) }
 // so that its requests leave the engines' queues short for the classes
 // above it.
 func (s *Scheduler) SaturatedAt(share float64) bool {
-	for _, r := range s.saturationAt(share) {
+	var roles [2]RoleSaturation // on the stack: every admitted request asks
+	for _, r := range s.saturationAt(share, roles[:0]) {
 		if r.Full() {
 			return true
 		}
@@ -78,12 +79,14 @@ func (s *Scheduler) SaturatedAt(share float64) bool {
 
 // Saturation returns each role's saturation now: prefill first, when the
 // pool has a prefill role.
-func (s *Scheduler) Saturation() []RoleSaturation { return s.saturationAt(1) }
+func (s *Scheduler) Saturation() []RoleSaturation {
+	return s.saturationAt(1, make([]RoleSaturation, 0, 2))
+}
 
-// saturationAt is Saturation with the thresholds scaled by share.
-func (s *Scheduler) saturationAt(share float64) []RoleSaturation {
+// saturationAt appends to out Saturation with the thresholds scaled by
+// share.
+func (s *Scheduler) saturationAt(share float64, out []RoleSaturation) []RoleSaturation {
 	snap := s.snap.Load()
-	out := make([]RoleSaturation, 0, 2)
 	s.ledger.mu.Lock()
 	defer s.ledger.mu.Unlock()
 	now := s.now()
