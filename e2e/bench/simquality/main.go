@@ -213,23 +213,10 @@ func snap(x, step float64) float64 {
 // perSeed runs f for every seed, r.opts.parallel seeds at a time, and
 // forgets each seed's prepared workloads once its work is done.
 func (r *runner) perSeed(ctx context.Context, seeds []uint64, f func(context.Context, uint64) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sem := make(chan struct{}, r.opts.parallel)
-	var wg sync.WaitGroup
-	errs := make([]error, len(seeds))
-	for i, seed := range seeds {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if errs[i] = f(ctx, seed); errs[i] != nil {
-				cancel()
-			}
-			r.release(seed)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return forSeeds(ctx, r.opts.parallel, seeds, func(ctx context.Context, seed uint64) error {
+		defer r.release(seed)
+		return f(ctx, seed)
+	})
 }
 
 // perSeedRouting runs f for every seed (as perSeed does) and every routing
