@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/extproc"
 )
 
@@ -110,21 +111,9 @@ func TestAdmissionManifests(t *testing.T) {
 		t.Fatal(err)
 	}
 	headers := claimHeaders(policy)
-	want := []string{a.ClassHeader, a.TenantHeader}
-	slices.Sort(want)
-	if got := slices.Sorted(maps.Keys(headers)); !slices.Equal(got, want) || slices.Contains(got, "") {
-		t.Errorf("the JWT claims set headers %v; duet's admission section reads class_header %q and tenant_header %q", got, a.ClassHeader, a.TenantHeader)
-	}
-	for h, claim := range headers {
-		if !strings.HasPrefix(h, "x-duet-") || claim == "" {
-			t.Errorf("claim %q sets header %q: want a claim, into an x-duet-* header (clients' copies are stripped)", claim, h)
-		}
-	}
-	if a.TrustClientHeaders {
-		t.Error("duet's admission section trusts client headers: the gateway sets them, and strips the clients'")
-	}
-	if len(a.Classes) < 2 {
-		t.Errorf("duet's admission section has classes %v: want at least two for the tier claim to choose from", a.Classes)
+	for _, p := range harness.ClaimHeaderProblems(headers, harness.GatewayAdmission{ClassHeader: a.ClassHeader, TenantHeader: a.TenantHeader,
+		TrustClientHeaders: a.TrustClientHeaders, Classes: len(a.Classes)}) {
+		t.Error(p)
 	}
 	patched := false
 	walk(get(find(objs, "EnvoyPatchPolicy", duetService), "spec"), func(m map[string]any) {
