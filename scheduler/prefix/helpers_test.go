@@ -72,10 +72,10 @@ func invariants[K comparable](x *Index[K]) error {
 				return fmt.Errorf("slot %d: entry %d names node %d, beyond the slab", slot, e, en.node)
 			}
 			nd := &x.slab[en.node]
-			if n, ok := x.nodes[nd.hash]; !ok || n != en.node {
+			if n, ok := x.nodes.get(nd.hash); !ok || n != en.node {
 				return fmt.Errorf("slot %d: entry %d's node %d is not indexed by its hash", slot, e, en.node)
 			}
-			if int(en.pos) >= len(nd.holders) || nd.holders[en.pos] != (holder{int32(slot), e}) {
+			if int(en.pos) >= nd.len() || nd.at(en.pos) != (holder{int32(slot), e}) {
 				return fmt.Errorf("slot %d: entry %d has no matching holder record", slot, e)
 			}
 		}
@@ -91,22 +91,23 @@ func invariants[K comparable](x *Index[K]) error {
 		return fmt.Errorf("%d live + %d free slots != %d", live, len(x.free), len(x.targets))
 	}
 	records := 0
-	for h, n := range x.nodes {
+	for h, n := range x.nodes.all {
 		nd := &x.slab[n]
-		if len(nd.holders) == 0 || nd.hash != h {
+		if nd.len() == 0 || nd.hash != h {
 			return fmt.Errorf("node %d for %#x is empty or names %#x", n, h, nd.hash)
 		}
 		seen := map[int32]bool{}
-		for _, hr := range nd.holders {
+		for k := range nd.n {
+			hr := nd.at(k)
 			if seen[hr.slot] {
 				return fmt.Errorf("node %#x lists slot %d twice", h, hr.slot)
 			}
 			seen[hr.slot] = true
 		}
-		records += len(nd.holders)
+		records += nd.len()
 	}
-	if len(x.nodes)+len(x.freeNodes) != len(x.slab) {
-		return fmt.Errorf("%d nodes + %d free != slab of %d", len(x.nodes), len(x.freeNodes), len(x.slab))
+	if x.nodes.len()+len(x.freeNodes) != len(x.slab) {
+		return fmt.Errorf("%d nodes + %d free != slab of %d", x.nodes.len(), len(x.freeNodes), len(x.slab))
 	}
 	if records != holds {
 		return fmt.Errorf("%d holder records, %d entries", records, holds)

@@ -33,18 +33,63 @@ type Index[K comparable] struct {
 	keys    []K          // by slot, dense copy of targets[slot].key for Match
 	free    []int32      // free slots
 
-	nodes     map[uint64]int32 // block hash -> index in slab
+	nodes     blockTable // block hash -> index in slab
 	slab      []node
 	freeNodes []int32 // free indices in slab
 
 	scratch sync.Pool // *matchScratch[K]
 }
 
-// node lists the targets that hold one block hash. It is in the nodes map
+// node lists the targets that hold one block hash. It is in the nodes table
 // only while that list is non-empty.
 type node struct {
-	hash    uint64
-	holders []holder
+	hash uint64
+	// The holder records: first, then rest. Most blocks have one holder,
+	// which then costs no reference to another allocation (one cache miss
+	// less for each block a fresh prompt inserts and for each it evicts).
+	first holder
+	rest  []holder
+	n     int32 // number of holder records
+}
+
+// len returns the number of holder records.
+func (nd *node) len() int { return int(nd.n) }
+
+// at returns holder record i.
+func (nd *node) at(i int32) holder {
+	if i == 0 {
+		return nd.first
+	}
+	return nd.rest[i-1]
+}
+
+// set replaces holder record i.
+func (nd *node) set(i int32, h holder) {
+	if i == 0 {
+		nd.first = h
+	} else {
+		nd.rest[i-1] = h
+	}
+}
+
+// push appends a holder record and returns its index.
+func (nd *node) push(h holder) int32 {
+	i := nd.n
+	if i == 0 {
+		nd.first = h
+	} else {
+		nd.rest = append(nd.rest, h)
+	}
+	nd.n++
+	return i
+}
+
+// pop removes the last holder record.
+func (nd *node) pop() {
+	nd.n--
+	if nd.n > 0 {
+		nd.rest = nd.rest[:nd.n-1]
+	}
 }
 
 // holder names one target's entry for a block: the target's slot and the
@@ -62,7 +107,6 @@ func NewIndex[K comparable](maxBlocksPerTarget int) *Index[K] {
 	return &Index[K]{
 		bound: min(maxBlocksPerTarget, maxBound),
 		byKey: make(map[K]*target[K]),
-		nodes: make(map[uint64]int32),
 	}
 }
 
@@ -96,7 +140,7 @@ func (x *Index[K]) Insert(key K, blocks []uint64) int {
 	}
 	for i := len(blocks) - 1; i >= 0; i-- {
 		h := blocks[i]
-		n, ok := x.nodes[h]
+		n, ok := x.nodes.get(h)
 		if ok {
 			if e, held := x.heldBy(n, t.slot); held {
 				t.touch(e)
@@ -109,12 +153,11 @@ func (x *Index[K]) Insert(key K, blocks []uint64) int {
 		}
 		if !ok {
 			n = x.newNode(h)
-			x.nodes[h] = n
+			x.nodes.put(h, n)
 		}
 		e := t.add(n)
 		nd := &x.slab[n]
-		t.entries[e].pos = int32(len(nd.holders))
-		nd.holders = append(nd.holders, holder{slot: t.slot, entry: e})
+		t.entries[e].pos = nd.push(holder{slot: t.slot, entry: e})
 	}
 	return t.len()
 }
@@ -137,8 +180,9 @@ func (x *Index[K]) SetBound(key K, blocks int) int {
 
 // heldBy returns slot's entry for node n, if slot holds it.
 func (x *Index[K]) heldBy(n, slot int32) (int32, bool) {
-	for _, h := range x.slab[n].holders {
-		if h.slot == slot {
+	nd := &x.slab[n]
+	for i := range nd.n {
+		if h := nd.at(i); h.slot == slot {
 			return h.entry, true
 		}
 	}
@@ -215,17 +259,17 @@ func (x *Index[K]) evict(t *target[K], e int32) {
 // its place, and frees the node once it is empty.
 func (x *Index[K]) unhold(n, pos int32) {
 	nd := &x.slab[n]
-	last := int32(len(nd.holders) - 1)
+	last := nd.n - 1
 	if pos != last {
-		moved := nd.holders[last]
-		nd.holders[pos] = moved
+		moved := nd.at(last)
+		nd.set(pos, moved)
 		x.targets[moved.slot].entries[moved.entry].pos = pos
 	}
-	nd.holders = nd.holders[:last]
+	nd.pop()
 	if last == 0 {
-		delete(x.nodes, nd.hash)
-		if cap(nd.holders) > maxSpareHolders {
-			nd.holders = nil
+		x.nodes.del(nd.hash)
+		if cap(nd.rest) > maxSpareHolders {
+			nd.rest = nil
 		}
 		x.freeNodes = append(x.freeNodes, n)
 	}

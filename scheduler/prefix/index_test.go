@@ -251,7 +251,7 @@ func TestRemoveDropsNodes(t *testing.T) {
 		x.Remove(k)
 	}
 	checkInvariants(t, x)
-	if n := len(x.nodes); n != 0 {
+	if n := x.nodes.len(); n != 0 {
 		t.Errorf("%d nodes left after removing every target", n)
 	}
 }

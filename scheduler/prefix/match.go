@@ -52,7 +52,7 @@ func (x *Index[K]) Match(blocks []uint64, fn func(key K, matched int)) {
 
 // collect fills s.results for blocks. The caller holds the read lock.
 func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
-	if _, ok := x.nodes[blocks[0]]; !ok {
+	if _, ok := x.nodes.get(blocks[0]); !ok {
 		return
 	}
 
@@ -60,7 +60,7 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 	lo, hi := 0, len(blocks) // present(lo), !present(hi)
 	for hi-lo > 1 {
 		mid := int(uint(lo+hi) >> 1)
-		if _, ok := x.nodes[blocks[mid]]; ok {
+		if _, ok := x.nodes.get(blocks[mid]); ok {
 			lo = mid
 		} else {
 			hi = mid
@@ -75,13 +75,13 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 	defer clear(seen)
 
 	for i := lo; i >= 0; {
-		n, ok := x.nodes[blocks[i]]
+		n, ok := x.nodes.get(blocks[i])
 		if !ok { // only if prefix closure was broken (misuse, collision)
 			i--
 			continue
 		}
 		nd := &x.slab[n]
-		c := len(nd.holders)
+		c := nd.len()
 
 		// Start of the run of blocks held by exactly these holders: the
 		// smallest j <= i with count(j) <= c (counts never grow with i).
@@ -95,7 +95,8 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 			}
 		}
 
-		for _, h := range nd.holders {
+		for k := range nd.n {
+			h := nd.at(k)
 			w, b := h.slot/64, uint64(1)<<(h.slot%64)
 			if seen[w]&b != 0 {
 				continue
@@ -109,8 +110,8 @@ func (x *Index[K]) collect(blocks []uint64, s *matchScratch[K]) {
 
 // count returns how many targets hold hash.
 func (x *Index[K]) count(hash uint64) int {
-	if n, ok := x.nodes[hash]; ok {
-		return len(x.slab[n].holders)
+	if n, ok := x.nodes.get(hash); ok {
+		return x.slab[n].len()
 	}
 	return 0
 }
