@@ -58,9 +58,20 @@ bench-sim:
 # scaled real time), the integration benchmark: regenerates
 # docs/benchmarks/quality-envoy.md, quality-envoy.json and its PNG plots.
 # BENCH_FLAGS passes flags, e.g. BENCH_FLAGS=-quick. Flags naming the smg
-# routings (SMG's binary in place of Envoy + duet) install SMG first, e.g.
-# BENCH_FLAGS='-workloads agentic -policies least_cost,smg_engine_ranks
-# -decode-sim-args --disaggregation-decode-enable-radix-cache'.
+# routings (SMG's binary, smg==1.13.0, in place of Envoy + duet) install SMG
+# first: smg_cache_aware (formerly smg; cache_aware on both roles,
+# --dp-aware), smg_cache_aware_dpmin (the same and
+# --dp-minimum-tokens-scheduler), smg_least_load_dpmin (least_load on both
+# roles, --dp-aware, --dp-minimum-tokens-scheduler), smg_engine_ranks
+# (cache_aware, no --dp-aware); under the --dp-aware ones the prefill
+# engines run with SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1.
+# duet's default beside them over 5 paired seeds (docs/benchmarks/README.md,
+# "SMG's binary as routings"):
+#   for s in 1 2 3 4 5; do make bench-quality BENCH_FLAGS="-workloads
+#   multiturn,variable -rates-multiturn 6 -rates-variable 5 -policies
+#   least_cost,smg_cache_aware,smg_cache_aware_dpmin,smg_least_load_dpmin
+#   -prefill 2 -decode 2 -dp 2 -time-scale 5 -window 60s -seed $s
+#   -out /tmp/duet-vs-smg/seed$s"; done
 bench-quality: build envoy $(if $(findstring smg,$(BENCH_FLAGS)),$(VENV)/.bench-installed)
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 

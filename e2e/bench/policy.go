@@ -20,6 +20,9 @@ type Policy struct {
 	// Router is what routes: "" for Envoy + duet, RouterSMG for SMG's
 	// binary in place of both.
 	Router string
+	// DPMinTokens adds SMG's --dp-minimum-tokens-scheduler (Router
+	// RouterSMG only).
+	DPMinTokens bool
 	// Label, if set, names the policy in reports instead of Name.
 	Label string
 	// DuetYAML is appended to duet's configuration for this policy
@@ -72,13 +75,43 @@ const (
 	// load alone (ignore_decode_cache): what least_cost was before it
 	// read decode radix caches.
 	PolicyDecodeByLoad = "least_cost_decode_by_load"
-	// PolicySMG is SMG's real binary in place of Envoy + duet, PD mode,
-	// cache_aware on both roles, DP-aware (--dp-aware).
+	// PolicySMGCacheAware is SMG's real binary in place of Envoy + duet,
+	// PD mode, cache_aware on both roles, DP-aware (--dp-aware).
+	PolicySMGCacheAware = "smg_cache_aware"
+	// PolicySMG is the former name of PolicySMGCacheAware, still accepted
+	// (the committed decode-cache-envoy-smg-* reports use it).
 	PolicySMG = "smg"
-	// PolicySMGEngineRanks is PolicySMG without --dp-aware: SMG picks
-	// engines, the engines their ranks.
+	// PolicySMGCacheAwareDPMin is PolicySMGCacheAware with SMG's
+	// --dp-minimum-tokens-scheduler.
+	PolicySMGCacheAwareDPMin = "smg_cache_aware_dpmin"
+	// PolicySMGLeastLoadDPMin is SMG's least_load on both roles,
+	// --dp-aware and --dp-minimum-tokens-scheduler.
+	PolicySMGLeastLoadDPMin = "smg_least_load_dpmin"
+	// PolicySMGEngineRanks is PolicySMGCacheAware without --dp-aware: SMG
+	// picks engines, the engines their ranks.
 	PolicySMGEngineRanks = "smg_engine_ranks"
 )
+
+// policyAliases maps former policy names to the policies they now are.
+var policyAliases = map[string]string{PolicySMG: PolicySMGCacheAware}
+
+// ForceQueryPrefillDPRankEnv is the environment SGLang's prefill engines
+// need behind a router that pins their DP rank without minting the
+// bootstrap room for it (room % dp_size), as SMG's --dp-aware does:
+// without it they refuse such a request (follow_bootstrap_room conflict).
+// duet-sim reads it as SGLang does (cmd/duet-sim, sim.Config.
+// ForceQueryPrefillDPRank).
+const ForceQueryPrefillDPRankEnv = "SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1"
+
+// PrefillSimEnv is the environment the prefill engines run with under p:
+// ForceQueryPrefillDPRankEnv behind SMG's DP-aware routings, none
+// otherwise (duet mints the room for the rank it picks).
+func (p Policy) PrefillSimEnv() []string {
+	if p.Router == RouterSMG && !p.EngineRanks {
+		return []string{ForceQueryPrefillDPRankEnv}
+	}
+	return nil
+}
 
 // RouterSMG is Policy.Router for SMG (see SMGVersion).
 const RouterSMG = "smg"
@@ -99,13 +132,19 @@ func ExtraPolicies() []Policy {
 }
 
 // RouterPolicies returns the routings by another router than duet, run
-// only when named (SelectRoutings).
+// only when named (SelectRoutings). Each Label says what was launched.
+// SMG 1.13 has a least_load policy, so smg_least_load_dpmin runs it (not a
+// stand-in such as power_of_two).
 func RouterPolicies() []Policy {
 	return []Policy{
-		{Name: PolicySMG, Router: RouterSMG, Prefill: "cache_aware", Decode: "cache_aware",
-			Label: "smg (real binary, cache_aware/cache_aware, --dp-aware)"},
+		{Name: PolicySMGCacheAware, Router: RouterSMG, Prefill: "cache_aware", Decode: "cache_aware",
+			Label: "smg_cache_aware (smg " + SMGVersion + ", --prefill-policy cache_aware --decode-policy cache_aware --dp-aware; prefills with " + ForceQueryPrefillDPRankEnv + ")"},
+		{Name: PolicySMGCacheAwareDPMin, Router: RouterSMG, Prefill: "cache_aware", Decode: "cache_aware", DPMinTokens: true,
+			Label: "smg_cache_aware_dpmin (smg " + SMGVersion + ", --prefill-policy cache_aware --decode-policy cache_aware --dp-aware --dp-minimum-tokens-scheduler; prefills with " + ForceQueryPrefillDPRankEnv + ")"},
+		{Name: PolicySMGLeastLoadDPMin, Router: RouterSMG, Prefill: "least_load", Decode: "least_load", DPMinTokens: true,
+			Label: "smg_least_load_dpmin (smg " + SMGVersion + ", --prefill-policy least_load --decode-policy least_load --dp-aware --dp-minimum-tokens-scheduler; prefills with " + ForceQueryPrefillDPRankEnv + ")"},
 		{Name: PolicySMGEngineRanks, Router: RouterSMG, EngineRanks: true, Prefill: "cache_aware", Decode: "cache_aware",
-			Label: "smg_engine_ranks (real binary, cache_aware/cache_aware, engines pick DP ranks)"},
+			Label: "smg_engine_ranks (smg " + SMGVersion + ", --prefill-policy cache_aware --decode-policy cache_aware, engines pick DP ranks)"},
 	}
 }
 
@@ -136,9 +175,13 @@ func selectFrom(names []string, defaults, extra []Policy) ([]Policy, error) {
 			out = append(out, Policy{Name: n, Prefill: prefill, Decode: decode})
 			continue
 		}
+		name := n
+		if a, ok := policyAliases[n]; ok {
+			name = a
+		}
 		found := false
 		for _, p := range all {
-			if p.Name == n {
+			if p.Name == name {
 				out = append(out, p)
 				found = true
 			}
@@ -147,6 +190,11 @@ func selectFrom(names []string, defaults, extra []Policy) ([]Policy, error) {
 			var known []string
 			for _, p := range all {
 				known = append(known, p.Name)
+				for a, to := range policyAliases {
+					if to == p.Name {
+						known = append(known, a)
+					}
+				}
 			}
 			return nil, fmt.Errorf("unknown policy %q (want %s)", n, strings.Join(known, ", "))
 		}
@@ -155,8 +203,11 @@ func selectFrom(names []string, defaults, extra []Policy) ([]Policy, error) {
 }
 
 // PolicyLabel is how reports name the policy called name: its Label when
-// it is a known policy with one, else name.
+// it is a known policy (or an alias of one) with one, else name.
 func PolicyLabel(name string) string {
+	if a, ok := policyAliases[name]; ok {
+		name = a
+	}
 	for _, p := range append(append(Policies(), ExtraPolicies()...), RouterPolicies()...) {
 		if p.Name == name && p.Label != "" {
 			return p.Label

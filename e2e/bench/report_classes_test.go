@@ -25,7 +25,7 @@ func TestAdmissionYAML(t *testing.T) {
 		{"queue off", Policy{Name: "least_cost+noqueue", AdmissionOff: true}, "", "admission:\n  enabled: false\n"},
 		{"queue off, workload keys", Policy{Name: "p", AdmissionOff: true, DuetYAML: "x: 1\n"}, strings.TrimSuffix(keys, "\n"),
 			"x: 1\nadmission:\n  enabled: false\n" + keys},
-		{"another router", Policy{Name: PolicySMG, Router: RouterSMG, AdmissionOff: true}, keys, ""},
+		{"another router", Policy{Name: PolicySMGCacheAware, Router: RouterSMG, AdmissionOff: true}, keys, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -346,9 +346,9 @@ func caseDir(base, name string) (string, error) {
 
 // stackOptions returns the harness options of a case: Envoy + duet under
 // p, or the engines alone when another router (p.Router) takes their
-// place.
+// place; the prefill engines run with p's environment (PrefillSimEnv).
 func (c Config) stackOptions(p Policy, dir string) harness.Options {
-	prefill := harness.SimSpec{DPSize: c.DPSize, Args: slices.Concat(c.SimArgs, c.PrefillSimArgs)}
+	prefill := harness.SimSpec{DPSize: c.DPSize, Args: slices.Concat(c.SimArgs, c.PrefillSimArgs), Env: p.PrefillSimEnv()}
 	decode := harness.SimSpec{DPSize: c.DPSize, Args: slices.Concat(c.SimArgs, c.DecodeSimArgs)}
 	opts := harness.Options{
 		EnginesOnly:      p.Router != "",

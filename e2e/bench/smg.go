@@ -44,6 +44,10 @@ type SMGLaunch struct {
 	// DPAware adds --dp-aware: SMG reads each engine's dp_size from its
 	// server info and routes to (engine, rank) pairs.
 	DPAware bool
+	// DPMinTokens adds --dp-minimum-tokens-scheduler: SMG picks the DP
+	// rank inside each chosen engine by the fewest tokens (its load poll
+	// of the engines' GET /v1/loads plus what it sent since).
+	DPMinTokens bool
 	// LogLevel is --log-level (default warn).
 	LogLevel string
 }
@@ -65,6 +69,9 @@ func (l SMGLaunch) Argv() []string {
 	argv = append(argv, "--prefill-policy", l.PrefillPolicy, "--decode-policy", l.DecodePolicy)
 	if l.DPAware {
 		argv = append(argv, "--dp-aware")
+	}
+	if l.DPMinTokens {
+		argv = append(argv, "--dp-minimum-tokens-scheduler")
 	}
 	return argv
 }
@@ -93,7 +100,7 @@ func smgBin(tools harness.Tools) (string, error) {
 // the given ports.
 func smgLaunch(bin string, s *harness.Stack, p Policy, port, promPort int) SMGLaunch {
 	l := SMGLaunch{Bin: bin, Host: "127.0.0.1", Port: port, PrometheusPort: promPort,
-		PrefillPolicy: p.Prefill, DecodePolicy: p.Decode, DPAware: !p.EngineRanks}
+		PrefillPolicy: p.Prefill, DecodePolicy: p.Decode, DPAware: !p.EngineRanks, DPMinTokens: p.DPMinTokens}
 	for _, sim := range s.Prefill {
 		l.Prefill = append(l.Prefill, SMGPrefill{URL: sim.URL, BootstrapPort: sim.BootstrapPort})
 	}

@@ -21,30 +21,43 @@ type Process struct {
 	Name    string
 	LogPath string
 	argv    []string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	err     error
+	// env is added to the inherited environment ("KEY=VALUE"), restarts
+	// included.
+	env  []string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
 }
 
 // startProcess runs name's command with stdout and stderr in dir/name.log.
 func startProcess(dir, name string, argv ...string) (*Process, error) {
-	return runProcess(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, name, argv)
+	return startProcessEnv(dir, name, nil, argv...)
 }
 
-// runProcess starts argv logging to logPath opened with flag.
-func runProcess(logPath string, flag int, name string, argv []string) (*Process, error) {
+// startProcessEnv is startProcess with env ("KEY=VALUE") added to the
+// inherited environment.
+func startProcessEnv(dir, name string, env []string, argv ...string) (*Process, error) {
+	return runProcess(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, name, argv, env)
+}
+
+// runProcess starts argv logging to logPath opened with flag, with env
+// ("KEY=VALUE") added to the inherited environment.
+func runProcess(logPath string, flag int, name string, argv, env []string) (*Process, error) {
 	f, err := os.OpenFile(logPath, flag, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &Process{Name: name, LogPath: logPath, argv: argv, cmd: cmd, done: make(chan struct{})}
+	p := &Process{Name: name, LogPath: logPath, argv: argv, env: env, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		f.Close()
@@ -113,7 +126,7 @@ func (p *Process) Restart() error {
 	if !p.Exited() {
 		return fmt.Errorf("restart %s: still running", p.Name)
 	}
-	fresh, err := runProcess(p.LogPath, os.O_APPEND|os.O_WRONLY, p.Name, p.argv)
+	fresh, err := runProcess(p.LogPath, os.O_APPEND|os.O_WRONLY, p.Name, p.argv, p.env)
 	if err != nil {
 		return err
 	}

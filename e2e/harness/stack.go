@@ -19,6 +19,10 @@ type SimSpec struct {
 	DPSize int
 	// Args are extra duet-sim flags.
 	Args []string
+	// Env is added to the engine's inherited environment ("KEY=VALUE"),
+	// e.g. SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1, which
+	// duet-sim reads as SGLang does.
+	Env []string
 }
 
 // Options describe a stack.
@@ -320,7 +324,7 @@ func StartSim(ctx context.Context, dir, name, mode string, spec SimSpec) (*Sim, 
 func startSim(ctx context.Context, tools Tools, dir, name, mode string, spec SimSpec, port, bootstrapPort int, kv kvPorts, opts Options) (*Sim, error) {
 	dp := max(spec.DPSize, 1)
 	argv := append([]string{tools.Sim}, simArgs(mode, spec, hostPort(port), bootstrapPort, kv, opts)...)
-	p, err := startProcess(dir, name, argv...)
+	p, err := startProcessEnv(dir, name, spec.Env, argv...)
 	if err != nil {
 		return nil, err
 	}

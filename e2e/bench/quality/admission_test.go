@@ -34,7 +34,7 @@ func TestNoQueueVariant(t *testing.T) {
 				DuetYAML: tokenizerYAML("/tok", 16, true)},
 		}},
 		{names: []string{"least_cost+events+noqueue"}, wantErr: "need -tokenizer"},
-		{names: []string{bench.PolicySMG + "+noqueue"}, wantErr: "admission queue"},
+		{names: []string{bench.PolicySMGCacheAware + "+noqueue"}, wantErr: "admission queue"},
 		{names: []string{"+noqueue"}, wantErr: "unknown policy"},
 	}
 	for _, tc := range tests {

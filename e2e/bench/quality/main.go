@@ -111,8 +111,10 @@ func parseFlags(args []string) (options, error) {
 		"streamed chunks per wall second a case may expect; sessions beyond it are sent without streaming (0: stream all)")
 	fs.StringVar(&o.workloads, "workloads", strings.Join(bench.Workloads[:3], ","), "workloads to run (the others are simulated only: make bench-sim)")
 	fs.StringVar(&o.policies, "policies", "", "policies to compare (default all: engine_default, round_robin, least_tokens, cache_aware, weighted, least_cost; "+
-		"also "+bench.PolicyDecodeByLoad+", and "+bench.PolicySMG+" and "+bench.PolicySMGEngineRanks+": SMG's binary (smg=="+bench.SMGVersion+
-		", make .venv/.bench-installed) in place of Envoy + duet, with and without --dp-aware; "+
+		"also "+bench.PolicyDecodeByLoad+", and SMG's binary (smg=="+bench.SMGVersion+", make .venv/.bench-installed) in place of Envoy + duet: "+
+		bench.PolicySMGCacheAware+" (alias "+bench.PolicySMG+": cache_aware, --dp-aware), "+bench.PolicySMGCacheAwareDPMin+" (the same and --dp-minimum-tokens-scheduler), "+
+		bench.PolicySMGLeastLoadDPMin+" (least_load, --dp-aware, --dp-minimum-tokens-scheduler), "+bench.PolicySMGEngineRanks+" (cache_aware, engines pick ranks); "+
+		"under the --dp-aware ones the prefill engines run with "+bench.ForceQueryPrefillDPRankEnv+"; "+
 		"a duet policy with the suffix "+suffixTokens+" runs duet with -tokenizer and kv_events off, with "+suffixEvents+" with -tokenizer and the engines' KV events, e.g. least_cost"+suffixEvents+"; "+
 		"one with the suffix "+suffixNoQueue+" (last) runs duet with its admission queue off, e.g. least_cost"+suffixNoQueue+")")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "tokenizer family (qwen3, llama3_1, deepseek_v3: a directory under $DUET_TOKENIZERS_DIR or .tools/tokenizers, make tokenizers) "+
@@ -336,7 +338,8 @@ func buildPlan(o options) (bench.Plan, error) {
 			return plan, err
 		}
 		routers += fmt.Sprintf("; %s: SMG's real binary (smg==%s, PD mode, every prefill with its bootstrap port and every decode) in place of Envoy + duet, "+
-			"launched with SMG's defaults but for the policies", strings.Join(smg, ", "), bench.SMGVersion)
+			"launched with SMG's defaults but for the flags their labels name; under --dp-aware the prefill engines run with %s "+
+			"(SMG pins a prefill rank that its random bootstrap_room does not imply)", strings.Join(smg, ", "), bench.SMGVersion, bench.ForceQueryPrefillDPRankEnv)
 	}
 	plan.Setup = append([]string{
 		fmt.Sprintf("simulator: %s; time scale F = %g (model time runs %g× faster than wall time)", model, scale, scale),

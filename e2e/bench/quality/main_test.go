@@ -78,11 +78,11 @@ func TestAgenticFlags(t *testing.T) {
 	if o.prefillSimArgs != "--kv-transfer-gbps 4" || o.decodeSimArgs != "--disaggregation-decode-enable-radix-cache --enable-hierarchical-cache" {
 		t.Errorf("role flags %q and %q", o.prefillSimArgs, o.decodeSimArgs)
 	}
-	ps, err := bench.SelectRoutings([]string{bench.PolicyDecodeByLoad, "least_cost", bench.PolicySMG, bench.PolicyEngineDefault})
+	ps, err := bench.SelectRoutings([]string{bench.PolicyDecodeByLoad, "least_cost", bench.PolicySMGCacheAware, bench.PolicyEngineDefault})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := smgPolicies(ps); len(got) != 1 || got[0] != bench.PolicySMG {
+	if got := smgPolicies(ps); len(got) != 1 || got[0] != bench.PolicySMGCacheAware {
 		t.Errorf("smg policies %v", got)
 	}
 }

@@ -52,7 +52,7 @@ func TestPolicyVariants(t *testing.T) {
 			{"least_cost", "least_cost", "least_cost", ""}, {"cache_aware", "cache_aware", "cache_aware", ""},
 		}},
 		{names: []string{"least_cost", "least_cost+events"}, wantErr: "least_cost+events need -tokenizer"},
-		{names: []string{bench.PolicySMG + "+events"}, tok: tok, wantErr: "without duet"},
+		{names: []string{bench.PolicySMGCacheAware + "+events"}, tok: tok, wantErr: "without duet"},
 		{names: []string{"nope+tokens"}, tok: tok, wantErr: `unknown policy "nope"`},
 		{names: []string{"+events"}, tok: tok, wantErr: "unknown policy"},
 	}
