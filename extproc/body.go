@@ -10,7 +10,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
-	"github.com/duet-router/duet/scheduler/jsondepth"
+	"github.com/duet-router/duet/extproc/jsonscan"
 )
 
 // Body field names SGLang reads for PD bootstrap and DP routing.
@@ -65,25 +65,27 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 	if len(raw) == 0 {
 		return nil, fmt.Errorf("%w: the body is empty; %s requests need a JSON object", errBadBody, route)
 	}
-	// Bound nesting before gjson recurses into it (see package jsondepth).
-	if err := jsondepth.Check(raw, maxBodyDepth); err != nil {
+	// One pass validates the body and bounds its nesting (before gjson
+	// recurses into any of it), a second finds its top-level members; both
+	// skip through strings eight bytes at a time (package jsonscan).
+	if err := jsonscan.Validate(raw, maxBodyDepth); err != nil {
+		if errors.Is(err, jsonscan.ErrInvalid) {
+			return nil, fmt.Errorf("%w: the body is not valid JSON (%v)", errBadBody, err)
+		}
 		return nil, fmt.Errorf("%w: %v", errBadBody, err)
 	}
-	if !gjson.ValidBytes(raw) {
-		return nil, fmt.Errorf("%w: the body is not valid JSON", errBadBody)
-	}
-	// Parse raw in place: gjson.ParseBytes would copy the whole body into
-	// a string first. raw is never written to after this, and every value
-	// that outlives the request is copied out of it (describe).
-	root := gjson.Parse(unsafe.String(unsafe.SliceData(raw), len(raw)))
-	if !root.IsObject() {
-		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(root))
+	if c := raw[skipSpace(raw)]; c != '{' {
+		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(valueAt(raw, jsonscan.Span{Start: skipSpace(raw), End: len(raw)})))
 	}
 	b := &Body{raw: raw}
-	root.ForEach(func(key, value gjson.Result) bool {
-		b.members = append(b.members, member{name: key.String(), key: key, value: value})
-		return true
-	})
+	spans, err := jsonscan.Members(nil, raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadBody, err)
+	}
+	b.members = make([]member, len(spans))
+	for i, m := range spans {
+		b.members[i] = member{name: valueAt(raw, m.Key).String(), Member: m}
+	}
 	switch route {
 	case RouteGenerate:
 		if text := b.field("text"); text.IsArray() {
@@ -116,10 +118,11 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 	return b, nil
 }
 
-// member is one top-level member of a body.
+// member is one top-level member of a body: its name, unescaped, and
+// where its key and value are.
 type member struct {
-	name       string // the key, unescaped
-	key, value gjson.Result
+	name string
+	jsonscan.Member
 }
 
 // field returns the value of the body's top-level member name, or a
@@ -128,10 +131,35 @@ type member struct {
 func (b *Body) field(name string) gjson.Result {
 	for i := len(b.members) - 1; i >= 0; i-- {
 		if b.members[i].name == name {
-			return b.members[i].value
+			return valueAt(b.raw, b.members[i].Value)
 		}
 	}
 	return gjson.Result{}
+}
+
+// valueAt returns the valid JSON value at span s of raw as a gjson Result
+// that shares raw's memory (raw is never written to while it is parsed),
+// with its Index. A string without escapes is taken as it stands: gjson
+// would scan it a byte at a time again.
+func valueAt(raw []byte, s jsonscan.Span) gjson.Result {
+	v := raw[s.Start:s.End]
+	str := unsafe.String(unsafe.SliceData(v), len(v))
+	if len(v) > 0 && v[0] == '"' && jsonscan.Plain(v) {
+		return gjson.Result{Type: gjson.String, Raw: str, Str: str[1 : len(str)-1], Index: s.Start}
+	}
+	r := gjson.Parse(str)
+	r.Index = s.Start
+	return r
+}
+
+// skipSpace returns the index of raw's first byte that is not JSON white
+// space (len(raw) when there is none).
+func skipSpace(raw []byte) int {
+	i := 0
+	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 func kindOf(r gjson.Result) string {
@@ -203,14 +231,13 @@ func (b *Body) Rewrite(pl Placement) ([]byte, []uint64, error) {
 			((pl.OwnPriority || pl.Priority != nil) && m.name == FieldPriority) {
 			continue
 		}
-		end := m.value.Index + len(m.value.Raw)
-		if m.key.Index <= 0 || m.value.Index <= m.key.Index || end > len(b.raw) {
+		if m.Key.Start <= 0 || m.Value.Start <= m.Key.Start || m.Value.End > len(b.raw) {
 			return nil, nil, fmt.Errorf("member %q has no position in the body", m.name)
 		}
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = append(out, b.raw[m.key.Index:end]...)
+		out = append(out, b.raw[m.Key.Start:m.Value.End]...)
 	}
 	field := func(name, value string) {
 		if len(out) > 1 {

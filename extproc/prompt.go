@@ -2,9 +2,11 @@ package extproc
 
 import (
 	"strings"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
+	"github.com/duet-router/duet/extproc/jsonscan"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -102,12 +104,38 @@ func setPrompt(dst []byte, v gjson.Result, req *scheduler.Request) {
 
 // renderMessages appends chat messages to out as "role\ncontent\n" per
 // message, content parts joined. Equal conversations render equally, and a
-// conversation that grows keeps its earlier rendering as a prefix.
+// conversation that grows keeps its earlier rendering as a prefix. Of
+// duplicate keys in a message it takes the last, as the engines do.
+//
+// msgs must be a valid JSON value whose Raw shares the body's memory (a
+// field of a parsed Body): the messages and their members are found with
+// package jsonscan, which skips through long contents eight bytes at a
+// time, where gjson walked each content twice a byte at a time (once to
+// find the message's end, once to find its content).
 func renderMessages(out []byte, msgs gjson.Result) []byte {
-	msgs.ForEach(func(_, m gjson.Result) bool {
-		out = append(out, m.Get("role").String()...)
+	if !msgs.IsArray() {
+		return out
+	}
+	raw := unsafe.Slice(unsafe.StringData(msgs.Raw), len(msgs.Raw))
+	var scratch [16]jsonscan.Span
+	elems, _ := jsonscan.Elements(scratch[:0], raw)
+	var members [8]jsonscan.Member
+	for _, e := range elems {
+		var role, content gjson.Result
+		msg := raw[e.Start:e.End]
+		if msg[0] == '{' {
+			ms, _ := jsonscan.Members(members[:0], msg)
+			for _, m := range ms {
+				switch string(msg[m.Key.Start:m.Key.End]) {
+				case `"role"`:
+					role = valueAt(msg, m.Value)
+				case `"content"`:
+					content = valueAt(msg, m.Value)
+				}
+			}
+		}
+		out = append(out, role.String()...)
 		out = append(out, '\n')
-		content := m.Get("content")
 		if content.IsArray() {
 			content.ForEach(func(_, part gjson.Result) bool {
 				if t := part.Get("text"); t.Exists() {
@@ -121,7 +149,6 @@ func renderMessages(out []byte, msgs gjson.Result) []byte {
 			out = append(out, content.String()...)
 		}
 		out = append(out, '\n')
-		return true
-	})
+	}
 	return out
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -122,4 +124,78 @@ func TestDescribeReusesPromptBuffer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// renderMessagesGJSON is renderMessages as gjson alone does it, a byte at
+// a time: the reference FuzzRenderMessages holds the fast one to.
+func renderMessagesGJSON(out []byte, msgs gjson.Result) []byte {
+	msgs.ForEach(func(_, m gjson.Result) bool {
+		out = append(out, m.Get("role").String()...)
+		out = append(out, '\n')
+		content := m.Get("content")
+		if content.IsArray() {
+			content.ForEach(func(_, part gjson.Result) bool {
+				if t := part.Get("text"); t.Exists() {
+					out = append(out, t.String()...)
+				} else if t := part.Get("content"); t.Exists() {
+					out = append(out, t.String()...)
+				}
+				return true
+			})
+		} else {
+			out = append(out, content.String()...)
+		}
+		out = append(out, '\n')
+		return true
+	})
+	return out
+}
+
+// FuzzRenderMessages checks that a chat body's prompt renders as gjson
+// renders it, for every valid body whose messages are objects without
+// duplicate keys (of duplicates, gjson takes the first and duet the last,
+// as the engines do).
+func FuzzRenderMessages(f *testing.F) {
+	for _, s := range []string{
+		`{"messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"system","content":"a \"b\" \\ \u00e9\n"},{"content":"x","role":"user","name":"n"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}},{"content":"c"}]}]}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]},{"role":"tool","content":"42"}]}`,
+		`{"messages":[]}`,
+		`{"messages": [ { "role" : "user" , "content" : "` + strings.Repeat("lorem ipsum ", 50) + `" } ] }`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		b, err := ParseBody(RouteChat, raw)
+		if err != nil {
+			return
+		}
+		msgs := b.field("messages")
+		if !msgs.IsArray() {
+			return
+		}
+		plain := true
+		msgs.ForEach(func(_, m gjson.Result) bool {
+			if !m.IsObject() {
+				plain = false
+				return false
+			}
+			seen := map[string]bool{}
+			m.ForEach(func(k, _ gjson.Result) bool {
+				if seen[k.String()] {
+					plain = false
+				}
+				seen[k.String()] = true
+				return plain
+			})
+			return plain
+		})
+		if !plain {
+			return
+		}
+		if got, want := renderMessages(nil, msgs), renderMessagesGJSON(nil, msgs); string(got) != string(want) {
+			t.Fatalf("renderMessages(%q) = %q, gjson renders %q", raw, got, want)
+		}
+	})
 }
