@@ -48,6 +48,13 @@ type Request struct {
 	// Refused is why admission refused it (admit.Outcome: queue_full,
 	// wait_limit, shed); "" when it was let through.
 	Refused string `json:",omitempty"`
+	// Timeline of a PD request, in model time since the run's start (0
+	// where not reached): PrefillAdmitted when its prefill rank admitted
+	// the prompt, PrefillComputed when the prompt was in KV, PrefillDone
+	// when its KV had reached the decode, and DecodeAdmitted when the
+	// decode rank preallocated its KV (see Result.TTFTParts). Left out of
+	// the JSON, which TestNoAdmissionUnchanged pins.
+	PrefillAdmitted, PrefillComputed, PrefillDone, DecodeAdmitted time.Duration `json:"-"`
 }
 
 // sample is the ranks' true load at one instant.
@@ -113,6 +120,12 @@ func (r *run) result() *Result {
 		}
 		if q.dEng != nil {
 			out.Decode = rankName("d", q.dEng, q.dRank)
+		}
+		if q.pItem != nil {
+			out.PrefillAdmitted, out.PrefillComputed, out.PrefillDone = q.pItem.AdmittedAt(), q.pItem.FirstTokenAt(), q.pItem.DoneAt()
+		}
+		if q.dItem != nil && q.pItem != nil {
+			out.DecodeAdmitted = q.dItem.AdmittedAt()
 		}
 		if !q.finished {
 			out.Err = "unfinished"
