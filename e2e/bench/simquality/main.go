@@ -72,11 +72,17 @@ func run(ctx context.Context, args []string) error {
 	fs.StringVar(&crossPolicies, "crosscheck-policies", "engine_default,least_tokens,cache_aware", "routings of -crosscheck")
 	fs.DurationVar(&crossWindow, "crosscheck-window", 40*time.Second, "arrival window of -crosscheck (bench-quality's default)")
 	fs.Uint64Var(&crossSeed, "crosscheck-seed", 1, "seed of -crosscheck (bench-quality's -seed)")
+	var crossDP, crossSeeds int
+	var crossParts bool
+	fs.IntVar(&crossDP, "crosscheck-dp", 4, "DP ranks per engine of -crosscheck (bench-quality's -dp)")
+	fs.IntVar(&crossSeeds, "crosscheck-seeds", 1, "seeds of -crosscheck: -crosscheck-seed and the ones after it, paired across routings")
+	fs.BoolVar(&crossParts, "crosscheck-parts", false, "with -crosscheck, also split each routing's mean TTFT into prefill wait, prefill compute, KV transfer, decode wait and first step, with its cache hits and where each session's next turn went")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if cross != "" {
-		return crossCheck(ctx, os.Stdout, cross, crossPolicies, crossWindow, crossSeed)
+		return crossCheck(ctx, os.Stdout, crossCase{spec: cross, policies: crossPolicies, window: crossWindow,
+			seed: crossSeed, seeds: crossSeeds, dp: crossDP, parts: crossParts})
 	}
 	if routingList != "" {
 		o.routings = strings.Split(routingList, ",")

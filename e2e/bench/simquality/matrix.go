@@ -157,6 +157,9 @@ func routingNamed(n string) (routing, error) {
 	if slices.Contains(peers.Names(), n) {
 		return peerRouting(n), nil
 	}
+	if pre, dec, ok := strings.Cut(n, "/"); ok && (slices.Contains(peers.Names(), pre) || slices.Contains(peers.Names(), dec)) {
+		return mixedRouting(n, pre, dec), nil
+	}
 
 	ps, err := bench.SelectPolicies([]string{n})
 	if err != nil {
@@ -186,6 +189,43 @@ func peerRouting(name string) routing {
 			c.PrefillPolicyInstance, c.DecodePolicyInstance = p, d
 		},
 	}
+}
+
+// mixedRouting runs a peer's ported rule on one role and a duet policy
+// (or another peer) on the other, e.g. smg_cache_aware/least_cost: it
+// tells which role's choice makes a difference. A peer on one role only is
+// built by peers.New, so that SMG's prefill count ends with the prefill
+// leg rather than with the request's decode leg.
+func mixedRouting(name, prefill, decode string) routing {
+	return routing{
+		name:   name,
+		policy: bench.Policy{Name: name, Prefill: duetOr(prefill), Decode: duetOr(decode)},
+		scheduler: func(c *scheduler.Config) {
+			if slices.Contains(peers.Names(), prefill) {
+				p, err := peers.New(prefill, scheduler.RolePrefill)
+				if err != nil {
+					panic(err) // a peer's name
+				}
+				c.PrefillPolicyInstance = p
+			}
+			if slices.Contains(peers.Names(), decode) {
+				d, err := peers.New(decode, scheduler.RoleDecode)
+				if err != nil {
+					panic(err) // a peer's name
+				}
+				c.DecodePolicyInstance = d
+			}
+		},
+	}
+}
+
+// duetOr is name where it is a duet policy, else round_robin (the
+// scheduler's placeholder for a peer's instance).
+func duetOr(name string) string {
+	if slices.Contains(peers.Names(), name) {
+		return "round_robin"
+	}
+	return name
 }
 
 // grid is a rate search range: lo, lo+step, ..., hi sessions per second.
