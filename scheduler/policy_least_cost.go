@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"math"
+	"time"
 )
 
 // least_cost prices each candidate by what this request would cost there
@@ -11,7 +13,7 @@ import (
 //
 // On the prefill role the price is in prompt tokens of prefill work:
 //
-//	cost = queued + 2 × uncached + 2 × reuse × uncached × evicted
+//	cost = queued + 3 × uncached + 2 × reuse × uncached × evicted
 //
 // queued is the prefill work already sent to the rank: the larger of
 // duet's own work in flight there (Load.ReservedWork: its reservations less
@@ -22,11 +24,28 @@ import (
 // is the prompt less the prefix duet believes the rank caches
 // (Candidate.CachedTokens): queued + uncached is the work the request waits
 // for, its time to first token on a rank that computes tokens at a steady
-// rate. uncached counts twice because it is also work that requests
-// arriving after this one will wait for on that rank: counted once, the
-// policy moved conversations off their cache to save this request a few
-// tokens of queue and lost the hits later (multi-turn mean TTFT 208 against
-// 195 ms, hit rate 78.5 % against 80.2 %).
+// rate. uncached counts more than once because it is also work that
+// requests arriving after this one wait for on that rank, and because with
+// DP attention it costs more than its tokens: a rank computes at most a
+// chunk per step (1024 tokens on the dsv3 profile), every step costs a
+// fixed 30 ms besides its tokens, and the engine's other ranks step in
+// lockstep with it, so a history recomputed on another rank stretches the
+// steps of every request on that engine. Counted once, the policy moved
+// conversations off their cache to save this request a few tokens of queue
+// and lost the hits later (multi-turn mean TTFT 208 against 195 ms counted
+// twice, hit rate 78.5 % against 80.2 %). Counted twice, it still moved
+// 3-8 % of later turns on issue 28's real-path shape (multi-turn at 6
+// conversations/s, 2 prefill and 2 decode engines of dp 2, seeds 1-5;
+// simquality -crosscheck multiturn:6 -crosscheck-dp 2 -crosscheck-window
+// 60s -crosscheck-seeds 5 -crosscheck-parts): those turns hit 51-57 % of
+// their prompt against 78 %, took 234-327 ms against 185-203 ms, and the
+// pool computed 5-7 % more prompt tokens than under SMG's cache_aware,
+// whose conversations never move (351k against 327k on seed 2). Mean TTFT
+// over the five seeds by weight: 2: 178.8 ms, 3: 172.7, 4: 174.0, 6: 172.1,
+// 10 and above (no turn moves): 173.6. With the tie-break below, 3 gave
+// 170.0 ms and 6 gave 167.6, but 6 kept conversations on ranks that a
+// burst had loaded: the matrix's bursty scenario lost 3-6 % of mean TTFT on
+// every seed and production_high 3 % (paired means); 3 lost neither.
 //
 // The last term prices what the pick costs later requests too. The uncached
 // tokens enter the rank's cache; where the cache has no room left they
@@ -36,8 +55,21 @@ import (
 // believes the rank holds, Candidate.IndexedTokens; all of them when the
 // capacity is unknown), and reuse is the reuse rate, learned from the
 // workload: an average, over picks, of the best share of the prompt any
-// candidate caches. Ties go to the rank whose cache holds the least, so
-// that new conversations spread over every rank's cache.
+// candidate caches.
+//
+// Ties (mostly a new conversation between idle ranks that all hold its
+// system prompt) go to the rank that was sent the least prefill work
+// lately: the uncached tokens of the picks made there, decayed with a time
+// constant of 30 s (recentWorkTau). Conversations stay on their rank, so
+// the work a rank was sent lately is the work its conversations will bring
+// back, and with DP attention two busy conversations on one engine stretch
+// each other's steps. Then to the rank whose cache holds the least, so that
+// new conversations spread over every rank's cache; the cache's size alone
+// also counts conversations that ended minutes ago. On the multi-turn case
+// above the recent work took the mean TTFT from 172.7 to 170.0 ms at weight
+// 3 and from 172.1 to 167.6 ms at 6 (time constants of 3, 10, 30 and 120 s
+// at 6: 171.4, 169.0, 167.6 and 167.9 ms); at weight 2 it changed little
+// (178.4 ms): moving turns, not placing new ones, was most of the gap.
 //
 // The price stays in tokens, not seconds. Converting it with each engine's
 // speed learned from its legs' durations (a low quantile of leg time per
@@ -88,15 +120,22 @@ type leastCost struct {
 	ignoreDecodeCache bool
 	// reuse is the learned share of prompt tokens that is reusable.
 	reuse float64
+	// recent is the prefill work sent to each target lately (decayed;
+	// see recentWork), for ties.
+	recent map[TargetKey]recentWork
 	// engineMax is decode scratch: the heaviest rank's tokens per engine.
 	engineMax map[*Endpoint]int64
 }
 
 // Constants of least_cost.
 const (
-	// ownWorkWeight counts the request's uncached work for itself and for
-	// the requests that will queue behind it.
-	ownWorkWeight = 2
+	// ownWorkWeight counts the request's uncached work for itself, for the
+	// requests that will queue behind it and for the lockstep steps it
+	// stretches on its engine.
+	ownWorkWeight = 3
+	// recentWorkTau is the time constant of the recent prefill work that
+	// breaks prefill ties.
+	recentWorkTau = 30 * time.Second
 	// reuseAlpha is the weight of one pick in the learned reuse rate.
 	reuseAlpha = 0.02
 	// reuseWeight scales the learned reuse rate into the price of the
@@ -148,17 +187,43 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 	if req.PromptTokens > 0 {
 		p.reuse += reuseAlpha * (float64(bestCached)/float64(req.PromptTokens) - p.reuse)
 	}
-	best, bestCost := -1, 0.0
+	best, bestCost, bestRecent := -1, 0.0, 0.0
 	for i := range cands {
 		c := &cands[i]
 		uncached := max(req.PromptTokens-c.CachedTokens, 1)
 		compute := float64(uncached)
 		cost := float64(queuedWork(c)) + ownWorkWeight*compute + reuseWeight*p.reuse*compute*evictedShare(uncached, c)
-		if best < 0 || cost < bestCost || cost == bestCost && c.IndexedTokens < cands[best].IndexedTokens {
-			best, bestCost = i, cost
+		recent := p.recentWork(c.Key(), req.Now)
+		if best < 0 || cost < bestCost || cost == bestCost &&
+			(recent < bestRecent || recent == bestRecent && c.IndexedTokens < cands[best].IndexedTokens) {
+			best, bestCost, bestRecent = i, cost, recent
 		}
 	}
+	c := &cands[best]
+	if p.recent == nil {
+		p.recent = map[TargetKey]recentWork{}
+	}
+	p.recent[c.Key()] = recentWork{work: bestRecent + float64(max(req.PromptTokens-c.CachedTokens, 1)), at: req.Now}
 	return best
+}
+
+// recentWork is the prefill work (uncached prompt tokens) picks sent to a
+// target, decayed exponentially with recentWorkTau, as of at.
+type recentWork struct {
+	work float64
+	at   time.Time
+}
+
+// recentWork returns the work sent to k lately, decayed to now.
+func (p *leastCost) recentWork(k TargetKey, now time.Time) float64 {
+	r, ok := p.recent[k]
+	if !ok {
+		return 0
+	}
+	if dt := now.Sub(r.at); dt > 0 {
+		return r.work * math.Exp(-float64(dt)/float64(recentWorkTau))
+	}
+	return r.work
 }
 
 // queuedWork is the prefill work already sent to c, in tokens: duet's own

@@ -42,11 +42,14 @@ func TestLeastCostPrefillPricesTheTrade(t *testing.T) {
 	}{
 		{"idle pool, no cache: the earliest", 4096, []costSpec{{0, 0, 0}, {0, 0, 0}, {1, 0, 0}}, 0},
 		{"cached rank, idle: follow the cache", 8192, []costSpec{{0, 0, 0}, {0, 6144, 0}, {1, 0, 0}}, 1},
-		{"cached rank, short queue: still follow (3072 + 2×2048 < 2×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 3072}, {1, 0, 0}}, 1},
+		{"cached rank, short queue: still follow (3072 + 3×2048 < 3×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 3072}, {1, 0, 0}}, 1},
 		// Counted once, the 6144 tokens saved would not pay for the 9216
 		// queued; they are also work later requests would wait for.
-		{"cached rank, queue longer than the hit: follow (9216 + 2×2048 < 2×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 9216}, {1, 0, 0}}, 1},
-		{"cached rank, long queue: leave it (20480 + 2×2048 > 2×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 20480}, {1, 0, 0}}, 0},
+		{"cached rank, queue longer than the hit: follow (9216 + 3×2048 < 3×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 9216}, {1, 0, 0}}, 1},
+		// Counted twice (the weight before issue 28), the conversation
+		// moved here (14336 + 2×2048 > 2×8192) and recomputed its history.
+		{"cached rank, queue twice the hit: follow (14336 + 3×2048 < 3×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 14336}, {1, 0, 0}}, 1},
+		{"cached rank, long queue: leave it (20480 + 3×2048 > 3×8192)", 8192, []costSpec{{0, 0, 0}, {0, 6144, 20480}, {1, 0, 0}}, 0},
 		{"partly cached everywhere: the larger hit", 8192, []costSpec{{0, 1024, 0}, {1, 4096, 0}}, 1},
 		{"the shorter queue when nothing is cached", 2048, []costSpec{{0, 0, 4096}, {1, 0, 1024}, {1, 0, 2048}}, 1},
 	}
@@ -113,14 +116,14 @@ func TestLeastCostPricesEvictionWhereTheCacheIsFull(t *testing.T) {
 		indexed, capable int64 // rank 1's indexed tokens and KV capacity
 		want             int
 	}{
-		// Rank 0: 8192 queued + 512 own; rank 1: 4096 own; reuse 0.875.
-		{"room on the idle rank: move (8192 + 512×3.75 > 4096×2)", 0, 150000, 1},
-		{"idle rank's cache full: stay (8192 + 512×3.75 < 4096×3.75)", 150000, 150000, 0},
+		// Rank 0: 12288 queued + 512 own; rank 1: 4096 own; reuse 0.875.
+		{"room on the idle rank: move (12288 + 512×4.75 > 4096×3)", 0, 150000, 1},
+		{"idle rank's cache full: stay (12288 + 512×4.75 < 4096×4.75)", 150000, 150000, 0},
 		{"capacity unknown: priced as full", 0, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cands := costCands(costSpec{0, 3584, 8192}, costSpec{1, 0, 0})
+			cands := costCands(costSpec{0, 3584, 12288}, costSpec{1, 0, 0})
 			cands[0].Load.Capacity, cands[0].IndexedTokens = 150000, 150000
 			cands[1].Load.Capacity, cands[1].IndexedTokens = tt.capable, tt.indexed
 			if got := mustPick(t, warm(), &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != tt.want {
@@ -133,6 +136,50 @@ func TestLeastCostPricesEvictionWhereTheCacheIsFull(t *testing.T) {
 	cands[0].IndexedTokens, cands[1].IndexedTokens, cands[2].IndexedTokens = 9000, 1000, 5000
 	if got := mustPick(t, mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill}), &Request{PromptTokens: 4096}, cands); got != 1 {
 		t.Errorf("tie: Pick = %d, want 1 (the emptiest cache)", got)
+	}
+}
+
+// TestLeastCostTiesGoToRecentWork checks the prefill tie-break: among
+// candidates of equal price, the one sent the least prefill work lately
+// (decayed with recentWorkTau), then the emptiest cache, then the
+// earliest.
+func TestLeastCostTiesGoToRecentWork(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	type pick struct {
+		prompt int64
+		at     time.Duration // after t0
+	}
+	tests := []struct {
+		name    string
+		before  []pick // earlier picks among the same idle candidates
+		indexed [3]int64
+		want    int
+	}{
+		{"nothing sent yet: the emptiest cache", nil, [3]int64{9000, 1000, 5000}, 1},
+		{"nothing sent yet, equal caches: the earliest", nil, [3]int64{}, 0},
+		// The first pick takes rank 0, the second rank 1 (0 was sent 2048).
+		{"the rank sent nothing lately", []pick{{2048, 0}, {2048, 0}}, [3]int64{}, 2},
+		// Ranks 0 and 1 were sent 4096 and 2048, 1 s apart; the emptiest
+		// cache no longer decides.
+		{"the least work sent, before the emptiest cache", []pick{{4096, 0}, {2048, time.Second}, {8192, time.Second}}, [3]int64{0, 9000, 0}, 1},
+		// 4096 sent to rank 0 five minutes ago has decayed below the 2048
+		// sent to ranks 1 and 2 a second ago (4096 × e^-10 < 1).
+		{"old work decays", []pick{{4096, 0}, {2048, 299 * time.Second}, {2048, 299 * time.Second}}, [3]int64{}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := mustPolicy(t, PolicySpec{Name: "least_cost", Role: RolePrefill})
+			for _, b := range tt.before {
+				mustPick(t, p, &Request{PromptTokens: b.prompt, Now: t0.Add(b.at)}, costCands(costSpec{0, 0, 0}, costSpec{0, 0, 0}, costSpec{1, 0, 0}))
+			}
+			cands := costCands(costSpec{0, 0, 0}, costSpec{0, 0, 0}, costSpec{1, 0, 0})
+			for i := range cands {
+				cands[i].IndexedTokens = tt.indexed[i]
+			}
+			if got := mustPick(t, p, &Request{PromptTokens: 1024, Now: t0.Add(300 * time.Second)}, cands); got != tt.want {
+				t.Errorf("Pick = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }
 
@@ -153,11 +200,11 @@ func TestLeastCostLearnsReuse(t *testing.T) {
 	if warm.reuse < 0.8 {
 		t.Errorf("reuse with 7/8 cached = %v, want about 0.875", warm.reuse)
 	}
-	// Cached rank queued 8192 tokens + 512 own, against 4096 own idle:
-	// without reuse it leaves (8192 + 512×2 > 4096×2); priced with reuse
+	// Cached rank queued 12288 tokens + 512 own, against 4096 own idle:
+	// without reuse it leaves (12288 + 512×3 > 4096×3); priced with reuse
 	// (the capacity unknown, so every uncached token evicts) it stays
-	// (8192 + 512×3.75 < 4096×3.75).
-	cands := costCands(costSpec{0, 3584, 8192}, costSpec{1, 0, 0})
+	// (12288 + 512×4.75 < 4096×4.75).
+	cands := costCands(costSpec{0, 3584, 12288}, costSpec{1, 0, 0})
 	if got := mustPick(t, cold, &Request{PromptTokens: 4096, Now: time.Unix(1000, 0)}, cands); got != 1 {
 		t.Errorf("cold policy Pick = %d, want 1", got)
 	}
