@@ -204,6 +204,16 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 		p.recent = map[TargetKey]recentWork{}
 	}
 	p.recent[c.Key()] = recentWork{work: bestRecent + float64(max(req.PromptTokens-c.CachedTokens, 1)), at: req.Now}
+	// Targets that left the pool (a Kubernetes rollout replaces every
+	// endpoint) would stay in the map: once it holds many more than the
+	// pool, forget those whose work has decayed below a token.
+	if len(p.recent) > 2*len(cands)+64 {
+		for k := range p.recent {
+			if p.recentWork(k, req.Now) < 1 {
+				delete(p.recent, k)
+			}
+		}
+	}
 	return best
 }
 

@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -294,5 +296,32 @@ func TestLeastCostDecodeCache(t *testing.T) {
 		if mustPolicy(t, spec).(DecodeCacheReader).ReadsDecodeCache() {
 			t.Errorf("%+v reads decode caches", spec)
 		}
+	}
+}
+
+// TestLeastCostForgetsDepartedTargets checks that the recent work of
+// targets that left the pool is forgotten once it has decayed, so that
+// endpoint churn does not grow the policy's state without bound.
+func TestLeastCostForgetsDepartedTargets(t *testing.T) {
+	p, err := newLeastCost(PolicySpec{Role: RolePrefill})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := p.(*leastCost)
+	now := time.Unix(1000, 0)
+	for i := range 500 {
+		// Each pick sees two fresh endpoints, as in a rollout that
+		// replaces every pod, ten minutes apart.
+		now = now.Add(10 * time.Minute)
+		cands := []Candidate{
+			{Target: Target{Endpoint: &Endpoint{URL: fmt.Sprintf("http://a%d", i)}, Rank: 0}},
+			{Target: Target{Endpoint: &Endpoint{URL: fmt.Sprintf("http://b%d", i)}, Rank: 0}},
+		}
+		if _, err := p.Pick(context.Background(), &Request{PromptTokens: 100, Now: now}, cands); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(lc.recent); n > 2*2+64+1 {
+		t.Fatalf("recent work kept for %d targets after 500 picks on ever-new endpoints", n)
 	}
 }
