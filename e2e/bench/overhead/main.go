@@ -268,7 +268,7 @@ var variantDescriptions = map[string]string{
 	variantFloorDuplex: "request_body_mode FULL_DUPLEX_STREAMED (trailers SEND), the processor holding the headers until " +
 		"the body has arrived, then streaming it back unchanged",
 	variantExtProc: "the aggregated bootstrap of `duet envoy-config` without its access logs (stdout and gRPC, downstream and upstream) " +
-		"and without the json_to_metadata, sse_to_metadata and Lua filters",
+		"and without the json_to_metadata, sse_to_metadata and Lua filters; duet's admission queue off (without feedback its reservations never end)",
 	variantAgg:   "the bootstrap `duet envoy-config` renders, one engine in the decode pool",
 	variantMTLS:  "duet aggregated with mutual TLS between Envoy and duet (auth.tls, `duet certs` credentials: ECDSA P-256, TLS 1.3) on the ext_proc and access-log streams",
 	variantToken: "duet aggregated with the bearer token (auth.token_file) on every ext_proc and access-log stream, plaintext",

@@ -190,7 +190,10 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 			return nil, err
 		}
 	}
-	if variant == variantPDNoQueue {
+	// Without the access logs (ext_proc only) no completion ever reaches
+	// duet: its reservations would never end, and its admission queue
+	// would hold every request once the engines looked saturated.
+	if variant == variantPDNoQueue || variant == variantExtProc {
 		opts.DuetYAML = "admission:\n  enabled: false\n"
 	}
 	decodeMode := "null"
