@@ -42,9 +42,11 @@ const pinnedEnv = "DUET_OVERHEAD_PINNED"
 // options are the command-line flags.
 type options struct {
 	out, cases, variants, loadCPU, serverCPU, logDir, profile, duetEnv string
-	duration, warmup                                                   time.Duration
-	reps, dp                                                           int
-	pin, keepLogs                                                      bool
+	// baseline is a directory with another build's duet (-baseline).
+	baseline         string
+	duration, warmup time.Duration
+	reps, dp         int
+	pin, keepLogs    bool
 }
 
 // defaultCases are the cases of `make bench-overhead`: chat at 1 and
@@ -73,6 +75,7 @@ func main() {
 	flag.StringVar(&o.serverCPU, "server-cpu", "1", "taskset CPU list of Envoy, duet and the engines")
 	flag.StringVar(&o.logDir, "log-dir", "", "directory for the processes' configs and logs (default: a temporary one, removed unless -keep-logs)")
 	flag.BoolVar(&o.keepLogs, "keep-logs", false, "keep the temporary log directory")
+	flag.StringVar(&o.baseline, "baseline", "", "directory holding another build's duet binary (e.g. one built from the main branch): every duet variant V also runs as \"V"+baselineSuffix+"\" with it, alternating with V in the same run, so that a change is measured against its base on the same machine at the same time")
 	flag.StringVar(&o.duetEnv, "duet-env", "", "extra environment of every duet process, space-separated NAME=VALUE (e.g. GOGC=400)")
 	flag.StringVar(&o.profile, "profile", "", "directory for CPU and allocation profiles of duet, taken during every run of a duet variant (listen.pprof on); profiling costs duet a little CPU")
 	flag.StringVar(&floorAddr, "serve-floor", "", "internal: serve a floor ext_proc processor on this address and nothing else")
@@ -129,6 +132,9 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	variants, err := parseVariants(o.variants)
+	if err == nil && o.baseline != "" {
+		variants, err = withBaseline(variants, o.baseline)
+	}
 	if err != nil {
 		return err
 	}
@@ -170,7 +176,12 @@ func run(ctx context.Context, o options) (err error) {
 		}
 	}()
 	for i, v := range variants {
-		s, err := startStack(ctx, tools, filepath.Join(dir, fmt.Sprintf("%d-%s", i, strings.ReplaceAll(v, " ", "-"))), v, o.dp, pin, o.profile != "", strings.Fields(o.duetEnv))
+		t := tools
+		base, isBaseline := strings.CutSuffix(v, baselineSuffix)
+		if isBaseline {
+			t.Duet = filepath.Join(o.baseline, "duet")
+		}
+		s, err := startStack(ctx, t, filepath.Join(dir, fmt.Sprintf("%d-%s", i, strings.NewReplacer(" ", "-", "@", "").Replace(v))), base, o.dp, pin, o.profile != "", strings.Fields(o.duetEnv))
 		if err != nil {
 			return fmt.Errorf("start: %w (logs in %s)", err, dir)
 		}
@@ -284,10 +295,33 @@ var variantDescriptions = map[string]string{
 	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
 }
 
+// baselineSuffix marks a variant run with the -baseline build's duet.
+const baselineSuffix = " @baseline"
+
+// withBaseline adds, right after each duet variant, the same variant run
+// with the duet binary in dir.
+func withBaseline(variants []string, dir string) ([]string, error) {
+	if _, err := os.Stat(filepath.Join(dir, "duet")); err != nil {
+		return nil, fmt.Errorf("-baseline: %w", err)
+	}
+	var out []string
+	for _, v := range variants {
+		out = append(out, v)
+		if strings.HasPrefix(v, "duet ") {
+			out = append(out, v+baselineSuffix)
+		}
+	}
+	return out, nil
+}
+
 // variantsText describes the variants that ran.
 func variantsText(variants []string) string {
 	parts := make([]string, 0, len(variants))
 	for _, v := range variants {
+		if base, ok := strings.CutSuffix(v, baselineSuffix); ok {
+			parts = append(parts, "**"+v+"**: "+base+" with the -baseline build's duet")
+			continue
+		}
 		parts = append(parts, "**"+v+"**: "+variantDescriptions[v])
 	}
 	return strings.Join(parts, "; ")

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -47,5 +50,26 @@ func TestEveryVariantIsDescribed(t *testing.T) {
 		if variantDescriptions[v] == "" {
 			t.Errorf("variant %q has no description for the report", v)
 		}
+	}
+}
+
+func TestWithBaseline(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := withBaseline([]string{variantDirect, variantPD}, dir); err == nil {
+		t.Fatal("a baseline directory without duet: no error")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "duet"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := withBaseline([]string{variantDirect, variantFloor, variantAgg, variantPD, variantSMGPD}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{variantDirect, variantFloor, variantAgg, variantAgg + baselineSuffix, variantPD, variantPD + baselineSuffix, variantSMGPD}
+	if !slices.Equal(got, want) {
+		t.Fatalf("withBaseline = %q, want %q", got, want)
+	}
+	if text := variantsText(got); !strings.Contains(text, "**duet PD @baseline**: duet PD with the -baseline build's duet") {
+		t.Errorf("variantsText does not describe the baseline variants: %s", text)
 	}
 }
