@@ -74,14 +74,13 @@ func ParseBody(route Route, raw []byte) (*Body, error) {
 		}
 		return nil, fmt.Errorf("%w: %v", errBadBody, err)
 	}
-	if c := raw[skipSpace(raw)]; c != '{' {
-		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(valueAt(raw, jsonscan.Span{Start: skipSpace(raw), End: len(raw)})))
-	}
-	b := &Body{raw: raw}
+	// Members fails on valid JSON only when it is not an object.
 	spans, err := jsonscan.Members(nil, raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errBadBody, err)
+		root := gjson.Parse(unsafe.String(unsafe.SliceData(raw), len(raw)))
+		return nil, fmt.Errorf("%w: the body must be a JSON object, got %s", errBadBody, kindOf(root))
 	}
+	b := &Body{raw: raw}
 	b.members = make([]member, len(spans))
 	for i, m := range spans {
 		b.members[i] = member{name: valueAt(raw, m.Key).String(), Member: m}
@@ -150,16 +149,6 @@ func valueAt(raw []byte, s jsonscan.Span) gjson.Result {
 	r := gjson.Parse(str)
 	r.Index = s.Start
 	return r
-}
-
-// skipSpace returns the index of raw's first byte that is not JSON white
-// space (len(raw) when there is none).
-func skipSpace(raw []byte) int {
-	i := 0
-	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 func kindOf(r gjson.Result) string {

@@ -182,3 +182,14 @@ func TestRewriteRemovesEveryCopy(t *testing.T) {
 		})
 	}
 }
+
+func TestParseBodyNamesWhatIsNotAnObject(t *testing.T) {
+	for _, tc := range []struct{ body, kind string }{
+		{`[1]`, "an array"}, {` "s" `, "a string"}, {`3`, "a number"}, {`null`, "null"}, {`true`, "a boolean"},
+	} {
+		_, err := ParseBody(RouteChat, []byte(tc.body))
+		if want := "the body must be a JSON object, got " + tc.kind; err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, errBadBody) {
+			t.Errorf("ParseBody(%q) = %v, want a bad-body error containing %q", tc.body, err, want)
+		}
+	}
+}

@@ -14,21 +14,17 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-func benchAddr(host string, port uint32) *corev3.Address {
-	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
-}
-
 // envoyLikeEntry is an entry shaped as Envoy 1.40 sends them: the fields
 // it fills for a request, the given request headers and, on the
 // downstream entry, duet's metadata.
 func envoyLikeEntry(headers map[string]string, meta map[string]any) *accesslogv3.StreamAccessLogsMessage {
 	d := durationpb.New(3 * time.Millisecond)
 	common := &accesslogdatav3.AccessLogCommon{
-		DownstreamRemoteAddress:       benchAddr("127.0.0.1", 51234),
-		DownstreamLocalAddress:        benchAddr("127.0.0.1", 8080),
-		DownstreamDirectRemoteAddress: benchAddr("127.0.0.1", 51234),
-		UpstreamRemoteAddress:         benchAddr("127.0.0.1", 30001),
-		UpstreamLocalAddress:          benchAddr("127.0.0.1", 40404),
+		DownstreamRemoteAddress:       socketAddress("127.0.0.1", 51234),
+		DownstreamLocalAddress:        socketAddress("127.0.0.1", 8080),
+		DownstreamDirectRemoteAddress: socketAddress("127.0.0.1", 51234),
+		UpstreamRemoteAddress:         socketAddress("127.0.0.1", 30001),
+		UpstreamLocalAddress:          socketAddress("127.0.0.1", 40404),
 		UpstreamCluster:               "duet_decode",
 		StartTime:                     timestamppb.Now(),
 		TimeToLastRxByte:              d, TimeToFirstUpstreamTxByte: d, TimeToLastUpstreamTxByte: d,

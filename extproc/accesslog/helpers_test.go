@@ -35,9 +35,12 @@ func entry(cluster, upstream string, status uint32, headers map[string]string, o
 }
 
 // sockAddr is "127.0.0.1:30001"-style test shorthand: the port is fixed.
-func sockAddr(ip string) *corev3.Address {
+func sockAddr(ip string) *corev3.Address { return socketAddress(ip, 30001) }
+
+// socketAddress is an Envoy socket address.
+func socketAddress(ip string, port uint32) *corev3.Address {
 	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 30001},
+		Address: ip, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
 	}}}
 }
 
