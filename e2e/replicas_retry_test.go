@@ -69,11 +69,20 @@ func TestStreamsRetriedOnAnotherReplica(t *testing.T) {
 					t.Errorf("request %d: %s (status %d) after %v: %s", i, r.Outcome, r.Status, r.Wait, r.Detail)
 				}
 			}
-			stats, err := harness.EnvoyCounters(context.Background(), s.EnvoyAdminURL,
-				`^(cluster\.duet_extproc\.(upstream_rq_retry|upstream_rq_retry_success|upstream_cx_connect_fail)|cluster\.duet_feedback\.upstream_cx_connect_fail|access_logs\.grpc_access_log\.logs_written)$`)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// A served request's two entries (downstream and upstream), and
+			// a failed one's downstream entry, are written after its client
+			// has its answer: wait for them, so that the count compared
+			// below is final.
+			var stats map[string]int64
+			harness.WaitFor(t, 5*time.Second, "Envoy to write both access-log entries of every request", func() bool {
+				var err error
+				stats, err = harness.EnvoyCounters(context.Background(), s.EnvoyAdminURL,
+					`^(cluster\.duet_extproc\.(upstream_rq_retry|upstream_rq_retry_success|upstream_cx_connect_fail)|cluster\.duet_feedback\.upstream_cx_connect_fail|access_logs\.grpc_access_log\.logs_written)$`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return stats["access_logs.grpc_access_log.logs_written"] >= int64(2*n-failed)
+			})
 			t.Logf("%d of %d requests failed (fast 503); Envoy: %v", failed, n, stats)
 			toDead := stats["cluster.duet_extproc.upstream_rq_retry"]
 			if !tc.retry {
