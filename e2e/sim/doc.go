@@ -29,7 +29,10 @@
 // a prefix cache with LRU eviction, prefill and decode step times from
 // published SGLang figures, lockstep steps across ranks under DP attention,
 // and a PD KV transfer time. Overload then shows as queueing (TTFT) and
-// slow steps (TPOT), and the loads and metrics report the model's numbers.
+// slow steps (TPOT), and the loads and metrics report the model's numbers,
+// SGLang's per-stage latency histogram (sglang:per_stage_req_latency_seconds:
+// the waiting queue, forward and KV transfer of a prefill; the prealloc,
+// transfer and waiting queues of a decode) included, in model seconds.
 // MODEL.md documents the formulas, parameters, sources and simplifications.
 //
 // A decode server with Config.DecodeRadixCache

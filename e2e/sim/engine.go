@@ -95,6 +95,8 @@ type engineRequest struct {
 	admittedAt   time.Duration
 	firstTokenAt time.Duration
 	doneAt       time.Duration
+	// kvAt is when a decode's KV arrived (kvArrived).
+	kvAt time.Duration
 
 	// notify receives a signal (never blocking) on every change a waiter
 	// may care about.
@@ -241,6 +243,8 @@ type engineCore struct {
 	seq    uint64
 	// sink receives the cache events (nil: none are recorded).
 	sink cacheSink
+	// stages receives the requests' stage latencies (nil: none).
+	stages stageSink
 }
 
 // newEngineCore builds the model with empty ranks at time 0.
@@ -328,6 +332,8 @@ func (c *engineCore) kvArrived(q *engineRequest, t time.Duration) {
 	r := c.ranks[q.rank]
 	r.transfer--
 	q.state = stReady
+	q.kvAt = t
+	c.observeStage(q, latDecodeTransferred, t-q.admittedAt)
 	q.readyAt = max(t, q.loadDoneAt)
 	i := len(r.ready)
 	for i > 0 && r.ready[i-1].readyAt > q.readyAt {
@@ -442,6 +448,7 @@ func (c *engineCore) admitPrealloc(r *engineRank, t time.Duration) {
 		c.allocate(r, q, q.prompt)
 		q.state = stTransfer
 		q.admittedAt = t
+		c.observeStage(q, latDecodeBootstrap, t-q.arrived)
 		r.transfer++
 		q.signal()
 	}
@@ -582,6 +589,7 @@ func (c *engineCore) planRank(r *engineRank, t time.Duration) bool {
 			}
 			r.waiting = dequeue(r.waiting, i)
 			q.state = stPrefill
+			c.observeStage(q, latPrefillWaiting, t-q.arrived)
 			r.prefilling = append(r.prefilling, q)
 			hit += q.cached
 			input += q.prompt
@@ -622,6 +630,9 @@ func (c *engineCore) planRank(r *engineRank, t time.Duration) bool {
 // startDecoding puts q, whose prompt is in KV, into the decode batch with
 // its first token (computed by the prefill forward pass) emitted at t.
 func (c *engineCore) startDecoding(r *engineRank, q *engineRequest, t time.Duration) {
+	if q.kind == kindDecode {
+		c.observeStage(q, latDecodeWaiting, t-q.kvAt)
+	}
 	if q.maxNew <= 0 {
 		c.finish(r, q, t)
 		return
@@ -715,6 +726,7 @@ func (c *engineCore) completeGroup(g *stepGroup, t time.Duration) {
 // endPrefill handles a request whose prompt is fully in KV at t.
 func (c *engineCore) endPrefill(r *engineRank, q *engineRequest, t time.Duration) {
 	r.prefilling = remove(r.prefilling, q)
+	c.observeStage(q, latPrefillForward, t-q.admittedAt)
 	c.insertPrompt(r, q)
 	if q.kind == kindPrefill {
 		// The prefill leg's one token is made now; the KV then goes to
@@ -753,6 +765,7 @@ func (c *engineCore) handle(e engineEvent) {
 	}
 	r := c.ranks[q.rank]
 	r.transfer--
+	c.observeStage(q, latPrefillTransfer, e.at-q.firstTokenAt)
 	c.finish(r, q, e.at)
 }
 

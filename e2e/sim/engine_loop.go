@@ -121,6 +121,14 @@ func (e *engineLoop) setSink(sink cacheSink) {
 	e.mu.Unlock()
 }
 
+// setStageSink makes the engine report its requests' stage latencies to
+// sink.
+func (e *engineLoop) setStageSink(sink stageSink) {
+	e.mu.Lock()
+	e.core.stages = sink
+	e.mu.Unlock()
+}
+
 // locked runs fn under the engine's lock with the current model time,
 // then wakes the loop: fn may change the model.
 func (e *engineLoop) locked(fn func(core *engineCore, now time.Duration)) {

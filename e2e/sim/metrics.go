@@ -136,5 +136,8 @@ func (s *Server) metricsHandler() (http.Handler, error) {
 	if err := reg.Register(tokenCollector{s: s}); err != nil {
 		return nil, fmt.Errorf("register token collector: %w", err)
 	}
+	if err := reg.Register(s.stageHist.vec); err != nil {
+		return nil, fmt.Errorf("register per-stage latency histogram: %w", err)
+	}
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), nil
 }

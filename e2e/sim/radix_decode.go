@@ -86,6 +86,7 @@ func (c *engineCore) preallocRadix(r *engineRank, q *engineRequest, t time.Durat
 	q.loadDoneAt = t + c.loadTime(hostTok)
 	q.state = stTransfer
 	q.admittedAt = t
+	c.observeStage(q, latDecodeBootstrap, t-q.arrived)
 	r.transfer++
 	r.prefixQueries += int64(q.prompt)
 	r.prefixHits += int64(q.decodePrefix)

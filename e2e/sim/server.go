@@ -27,9 +27,12 @@ type Server struct {
 	records *recordStore
 	rr      atomic.Uint64 // round-robin counter
 	totals  tokenTotals   // SGLang's tokenizer-level token counters
-	started time.Time
-	clk     clock
-	faults  *faultState
+	// stageHist is sglang:per_stage_req_latency_seconds (observed by the
+	// engine model only).
+	stageHist *stageHistogram
+	started   time.Time
+	clk       clock
+	faults    *faultState
 	// faultsMu serializes UpdateFaults.
 	faultsMu sync.Mutex
 	// inflight holds the items in flight by rid.
@@ -86,6 +89,7 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		started:  time.Now(),
 		clk:      newScaledClock(cfg.TimeScale),
 	}
+	s.stageHist = newStageHistogram(cfg)
 	s.deadCtx, s.kill = context.WithCancel(context.Background())
 	s.faults = newFaultState(cfg.Faults, cfg.Seed, s.crash)
 	s.serverName.Store(cfg.Listen)
@@ -110,6 +114,7 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		if s.kvpub != nil {
 			s.eng.setSink(s.kvpub.publish)
 		}
+		s.eng.setStageSink(s.stageHist.observe)
 	}
 	s.handler = handler
 	if cfg.Mode == ModePrefill {
