@@ -275,6 +275,7 @@ func (r Report) writeWorkload(b *strings.Builder, w string) {
 		b.WriteString("First error per case: " + errs)
 	}
 	b.WriteString("\n\n")
+	r.writeStages(b, w)
 	r.writeClasses(b, w)
 	r.writeDecodeCache(b, w)
 	r.writeDuet(b, w)

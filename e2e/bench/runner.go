@@ -242,6 +242,7 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		cpuBefore = readCPUAt(runCtx, stack.Duet, t0.Add(cfg.wall(res.Window.From)))
 		cpuAfter = readCPUAt(runCtx, stack.Duet, t0.Add(cfg.wall(res.Window.To)))
 	}
+	stagesBefore := readStagesAt(runCtx, engines, t0.Add(cfg.wall(res.Window.From)))
 	var decodeBefore, decodeAfter <-chan *CounterDelta
 	if radix {
 		decodeBefore = readCountersAt(runCtx, decodeURLs, t0.Add(cfg.wall(res.Window.From)))
@@ -256,6 +257,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		return res, ctx.Err()
 	}
 	counters := counterDelta(before, after)
+	// The stages are read once the replay ended, so that the requests of
+	// the window's end count too.
+	res.Summary.Stages = stageLatencies(<-stagesBefore, readStages(ctx, engines))
 
 	res.Polls = sampler.Polls()
 	res.Summary.Summarize(results, res.Polls, counters, res.Window, t0, end, cfg.Scale)
@@ -276,6 +280,9 @@ func RunCase(ctx context.Context, cfg Config, c Case) (res CaseResult, err error
 		formatHit(res.Summary.HitRate), decodeHit, res.Summary.Errors, res.Summary.Unfinished, time.Since(begin).Seconds())
 	if d := res.Summary.Duet; d != nil {
 		fmt.Fprintf(cfg.Log, "    duet: %s\n", d.line(res.Summary.Requests))
+	}
+	if len(res.Summary.Stages) > 0 {
+		fmt.Fprintf(cfg.Log, "    stages: %s\n", stagesLine(res.Summary.Stages))
 	}
 	for _, cl := range res.Summary.Classes {
 		fmt.Fprintf(cfg.Log, "    %s\n", cl.line())

@@ -192,6 +192,11 @@ type Summary struct {
 	Classes []ClassStats `json:"classes,omitempty"`
 	// SLO is what Classes' goodput counts against; nil without Classes.
 	SLO *SLO `json:"slo,omitempty"`
+	// Stages are the mean time requests spent in each stage on the
+	// prefill and decode engines (their sglang:per_stage_req_latency_seconds
+	// from the window's start until the replay ended); nil when the
+	// engines export no such histogram.
+	Stages []StageLatency `json:"stages,omitempty"`
 }
 
 // Window is the measured part of a run, in model time since its start.

@@ -192,3 +192,54 @@ func TestRunPlanPriorityMixEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// On the engine model the engines' per-stage histograms reach the summary
+// and the report: every stage a prefill and a decode go through, with
+// observations in the window.
+func TestRunPlanStagesEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end to end; skipped with -short")
+	}
+	cfg := tinyStack(t)
+	cfg.Scale, cfg.SimArgs = 5, []string{"--profile", "dense-8b-h100", "--time-scale", "5"}
+	out := t.TempDir()
+	plan := Plan{
+		Config:    cfg,
+		Params:    QuickParams(),
+		Workloads: []string{WorkloadMultiTurn},
+		Rates:     map[string][]float64{WorkloadMultiTurn: {2}},
+		Window:    4 * time.Second,
+		Seed:      5,
+		OutDir:    out,
+	}
+	rep := runTinyPlan(t, plan, "least_cost")
+	if len(rep.Summaries) != 1 {
+		t.Fatalf("%d summaries, want 1", len(rep.Summaries))
+	}
+	s := rep.Summaries[0]
+	if s.Failed != "" || s.Errors > 0 || s.Requests == 0 {
+		t.Fatalf("case: %+v", s)
+	}
+	want := []StageKey{{RolePrefill, "prefill_waiting"}, {RolePrefill, "prefill_forward"}, {RolePrefill, "prefill_transfer_kv_cache"},
+		{RoleDecode, "decode_bootstrap"}, {RoleDecode, "decode_transferred"}, {RoleDecode, "decode_waiting"}}
+	if len(s.Stages) != len(want) {
+		t.Fatalf("stages %+v, want %v", s.Stages, want)
+	}
+	decode := 0.0
+	for i, l := range s.Stages {
+		if l.key() != want[i] || l.Count < 1 || l.MeanMs < 0 {
+			t.Fatalf("stage %d: %+v, want %v observed", i, l, want[i])
+		}
+		if l.Role == RoleDecode {
+			decode += l.MeanMs
+		}
+	}
+	if fwd := s.Stages[1].MeanMs; fwd <= 0 {
+		t.Errorf("prefill_forward mean %v ms, want > 0", fwd)
+	}
+	t.Logf("stages %+v; decode Σ %.1f ms, TTFT mean %.1f ms (n %d)", s.Stages, decode, s.TTFTms.Mean, s.TTFTms.N)
+	md, _ := os.ReadFile(filepath.Join(out, ReportFile))
+	if !strings.Contains(string(md), "**TTFT by stage**") || !strings.Contains(string(md), "| prefill_waiting | prefill_forward |") {
+		t.Errorf("report has no stage table:\n%s", md)
+	}
+}
