@@ -190,4 +190,24 @@ func TestFeedbackReleasesReservations(t *testing.T) {
 	if n := duetMetricSum(t, s, "duet_load_scrape_errors_total", nil); n != 0 {
 		t.Errorf("scraping was disabled but %v scrapes failed", n)
 	}
+	// Every entry (the request's, each leg's) finds its request: a leg's
+	// entry that comes after the request's is already_released, never
+	// unknown_request, which a healthy stack does not report.
+	for {
+		counts := map[string]float64{}
+		for _, o := range []string{"released", "already_released", "unknown_request"} {
+			counts[o] = duetMetricSum(t, s, "duet_feedback_total", map[string]string{"outcome": o})
+		}
+		if counts["unknown_request"] != 0 {
+			t.Fatalf("feedback outcomes %v: a healthy stack reported unknown_request", counts)
+		}
+		if counts["released"]+counts["already_released"] >= 12 {
+			t.Logf("feedback outcomes %v", counts)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 10s: feedback outcomes %v, want 12 entries (3 per request)", counts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -37,14 +37,17 @@ type Feedback struct {
 // (see docs/scheduling.md) and corrects the token estimate with the
 // engine-reported prompt length; a whole request's answer length extends
 // what its decode target's cache is believed to hold. A leg whose Address and Rank name no known
-// target is ignored for health.
+// target is ignored for health. duet_feedback_total counts the feedback by
+// leg and outcome: OutcomeReleased, OutcomeAlreadyReleased or
+// OutcomeUnknownRequest.
 func (s *Scheduler) Complete(f Feedback) {
 	if f.Role == "" && f.CompletionTokens > 0 && !f.Failed {
 		if end, sum, ok := s.ledger.turnEndOf(f.RequestID); ok {
 			s.turnEnds.answered(end, sum, f.CompletionTokens)
 		}
 	}
-	model, promptBytes, ok := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)
+	model, promptBytes, outcome := s.ledger.releaseLeg(f.RequestID, f.Role, f.Failed)
+	ok := outcome == OutcomeReleased
 	if ok {
 		s.released()
 	}
@@ -63,10 +66,6 @@ func (s *Scheduler) Complete(f Feedback) {
 			target = targetName(f.Address, f.Rank)
 		}
 		s.metrics.failures.WithLabelValues(string(f.Role), target).Inc()
-	}
-	outcome := "released"
-	if !ok {
-		outcome = "unknown_request"
 	}
 	s.metrics.feedback.WithLabelValues(roleLabel(f.Role), outcome).Inc()
 }

@@ -53,7 +53,39 @@ type ledger struct {
 	// legEnded, if set, is told of every leg that ends (its feedback, the
 	// whole request's, or the ttl), once per leg, with mu held.
 	legEnded func(LegReport)
+	// ended remembers, for finishedGrace, when each request that the
+	// whole-request entry released was released: a leg's entry that Envoy
+	// flushes after the request's (they travel on separate access-log
+	// streams) is then told from one about a request duet never knew.
+	// endedOrder holds the same ids oldest first, so that forgetting them
+	// needs no sweep (nor the scrape loop that runs expire).
+	ended      map[string]time.Time
+	endedOrder []endedRequest
 }
+
+// endedRequest is one entry of ledger.endedOrder.
+type endedRequest struct {
+	id string
+	at time.Time
+}
+
+// Release outcomes: what a completion's release found (the outcome label
+// of duet_feedback_total).
+const (
+	// OutcomeReleased: the request's reservation was found and the leg's
+	// (or the whole request's) holds ended.
+	OutcomeReleased = "released"
+	// OutcomeAlreadyReleased: the whole-request entry had already ended the
+	// request's reservation, less than finishedGrace ago. Benign: Envoy
+	// flushes its upstream (leg) and downstream (request) logs separately,
+	// in either order.
+	OutcomeAlreadyReleased = "already_released"
+	// OutcomeUnknownRequest: the ledger does not know the request: it never
+	// reserved anything for it (not routed by this scheduler, or a pick that
+	// reserved no tokens), or forgot it (the ttl ended it, or it ended more
+	// than finishedGrace ago).
+	OutcomeUnknownRequest = "unknown_request"
+)
 
 // targetState is one target's entry. Snapshots point at it, so it lives
 // as long as the target is schedulable.
@@ -146,6 +178,7 @@ func newLedger(coverDelay, staleAfter, ttl time.Duration) *ledger {
 	return &ledger{
 		targets:    map[TargetKey]*targetState{},
 		requests:   map[string]*reservation{},
+		ended:      map[string]time.Time{},
 		coverDelay: coverDelay,
 		staleAfter: staleAfter,
 		ttl:        ttl,
@@ -222,20 +255,47 @@ func (l *ledger) reserveWork(ts *targetState, id string, role Role, tokens, work
 // the request's record. It reports the request's model and prompt size; ok
 // is false when the request is unknown (never reserved, or long finished).
 func (l *ledger) release(id string, role Role) (model string, promptBytes int, ok bool) {
-	return l.releaseLeg(id, role, false)
+	model, promptBytes, outcome := l.releaseLeg(id, role, false)
+	return model, promptBytes, outcome == OutcomeReleased
 }
 
 // releaseLeg is release for a leg (or request) that ended, failed or not:
-// the ended legs are reported to legEnded.
-func (l *ledger) releaseLeg(id string, role Role, failed bool) (model string, promptBytes int, ok bool) {
+// the ended legs are reported to legEnded. outcome is OutcomeReleased when
+// the request was known, OutcomeAlreadyReleased when the whole-request
+// entry released it less than finishedGrace ago, else
+// OutcomeUnknownRequest.
+func (l *ledger) releaseLeg(id string, role Role, failed bool) (model string, promptBytes int, outcome string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	res, found := l.requests[id]
+	now := l.now()
 	if !found {
-		return "", 0, false
+		l.forgetEnded(now)
+		if _, ok := l.ended[id]; ok {
+			return "", 0, OutcomeAlreadyReleased
+		}
+		return "", 0, OutcomeUnknownRequest
 	}
-	l.reportLegs(res, role, failed, l.now())
-	return l.releaseLocked(id, role)
+	l.reportLegs(res, role, failed, now)
+	model, promptBytes, _ = l.releaseLocked(id, role)
+	if role == "" {
+		l.forgetEnded(now)
+		l.ended[id] = now
+		l.endedOrder = append(l.endedOrder, endedRequest{id: id, at: now})
+	}
+	return model, promptBytes, OutcomeReleased
+}
+
+// forgetEnded forgets the ended requests released more than finishedGrace
+// before now. Caller holds mu.
+func (l *ledger) forgetEnded(now time.Time) {
+	for len(l.endedOrder) > 0 && now.Sub(l.endedOrder[0].at) > finishedGrace {
+		e := l.endedOrder[0]
+		if at, ok := l.ended[e.id]; ok && at.Equal(e.at) {
+			delete(l.ended, e.id)
+		}
+		l.endedOrder = l.endedOrder[1:]
+	}
 }
 
 // reportLegs tells legEnded of res's unreported legs of role (all with
@@ -359,7 +419,8 @@ func (l *ledger) setIndexed(key TargetKey, blocks int) {
 }
 
 // expire ends reservations older than the ttl (lost feedback) and forgets
-// requests whose holds all ended more than finishedGrace ago. It returns
+// requests whose holds all ended, or that the whole-request entry
+// released, more than finishedGrace ago. It returns
 // how many reservations the ttl ended.
 func (l *ledger) expire(now time.Time) int {
 	l.mu.Lock()
@@ -380,6 +441,7 @@ func (l *ledger) expire(now time.Time) int {
 			delete(l.requests, id)
 		}
 	}
+	l.forgetEnded(now)
 	return n
 }
 

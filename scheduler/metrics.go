@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, l *ledger, policies map[Role]string) 
 		}, []string{"role", "target"}),
 		feedback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_feedback_total",
-			Help: "Completion feedback received, by leg and outcome.",
+			Help: "Completion feedback received, by leg and outcome: released (it ended reservations), already_released (the whole request's entry had ended them first), unknown_request (a request the ledger never held or has forgotten).",
 		}, []string{"leg", "outcome"}),
 		policies: policies,
 		endpointEjected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
