@@ -25,6 +25,9 @@ func runCerts(args []string, stdout, stderr io.Writer) error {
 	client := fs.String("client-name", "envoy", "common name and DNS SAN of Envoy's client certificate")
 	validity := fs.Duration("validity", 825*24*time.Hour, "how long the certificates are valid")
 	force := fs.Bool("force", false, "replace existing files")
+	setUsage(fs, "duet certs -out DIR [-hosts NAMES] [-client-name NAME] [-validity DURATION] [-force]",
+		"Certs makes the credentials of auth: a CA, duet's server certificate, Envoy's client certificate, the\n"+
+			"gRPC token and the admin token, writes them into -out and prints the configuration that uses them.")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}

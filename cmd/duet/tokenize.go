@@ -51,10 +51,13 @@ func runTokenize(args []string, stdin io.Reader, stdout, stderr io.Writer) error
 	poolName := fs.String("pool", "", "the pool whose tokenizer to use (default: the only pool)")
 	route := fs.String("path", "", "the request path: /v1/chat/completions, /v1/completions or /generate (default: from the body: messages, prompt, or text and input_ids)")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	setUsage(fs, "duet tokenize [-config FILE] [-pool NAME] [-path PATH] [-json] < body.json",
+		"Tokenize reads a request body on stdin and prints its token ids and prefix blocks as the pool's\n"+
+			"tokenizer and page size make them: what duet routes on (docs/tokenizer.md).")
 	if help, err := parseFlags(fs, args); help || err != nil {
 		return err
 	}
-	cfg, err := config.Load(*path)
+	cfg, err := loadConfig(*path, false)
 	if err != nil {
 		return err
 	}

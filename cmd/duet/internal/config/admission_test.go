@@ -132,8 +132,8 @@ func TestAdmissionErrorsNameTheField(t *testing.T) {
 		{"duet's own header", oneEngine + "admission: {class_header: x-duet-pool}", []string{"admission.class_header: \"x-duet-pool\" is one of duet's own routing headers"}},
 		{"not a header name", oneEngine + "admission: {class_header: 'x-duet-a b'}", []string{"admission.class_header: \"x-duet-a b\" is not a header name"}},
 		{"one header for both", oneEngine + "admission: {class_header: x-duet-who, tenant_header: X-Duet-Who}", []string{"admission.tenant_header: \"X-Duet-Who\" is also admission.class_header"}},
-		{"unknown key", oneEngine + "admission: {max_queue: 3}", []string{"field max_queue not found"}},
-		{"unknown class key", oneEngine + "admission: {classes: [{name: a, wait: 1s}]}", []string{"field wait not found"}},
+		{"unknown key", oneEngine + "admission: {max_queue: 3}", []string{`line 2: admission.max_queue: unknown key: did you mean "max_queued"?`}},
+		{"unknown class key", oneEngine + "admission: {classes: [{name: a, wait: 1s}]}", []string{`line 2: admission.classes[0].wait: unknown key: did you mean "wait_limit"?`}},
 	})
 }
 

@@ -25,7 +25,7 @@ func TestParseEnvoyClusters(t *testing.T) {
 			`envoy.clusters: decode and prefill are both "x"`},
 		{"default name for the other role", `{decode: [{url: "http://a:1"}], envoy: {clusters: {decode: duet_prefill}}}`, "", "",
 			"envoy.clusters"},
-		{"unknown key", `{decode: [{url: "http://a:1"}], envoy: {clusters: {mirror: x}}}`, "", "", "field mirror not found"},
+		{"unknown key", `{decode: [{url: "http://a:1"}], envoy: {clusters: {mirror: x}}}`, "", "", "line 1: envoy.clusters.mirror: unknown key; envoy.clusters takes decode, prefill"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,12 +7,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -365,34 +367,75 @@ const (
 	DefaultDuetServerName = "duet"
 )
 
-// Load reads, defaults and validates the configuration file at path.
+// Load reads, defaults and validates the configuration file at path. The
+// relative paths of the files duet reads (auth, sync.nats, the tokenizers,
+// kubernetes.kubeconfig) are made relative to the file's directory;
+// envoy.duet_tls names Envoy's files, as Envoy sees them, and stays as
+// written.
 func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
+	cfg, _, err := load(path)
+	return cfg, err
+}
+
+// LoadServing is Load for a duet that serves: it also checks that the
+// files duet reads exist, naming each missing one's key and line.
+func LoadServing(path string) (*Config, error) {
+	cfg, pos, err := load(path)
 	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
+		return nil, err
 	}
-	cfg, err := Parse(data)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+	if errs := cfg.checkFiles(filepath.Dir(path)); len(errs) > 0 {
+		return nil, fmt.Errorf("config %s: %w", path, errors.Join(pos.annotate(errs)...))
 	}
-	cfg.resolveTokenizerPaths(filepath.Dir(path))
 	return cfg, nil
 }
 
-// Parse decodes YAML (unknown fields are errors), applies defaults and validates.
+// load is Load, also returning the keys' lines.
+func load(path string) (*Config, positions, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read config: %w", err)
+	}
+	cfg, pos, err := parse(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	cfg.resolvePaths(filepath.Dir(path))
+	return cfg, pos, nil
+}
+
+// Parse decodes YAML (unknown fields are errors), applies defaults and
+// validates. Each error names its key and, where the file has it, the
+// key's line; an unknown key comes with the nearest valid one.
 func Parse(data []byte) (*Config, error) {
+	cfg, _, err := parse(data)
+	return cfg, err
+}
+
+// parse is Parse, also returning the keys' lines.
+func parse(data []byte) (*Config, positions, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, nil, fmt.Errorf("parse yaml: %w", err)
+	}
+	pos := positions{}
+	if len(root.Content) > 0 {
+		if errs := checkNode(root.Content[0], reflect.TypeFor[Config](), "", pos); len(errs) > 0 {
+			return nil, nil, errors.Join(errs...)
+		}
+	}
 	var cfg Config
 	cfg.prepareAdmissionDefaults()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		return nil, fmt.Errorf("parse yaml: %w", err)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, nil, fmt.Errorf("parse yaml: %w", nameDecodeErrors(err, pos))
 	}
 	cfg.applyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	if errs := cfg.validate(); len(errs) > 0 {
+		return nil, nil, errors.Join(pos.annotate(errs)...)
 	}
-	return &cfg, nil
+	return &cfg, pos, nil
 }
 
 func (c *Config) applyDefaults() {
@@ -488,7 +531,10 @@ func dialable(listen string) string {
 }
 
 // Validate reports every problem found, each naming its field.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return errors.Join(c.validate()...) }
+
+// validate is Validate, one error per problem.
+func (c *Config) validate() []error {
 	var errs []error
 	check := func(field string, err error) {
 		if err != nil {
@@ -509,6 +555,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("decode: at least one endpoint is required (or a kubernetes section, or a pools section)"))
 	}
 	errs = append(errs, validateEndpoints("", c.Prefill, c.Decode, map[string]string{})...)
+	errs = append(errs, c.validatePolicies()...)
 	errs = append(errs, c.validatePools()...)
 	errs = append(errs, c.validateTokenizers()...)
 	errs = append(errs, c.KVEvents.validate()...)
@@ -564,7 +611,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("log_level: %q is not one of debug, info, warn, error", c.LogLevel))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // validateEndpoints checks one pool's engine lists, naming each field
@@ -747,14 +794,17 @@ func validateHostPort(addr string) error {
 
 func validateURL(raw string) error {
 	if raw == "" {
-		return errors.New("is required")
+		return errors.New("is required, as http://host:port")
+	}
+	if !strings.Contains(raw, "://") {
+		return fmt.Errorf("%q has no scheme: write http://host:port (here %q)", raw, "http://"+strings.TrimPrefix(raw, "//"))
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return fmt.Errorf("%q: %w", raw, err)
 	}
 	if u.Scheme != "http" {
-		return fmt.Errorf("%q: scheme must be http (Envoy speaks plain HTTP/1.1 to engines)", raw)
+		return fmt.Errorf("%q: scheme must be http, as in http://host:port (Envoy speaks plain HTTP/1.1 to engines)", raw)
 	}
 	if u.Hostname() == "" {
 		return fmt.Errorf("%q has no host", raw)
@@ -763,4 +813,32 @@ func validateURL(raw string) error {
 		return fmt.Errorf("%q: a base URL must not have a path", raw)
 	}
 	return nil
+}
+
+// validatePolicies checks that each role names a policy duet has, at the
+// top level and in each pool that names its own.
+func (c *Config) validatePolicies() []error {
+	var errs []error
+	check := func(field, name string) {
+		if slices.Contains(scheduler.PolicyNames(), name) {
+			return
+		}
+		hint := ""
+		if near := nearest(name, scheduler.PolicyNames()); near != "" {
+			hint = fmt.Sprintf(": did you mean %q?", near)
+		}
+		errs = append(errs, fmt.Errorf("%s: %q is not a policy%s (valid: %s; docs/scheduling.md)",
+			field, name, hint, strings.Join(scheduler.PolicyNames(), ", ")))
+	}
+	check("policy.prefill", c.Policy.Prefill.Name)
+	check("policy.decode", c.Policy.Decode.Name)
+	for i, p := range c.Pools {
+		if p.Policy.Prefill.Name != c.Policy.Prefill.Name {
+			check(fmt.Sprintf("pools[%d].policy.prefill", i), p.Policy.Prefill.Name)
+		}
+		if p.Policy.Decode.Name != c.Policy.Decode.Name {
+			check(fmt.Sprintf("pools[%d].policy.decode", i), p.Policy.Decode.Name)
+		}
+	}
+	return errs
 }

@@ -92,7 +92,7 @@ func TestParseKubernetesErrorsNameTheField(t *testing.T) {
 		{"target port range", `{kubernetes: {decode: {service: d, port: http, target_port: -1}}}`, []string{"kubernetes.decode.target_port", "not a port"}},
 		{"negative debounce", `{kubernetes: {debounce: -1s, decode: {service: d}}}`, []string{"kubernetes.debounce"}},
 		{"bad join delay", `{kubernetes: {join_delay: -5s, decode: {service: d}}}`, []string{"kubernetes.join_delay"}},
-		{"unknown field", `{kubernetes: {decode: {service: d, prot: http}}}`, []string{"field prot not found"}},
+		{"unknown field", `{kubernetes: {decode: {service: d, prot: http}}}`, []string{`line 1: kubernetes.decode.prot: unknown key: did you mean "port"?`}},
 	})
 }
 

@@ -3,7 +3,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 )
 
 // Tokenizer names a model's Hugging Face tokenizer files, so that duet
@@ -40,15 +39,6 @@ func (t *Tokenizer) validate(field string) []error {
 	return errs
 }
 
-// resolve makes the tokenizer's relative paths relative to dir.
-func (t *Tokenizer) resolve(dir string) {
-	for _, p := range []*string{&t.File, &t.Config, &t.ChatTemplate} {
-		if *p != "" && !filepath.IsAbs(*p) {
-			*p = filepath.Join(dir, *p)
-		}
-	}
-}
-
 // BlockTokens is the token block size of a pool with this tokenizer:
 // the smallest multiple of the page size that holds blockTokens (the
 // prefix section's, 0 for its default of 16).
@@ -75,17 +65,4 @@ func (c *Config) validateTokenizers() []error {
 		}
 	}
 	return errs
-}
-
-// resolveTokenizerPaths makes every tokenizer's relative paths relative
-// to the configuration file's directory.
-func (c *Config) resolveTokenizerPaths(dir string) {
-	if c.Tokenizer != nil {
-		c.Tokenizer.resolve(dir)
-	}
-	for i := range c.Pools {
-		if t := c.Pools[i].Tokenizer; t != nil {
-			t.resolve(dir)
-		}
-	}
 }
