@@ -40,6 +40,7 @@ type member struct {
 	knownPort   int
 	knownSource string
 	knownCache  DecodeCache
+	knownMode   string // disaggregation_mode of the last successful discovery
 	// knownPriority is the last discovered priority scheduling.
 	knownPriority PriorityScheduling
 	knownEvents   KVEvents
@@ -292,6 +293,7 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 		m.knownDP, m.knownPort, m.knownSource, m.knownCache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 		dp, port, source, cache = p.info.dpSize, p.info.bootstrapPort, p.source, p.info.decodeCache
 		m.knownEvents = p.info.kvEvents
+		m.knownMode = p.info.mode
 		m.knownPriority, priority = p.info.priority, p.info.priority
 		if p.info.kvEvents.Port > 0 {
 			events = p.info.kvEvents
@@ -321,7 +323,9 @@ func (s *Scheduler) apply(m *member, p probe) (Endpoint, error) {
 	}
 	ep.DPSize, ep.BootstrapPort, ep.Source, ep.DecodeCache, ep.KVEvents = dp, port, source, cache, events
 	ep.Priority = priority
-	ep.Ready = dp > 0 && p.resolveErr == nil
+	ep.Mode, ep.ExpectedMode = m.knownMode, expectedMode(m.role, s.pd)
+	ep.WrongMode = wrongMode(m.role, m.knownMode)
+	ep.Ready = dp > 0 && p.resolveErr == nil && !ep.WrongMode
 	err := errors.Join(errs...)
 	ep.LastError = ""
 	if err != nil {
@@ -350,15 +354,41 @@ func (s *Scheduler) checkDiscovered(log *zap.Logger, m *member, info serverInfo)
 		log.Warn("configured bootstrap port differs from the engine's; using the engine's",
 			zap.Int("configured", m.spec.BootstrapPort), zap.Int("discovered", info.bootstrapPort))
 	}
-	mismatch := info.mode != "" &&
-		((m.role == RolePrefill && info.mode != "prefill") || (m.role == RoleDecode && info.mode == "prefill"))
 	switch {
-	case !mismatch:
+	case !wrongMode(m.role, info.mode):
 		m.warnedMode = ""
 	case info.mode != m.warnedMode:
 		m.warnedMode = info.mode
-		log.Warn("engine reports an unexpected disaggregation_mode for its role",
-			zap.String("disaggregation_mode", info.mode))
+		log.Warn("engine reports an unexpected disaggregation_mode for its role; it is not scheduled until it reports the expected one",
+			zap.String("disaggregation_mode", info.mode), zap.String("expected", expectedMode(m.role, s.pd)))
+	}
+}
+
+// wrongMode reports whether an engine that reports disaggregation_mode mode
+// cannot serve role: a prefill endpoint must run in prefill mode, and a
+// decode endpoint must not. An engine that reports no mode (older SGLang,
+// other engines) is taken at its word. A decode endpoint in "null" mode is
+// accepted: that is an aggregated pool's engine.
+func wrongMode(role Role, mode string) bool {
+	if mode == "" {
+		return false
+	}
+	if role == RolePrefill {
+		return mode != "prefill"
+	}
+	return mode == "prefill"
+}
+
+// expectedMode is the disaggregation_mode role needs, in a PD pool (pd) or
+// an aggregated one.
+func expectedMode(role Role, pd bool) string {
+	switch {
+	case role == RolePrefill:
+		return "prefill"
+	case pd:
+		return "decode"
+	default:
+		return "null"
 	}
 }
 
@@ -380,6 +410,9 @@ func (s *Scheduler) logTransition(log *zap.Logger, old, ep Endpoint) {
 	}
 	if ep.LastError != "" {
 		fields = append(fields, zap.String("error", ep.LastError))
+	}
+	if ep.WrongMode {
+		fields = append(fields, zap.String("disaggregation_mode", ep.Mode), zap.String("expected_mode", ep.ExpectedMode))
 	}
 	switch {
 	case !old.Ready && ep.Ready:

@@ -95,10 +95,41 @@ type Endpoint struct {
 	// Priority is the engine's priority scheduling, as its /server_info
 	// reports it (SGLang's --enable-priority-scheduling).
 	Priority PriorityScheduling
+	// Mode is the disaggregation_mode the engine's /server_info last
+	// reported ("prefill", "decode", "null"); empty while unknown or when
+	// the engine does not report one.
+	Mode string
+	// ExpectedMode is the disaggregation_mode the endpoint's role needs:
+	// "prefill" for a prefill endpoint, "decode" for a decode endpoint of a
+	// PD pool, "null" for an engine of an aggregated pool.
+	ExpectedMode string
+	// WrongMode reports that Mode contradicts the role (see wrongMode): a
+	// prefill engine listed as decode or the reverse. Such an endpoint is
+	// not ready, whatever else discovery learned, until the engine reports
+	// a mode that fits.
+	WrongMode bool
 	// Ready reports whether the endpoint may be scheduled.
 	Ready bool
 	// LastError is the error of the last discovery round, if any.
 	LastError string
+}
+
+// NotReadyReason says in words why the endpoint is not scheduled, naming
+// its role and URL; "" when it is ready. A WrongMode endpoint gives
+// `<role> engine <url> reports disaggregation_mode "<mode>", expected
+// "<expected>"`; any other gives `waiting for <role> engine <url>`, followed
+// by the last discovery error, or by "(not discovered yet)" without one.
+func (e Endpoint) NotReadyReason() string {
+	switch {
+	case e.Ready:
+		return ""
+	case e.WrongMode:
+		return fmt.Sprintf("%s engine %s reports disaggregation_mode %q, expected %q", e.Role, e.URL, e.Mode, e.ExpectedMode)
+	case e.LastError != "":
+		return fmt.Sprintf("waiting for %s engine %s: %s", e.Role, e.URL, e.LastError)
+	default:
+		return fmt.Sprintf("waiting for %s engine %s (not discovered yet)", e.Role, e.URL)
+	}
 }
 
 // DecodeCache describes a decode engine's radix cache (SGLang's decode-side

@@ -14,8 +14,9 @@ import (
 // DecodeOnly), a prefill target with the prefill policy. Ejected targets
 // (and the targets of ejected endpoints) are not candidates. If a needed
 // role has no ready endpoint, or all its targets are ejected, the error
-// wraps ErrNoEndpoints and names the role; no policy runs and nothing is
-// reserved.
+// wraps ErrNoEndpoints and names the role (with no ready endpoint, it also
+// counts the role's engines that report the wrong disaggregation_mode and
+// those not reached yet); no policy runs and nothing is reserved.
 //
 // Choosing and reserving are atomic: under the ledger's lock each chosen
 // target is charged the request's estimated tokens (prompt tokens on the
@@ -34,12 +35,12 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	// Check both roles before asking any policy, so that a failed pick
 	// leaves the policies' state untouched.
 	if len(snap.decode.targets) == 0 {
-		err := fmt.Errorf("scheduler: pick %s: %w", RoleDecode, ErrNoEndpoints)
+		err := fmt.Errorf("scheduler: pick %s: %w: %s", RoleDecode, ErrNoEndpoints, unavailable(snap.endpoints, RoleDecode))
 		s.recordFailure(req, err)
 		return Decision{}, err
 	}
 	if pd && len(snap.prefill.targets) == 0 {
-		err := fmt.Errorf("scheduler: pick %s: %w", RolePrefill, ErrNoEndpoints)
+		err := fmt.Errorf("scheduler: pick %s: %w: %s", RolePrefill, ErrNoEndpoints, unavailable(snap.endpoints, RolePrefill))
 		s.recordFailure(req, err)
 		return Decision{}, err
 	}

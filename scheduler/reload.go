@@ -34,8 +34,8 @@ var ErrModeChange = errors.New("PD and aggregated mode cannot change without a r
 //
 // When endpoints were added or their configured values changed,
 // SetEndpoints runs a discovery round before it returns; its per-endpoint
-// errors are not returned (the endpoints stay not ready and later rounds
-// retry, as at startup), only the context's if ctx ends. Each addition,
+// errors are not returned (the endpoints stay not ready and Run retries
+// them with backoff, as at startup), only the context's if ctx ends. Each addition,
 // removal and change is logged at info level.
 func (s *Scheduler) SetEndpoints(ctx context.Context, prefill, decode []EndpointSpec) error {
 	if len(decode) == 0 && !s.emptyPools {
@@ -111,6 +111,13 @@ func (s *Scheduler) SetEndpoints(ctx context.Context, prefill, decode []Endpoint
 			return fmt.Errorf("scheduler: set endpoints: %w", ctx.Err())
 		}
 		s.log.Debug("discovery round after an endpoint change finished with errors", zap.Error(err))
+	}
+	if len(added) > 0 {
+		// Run probes the new endpoints that are not ready yet soon.
+		select {
+		case s.pendingKick <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }

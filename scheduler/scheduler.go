@@ -23,6 +23,9 @@ import (
 const (
 	defaultDiscoveryInterval = 10 * time.Second
 	defaultDiscoveryTimeout  = 2 * time.Second
+	// defaultRetryBase is Run's first delay before it probes endpoints
+	// that are not ready again.
+	defaultRetryBase = 250 * time.Millisecond
 )
 
 // ErrNoEndpoints is wrapped in the error Pick returns when a role has no
@@ -191,10 +194,16 @@ type Decision struct {
 // Scheduler keeps the configured endpoints up to date and picks targets for
 // requests. Its methods are safe for concurrent use.
 type Scheduler struct {
-	log           *zap.Logger
-	client        *http.Client
-	interval      time.Duration
-	timeout       time.Duration
+	log      *zap.Logger
+	client   *http.Client
+	interval time.Duration
+	timeout  time.Duration
+	// retryBase is Run's first delay before the endpoints that are not
+	// ready are probed again (defaultRetryBase; tests shorten it).
+	retryBase time.Duration
+	// pendingKick tells Run that SetEndpoints added endpoints: the
+	// backoff of its retries starts over.
+	pendingKick   chan struct{}
 	lookup        func(ctx context.Context, host string) ([]netip.Addr, error)
 	prefillPolicy Policy
 	decodePolicy  Policy
@@ -260,18 +269,20 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 		return nil, errors.New("scheduler: prefill endpoints listed, but PD is not set")
 	}
 	s := &Scheduler{
-		log:        log,
-		client:     cfg.HTTPClient,
-		interval:   cfg.DiscoveryInterval,
-		timeout:    cfg.DiscoveryTimeout,
-		pd:         len(cfg.Prefill) > 0 || cfg.PD,
-		emptyPools: cfg.EmptyPools,
-		onEject:    cfg.OnEject,
-		onPicked:   cfg.OnPicked,
-		pool:       cfg.Pool,
-		cacheView:  cfg.CacheView,
-		kvEvents:   cfg.KVEvents,
-		now:        time.Now,
+		log:         log,
+		client:      cfg.HTTPClient,
+		interval:    cfg.DiscoveryInterval,
+		timeout:     cfg.DiscoveryTimeout,
+		retryBase:   defaultRetryBase,
+		pendingKick: make(chan struct{}, 1),
+		pd:          len(cfg.Prefill) > 0 || cfg.PD,
+		emptyPools:  cfg.EmptyPools,
+		onEject:     cfg.OnEject,
+		onPicked:    cfg.OnPicked,
+		pool:        cfg.Pool,
+		cacheView:   cfg.CacheView,
+		kvEvents:    cfg.KVEvents,
+		now:         time.Now,
 	}
 	if cfg.Clock != nil {
 		s.now = cfg.Clock
@@ -340,7 +351,7 @@ func New(cfg Config, log *zap.Logger) (*Scheduler, error) {
 	}
 	s.health = newHealth(cfg.Health, s.metrics)
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(saturationCollector{s})
+		cfg.Registerer.MustRegister(saturationCollector{s}, readinessCollector{s})
 	}
 
 	if s.members, err = newMembers(cfg.Prefill, cfg.Decode); err != nil {
@@ -458,12 +469,35 @@ func (s *Scheduler) states() []Endpoint {
 // configured values. If ctx ends during the round, the round's results are
 // dropped and the context's error is returned.
 func (s *Scheduler) Discover(ctx context.Context) error {
+	err := s.discover(ctx, false)
+	if err == nil || ctx.Err() == nil {
+		s.discovered.Store(true)
+	}
+	return err
+}
+
+// discover runs one discovery round, over every endpoint or, with
+// pendingOnly, over the endpoints that are not ready; it publishes the
+// result if anything changed.
+func (s *Scheduler) discover(ctx context.Context, pendingOnly bool) error {
 	s.discoverMu.Lock()
 	defer s.discoverMu.Unlock()
 
-	probes := make([]probe, len(s.members))
+	members := s.members
+	if pendingOnly {
+		members = nil
+		for _, m := range s.members {
+			if !m.cur.Ready {
+				members = append(members, m)
+			}
+		}
+		if len(members) == 0 {
+			return nil
+		}
+	}
+	probes := make([]probe, len(members))
 	var wg sync.WaitGroup
-	for i, m := range s.members {
+	for i, m := range members {
 		wg.Go(func() { probes[i] = s.probe(ctx, m) })
 	}
 	wg.Wait()
@@ -473,7 +507,7 @@ func (s *Scheduler) Discover(ctx context.Context) error {
 
 	var errs []error
 	changed := false
-	for i, m := range s.members {
+	for i, m := range members {
 		ep, err := s.apply(m, probes[i])
 		if err != nil {
 			errs = append(errs, err)
@@ -486,12 +520,17 @@ func (s *Scheduler) Discover(ctx context.Context) error {
 	if changed {
 		s.publish()
 	}
-	s.discovered.Store(true)
 	return errors.Join(errs...)
 }
 
 // Run calls Discover now and then every DiscoveryInterval until ctx is
-// done. After the first discovery round it also scrapes loads every
+// done. Between those rounds it probes the endpoints that are not ready
+// (down or unreachable at start, not yet resolved, or in the wrong
+// disaggregation mode) sooner, with backoff: 250ms after a round leaves
+// one not ready, then 500ms, 1s and so on, doubling while the delay is
+// shorter than DiscoveryInterval (see retryBackoff); the backoff starts
+// over once every endpoint is ready, or when SetEndpoints adds endpoints.
+// After the first discovery round Run also scrapes loads every
 // LoadConfig.Interval and probes health every HealthConfig.Interval (each
 // unless disabled). Discovery errors are logged as endpoints change state;
 // Run itself only logs them at debug level. Run returns when ctx is done
@@ -501,21 +540,49 @@ func (s *Scheduler) Run(ctx context.Context) {
 	defer loops.Wait()
 	ticker := time.NewTicker(s.interval)
 	defer ticker.Stop()
-	for first := true; ; first = false {
-		if err := s.Discover(ctx); err != nil && ctx.Err() == nil {
-			s.log.Debug("discovery round finished with errors", zap.Error(err))
-		}
-		if first {
-			if s.loadCfg.Interval > 0 {
-				loops.Go(func() { s.runScrapes(ctx) })
-			}
-			loops.Go(func() { s.runHealth(ctx) })
+	retry := retryBackoff{base: s.retryBase, limit: s.interval}
+	s.runDiscover(ctx, false)
+	if s.loadCfg.Interval > 0 {
+		loops.Go(func() { s.runScrapes(ctx) })
+	}
+	loops.Go(func() { s.runHealth(ctx) })
+	for {
+		var timer *time.Timer
+		var retryC <-chan time.Time
+		if d, ok := retry.next(s.pendingCount() > 0); ok {
+			timer = time.NewTimer(d)
+			retryC = timer.C
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-ticker.C:
+			s.runDiscover(ctx, false)
+		case <-retryC:
+			retry.fired()
+			s.runDiscover(ctx, true)
+		case <-s.pendingKick:
+			retry.reset()
 		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// runDiscover runs one round of Run: Discover, or with pendingOnly a round
+// over the endpoints that are not ready.
+func (s *Scheduler) runDiscover(ctx context.Context, pendingOnly bool) {
+	var err error
+	if pendingOnly {
+		err = s.discover(ctx, true)
+	} else {
+		err = s.Discover(ctx)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.log.Debug("discovery round finished with errors", zap.Bool("pending_only", pendingOnly), zap.Error(err))
 	}
 }
 

@@ -208,6 +208,8 @@ type readyAlways struct{}
 
 func (readyAlways) Ready() bool { return true }
 
+func (readyAlways) Why() (string, []string) { return "", nil }
+
 // `duet certs` writes the credentials, prints a configuration section that
 // names them, and refuses to overwrite them without -force.
 func TestCertsCommand(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -155,6 +156,27 @@ func (ps poolSet) Ready() bool {
 		serving = serving || p.sched.Ready()
 	}
 	return serving
+}
+
+// Why implements readiness: each pool's scheduler.Readiness, its lines
+// prefixed with "pool <name>: " when there are several pools. The reason
+// joins the reasons of the pools that are not ready with "; ".
+func (ps poolSet) Why() (string, []string) {
+	var reasons, excluded []string
+	for _, p := range ps {
+		r := p.sched.Readiness()
+		prefix := ""
+		if len(ps) > 1 {
+			prefix = "pool " + p.cfg.Name + ": "
+		}
+		if r.Reason != "" {
+			reasons = append(reasons, prefix+r.Reason)
+		}
+		for _, e := range r.NotReady {
+			excluded = append(excluded, prefix+e)
+		}
+	}
+	return strings.Join(reasons, "; "), excluded
 }
 
 // extproc returns the pools as the ext_proc server routes to them. A

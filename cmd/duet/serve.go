@@ -317,7 +317,13 @@ func followReadiness(ctx context.Context, hs *health.Server, sched readiness, po
 }
 
 // readiness is what /readyz needs to know.
-type readiness interface{ Ready() bool }
+type readiness interface {
+	Ready() bool
+	// Why says why duet is not ready, naming the roles and engines it
+	// waits for ("" when it is ready), and lists the engines that are
+	// not scheduled, each as scheduler.Endpoint.NotReadyReason says.
+	Why() (reason string, notScheduled []string)
+}
 
 func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) *http.ServeMux {
 	mux := http.NewServeMux()
@@ -331,9 +337,17 @@ func adminMux(reg *prometheus.Registry, sched readiness, stopping *atomic.Bool) 
 		case !sched.Ready():
 			// Ejections never make duet unready: a fully ejected pool
 			// answers fast 503s, which is better than Envoy failing closed.
-			http.Error(w, "not ready: first discovery or load scrape pending, or no ready endpoint", http.StatusServiceUnavailable)
+			reason, _ := sched.Why()
+			if reason == "" {
+				reason = "no ready endpoint"
+			}
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintln(w, "ready")
+			_, excluded := sched.Why()
+			for _, e := range excluded {
+				fmt.Fprintln(w, "not scheduled: "+e)
+			}
 		}
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))

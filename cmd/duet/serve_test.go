@@ -37,6 +37,8 @@ type readyFlag struct{ ready atomic.Bool }
 
 func (r *readyFlag) Ready() bool { return r.ready.Load() }
 
+func (r *readyFlag) Why() (string, []string) { return "", nil }
+
 // gRPC health follows readiness, so that Envoy's health checks send no
 // stream to a replica that does not know its engines yet.
 func TestFollowReadiness(t *testing.T) {

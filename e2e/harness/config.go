@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -101,7 +102,7 @@ func DuetConfig(opts Options, addrs Addresses) string {
 		b.WriteString("  pprof: true\n")
 	}
 	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
-	fmt.Fprintf(&b, "discovery:\n  interval: 2s\n  timeout: 1s\n")
+	fmt.Fprintf(&b, "discovery:\n  interval: %s\n  timeout: 1s\n", cmp.Or(opts.DiscoveryInterval, 2*time.Second))
 	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
 	if opts.CoverDelay > 0 {
 		fmt.Fprintf(&b, "  cover_delay: %s\n", opts.CoverDelay)

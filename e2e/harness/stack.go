@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,14 @@ type SimSpec struct {
 	// e.g. SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1, which
 	// duet-sim reads as SGLang does.
 	Env []string
+	// Mode, when set, is the disaggregation mode the engine runs in
+	// instead of its role's (prefill, decode or null): a prefill engine
+	// listed as decode, say.
+	Mode string
+	// Down stops the engine before duet starts (its ports stay chosen):
+	// an engine that is down when duet starts, for the test to bring up
+	// with Sim.Restart.
+	Down bool
 }
 
 // Options describe a stack.
@@ -96,6 +105,12 @@ type Options struct {
 	// engines advertise them in /server_info, where duet reads them. An
 	// engine's own --kv-events-config in SimSpec.Args overrides it.
 	KVEvents bool
+	// DiscoveryInterval is duet's discovery.interval (default 2s).
+	DiscoveryInterval time.Duration
+	// NoWaitReady starts Envoy once duet is live (/healthz) rather than
+	// ready (/readyz), for stacks whose duet is not ready at first: an
+	// engine down or in the wrong mode.
+	NoWaitReady bool
 	// SimTokenizer, when set, is a tokenizer directory (tokenizer.json,
 	// tokenizer_config.json) passed to every engine as --tokenizer-path,
 	// so that the engines key text prompts by the token ids duet computes.
@@ -193,7 +208,7 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 	pd := len(opts.Prefill) > 0
 	for i, spec := range opts.Prefill {
-		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("prefill-%d", i), "prefill", spec, next(), next(), nextKV(), opts)
+		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("prefill-%d", i), cmp.Or(spec.Mode, "prefill"), spec, next(), next(), nextKV(), opts)
 		if err != nil {
 			return nil, err
 		}
@@ -204,11 +219,14 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		decodeMode = "null"
 	}
 	for i, spec := range opts.Decode {
-		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("decode-%d", i), decodeMode, spec, next(), next(), nextKV(), opts)
+		sim, err := startSim(ctx, s.Tools, s.Dir, fmt.Sprintf("decode-%d", i), cmp.Or(spec.Mode, decodeMode), spec, next(), next(), nextKV(), opts)
 		if err != nil {
 			return nil, err
 		}
 		s.Decode = append(s.Decode, sim)
+	}
+	if err := s.stopDown(opts); err != nil {
+		return nil, err
 	}
 	if opts.EnginesOnly {
 		return s, nil
@@ -252,6 +270,25 @@ func start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// stopDown stops the engines whose SimSpec says Down.
+func (s *Stack) stopDown(opts Options) error {
+	for i, spec := range opts.Prefill {
+		if spec.Down {
+			if err := s.Prefill[i].Stop(5 * time.Second); err != nil {
+				return err
+			}
+		}
+	}
+	for i, spec := range opts.Decode {
+		if spec.Down {
+			if err := s.Decode[i].Stop(5 * time.Second); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // replicaPorts are one duet replica's ports.
@@ -303,6 +340,9 @@ func (s *Stack) startDuet(ctx context.Context, i int, r replicaPorts, addrs Addr
 	}
 	adminURL := "http://" + hostPort(r.admin)
 	s.Duets, s.DuetAdminURLs, s.DuetGRPCs = append(s.Duets, p), append(s.DuetAdminURLs, adminURL), append(s.DuetGRPCs, hostPort(r.grpc))
+	if opts.NoWaitReady {
+		return path, waitHTTP(ctx, p, adminURL+"/healthz")
+	}
 	return path, waitHTTP(ctx, p, adminURL+"/readyz")
 }
 

@@ -285,6 +285,17 @@ type Endpoint struct {
 	DecodeCache string `json:"decode_cache,omitempty"`
 	// LastError is the last discovery error, if any.
 	LastError string `json:"last_error,omitempty"`
+	// DisaggregationMode is the disaggregation_mode the engine last
+	// reported; absent while unknown or not reported.
+	DisaggregationMode string `json:"disaggregation_mode,omitempty"`
+	// ExpectedMode is the disaggregation_mode the endpoint's role needs.
+	ExpectedMode string `json:"expected_mode"`
+	// WrongMode reports that DisaggregationMode contradicts the role: the
+	// endpoint is not scheduled until the engine reports a mode that fits.
+	WrongMode bool `json:"wrong_mode"`
+	// NotReadyReason says why the endpoint is not scheduled
+	// (scheduler.Endpoint.NotReadyReason); absent while it is ready.
+	NotReadyReason string `json:"not_ready_reason,omitempty"`
 	// Health is the endpoint's own health (all its ranks).
 	Health Health `json:"health"`
 	// Ranks are the endpoint's targets, in rank order.
@@ -515,6 +526,7 @@ func endpointOf(es scheduler.EndpointStatus, now time.Time, rates map[targetID]f
 	e := Endpoint{
 		Role: string(ep.Role), URL: ep.URL, Address: ep.Address, Ready: ep.Ready,
 		DPSize: ep.DPSize, BootstrapPort: ep.BootstrapPort, Source: ep.Source, LastError: ep.LastError,
+		DisaggregationMode: ep.Mode, ExpectedMode: ep.ExpectedMode, WrongMode: ep.WrongMode, NotReadyReason: ep.NotReadyReason(),
 		Health: healthOf(es.Health),
 		Ranks:  make([]Rank, 0, len(es.Targets)),
 	}

@@ -183,6 +183,20 @@ func TestPage(t *testing.T) {
 				t.Errorf("endpoint = %+v, decode role = %+v", e, p.Roles[1])
 			}
 		}},
+		{"an engine in the wrong disaggregation mode is not scheduled and says why", func(st *scheduler.Status) {
+			ep := &st.Endpoints[0].Endpoint
+			ep.Ready, ep.Mode, ep.ExpectedMode, ep.WrongMode = false, "decode", "prefill", true
+			st.Endpoints[0].Targets = nil
+		}, func(t *testing.T, p Page) {
+			e := p.Endpoints[0]
+			want := `prefill engine http://p:1 reports disaggregation_mode "decode", expected "prefill"`
+			if e.Ready || !e.WrongMode || e.DisaggregationMode != "decode" || e.ExpectedMode != "prefill" || e.NotReadyReason != want || len(e.Ranks) != 0 || p.Roles[0].ReadyEndpoints != 0 {
+				t.Errorf("endpoint = %+v, want not ready with reason %q", e, want)
+			}
+			if got := mustJSON(t, e); !strings.Contains(got, `"disaggregation_mode":"decode","expected_mode":"prefill","wrong_mode":true,"not_ready_reason":`) {
+				t.Errorf("endpoint JSON = %s", got)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
