@@ -88,6 +88,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cfg.Model, "model", sim.DefaultModel, "served_model_name")
 	fs.DurationVar(&o.cfg.KVTimeout, "kv-timeout", sim.DefaultKVTimeout,
 		"decode: how long to wait for the prefill's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)")
+	fs.DurationVar(&o.cfg.BootstrapTimeout, "bootstrap-timeout", 0,
+		"prefill: how long a request waits in the bootstrap queue for its decode to preallocate the KV before it fails "+
+			"(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, model time; engine model, and the simple model with --await-transfer; "+
+			"default: --kv-timeout)")
 	fs.BoolVar(&o.cfg.AwaitTransfer, "await-transfer", false,
 		"prefill: answer only once a decode has taken the KV, holding it up to --kv-timeout (SGLang's behaviour)")
 	fs.Float64Var(&prefillMS, "prefill-ms-per-1k-tokens", 10, "simulated prefill time per 1000 prompt tokens, in ms (simple model; ignored with --profile)")

@@ -76,7 +76,7 @@ func idle(t *testing.T, s *Server) {
 	t.Helper()
 	eventually(t, "KV and load freed", func() bool {
 		for _, l := range s.snapshot() {
-			if l.running != 0 || l.waiting != 0 || l.transfer != 0 || l.usedTokens != 0 {
+			if l.running != 0 || l.waiting != 0 || l.bootstrap != 0 || l.transfer != 0 || l.usedTokens != 0 {
 				return false
 			}
 		}

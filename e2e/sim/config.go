@@ -142,9 +142,14 @@ type Config struct {
 	Model string
 	// KVTimeout is how long decode waits for the prefill's KV
 	// (SGLANG_DISAGGREGATION_WAITING_TIMEOUT) and, with AwaitTransfer, how
-	// long prefill holds finished KV for its decode
-	// (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT). Default 300s.
+	// long prefill holds finished KV for its decode. Default 300s.
 	KVTimeout time.Duration
+	// BootstrapTimeout is how long a PD prefill request waits in its
+	// bootstrap queue for its decode to preallocate the KV before it fails
+	// (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, SGLang's default 300s; model
+	// time). The engine model always has the bootstrap queue, the simple
+	// model only with AwaitTransfer. Default: KVTimeout.
+	BootstrapTimeout time.Duration
 	// AwaitTransfer makes a prefill item answer only once a decode has
 	// taken its KV (polled the room as done), as SGLang's prefill does: it
 	// keeps the request in its inflight queue until the transfer succeeds.
@@ -321,6 +326,9 @@ func (c Config) withDefaults() Config {
 	if c.KVTimeout == 0 {
 		c.KVTimeout = DefaultKVTimeout
 	}
+	if c.BootstrapTimeout == 0 {
+		c.BootstrapTimeout = c.KVTimeout
+	}
 	if c.MaxTotalTokens == 0 {
 		c.MaxTotalTokens = DefaultMaxTotalTokens
 	}
@@ -365,6 +373,9 @@ func (c Config) validate() error {
 	}
 	if c.KVTimeout < 0 {
 		errs = append(errs, fmt.Errorf("kv-timeout must be positive, got %s", c.KVTimeout))
+	}
+	if c.BootstrapTimeout < 0 {
+		errs = append(errs, fmt.Errorf("bootstrap-timeout must be positive, got %s", c.BootstrapTimeout))
 	}
 	if c.PrefillPer1KTokens < 0 || c.DecodePerToken < 0 {
 		errs = append(errs, errors.New("latencies must not be negative"))

@@ -28,19 +28,34 @@
 // KV token budget that gates admission, chunked prefill,
 // a prefix cache with LRU eviction, prefill and decode step times from
 // published SGLang figures, lockstep steps across ranks under DP attention,
-// and a PD KV transfer time. Overload then shows as queueing (TTFT) and
-// slow steps (TPOT), and the loads and metrics report the model's numbers,
-// SGLang's per-stage latency histogram (sglang:per_stage_req_latency_seconds:
-// the waiting queue, forward and KV transfer of a prefill; the prealloc,
-// transfer and waiting queues of a decode) included, in model seconds.
+// a PD prefill's bootstrap queue and a PD KV transfer time. Overload then
+// shows as queueing (TTFT) and slow steps (TPOT), and the loads and metrics
+// report the model's numbers, SGLang's per-stage latency histogram
+// (sglang:per_stage_req_latency_seconds: the bootstrap queue, waiting
+// queue, forward and KV transfer of a prefill; the prealloc, transfer and
+// waiting queues of a decode) included, in model seconds.
+//
+// A PD prefill request of the engine model waits in its rank's bootstrap
+// queue, as SGLang's does, until the decode holding its bootstrap room has
+// preallocated the KV and sent the transfer metadata (POST /sim/kv_prefix
+// on the prefill's bootstrap server, with decode_prefix_len); only then
+// does it enter the waiting queue, so a decode short of KV holds its
+// prefills back. The queue is reported as SGLang's prefill prealloc queue
+// (sglang:num_prefill_prealloc_queue_reqs, prefill_prealloc_queue_reqs in
+// /v1/loads), not in the waiting queue. A request whose decode never
+// preallocates fails after Config.BootstrapTimeout (--bootstrap-timeout,
+// SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT; default the KV timeout) with
+// SGLang's "Prefill bootstrap failed ... KVPoll.Bootstrapping" 500. The
+// simple model has the queue only with Config.AwaitTransfer.
 // MODEL.md documents the formulas, parameters, sources and simplifications.
 //
 // A decode server with Config.DecodeRadixCache
 // (--disaggregation-decode-enable-radix-cache) keeps SGLang's decode-side
 // radix cache in the engine model: finished requests leave their prompt and
 // answer cached, preallocation matches and pins the cached prefix, and the
-// decode tells its prefill the matched length (POST /sim/kv_prefix on the
-// prefill's bootstrap server), which then sends only the KV beyond it.
+// decode tells its prefill the matched length in its transfer metadata,
+// which the prefill then has before it starts, and sends only the KV beyond
+// it.
 // Config.HierarchicalCache adds the host tier (evicted blocks kept in host
 // memory and loaded back on a hit), and Config.DoubleCountCachedTokens
 // reproduces SGLang's double-counted cached_tokens (issue #25972). A body
@@ -94,7 +109,8 @@
 // always answers 200 with an empty body; unless abort_all, the rid must be
 // exactly one in flight, and then every item whose rid starts with it is
 // aborted. What the client sees depends on the item's stage: a prefill
-// item, or a decode item still waiting for its KV, fails with a 500
+// item (its bootstrap queue included), or a decode item still waiting for
+// its KV, fails with a 500
 // "... Aborted by AbortReq." (in-stream error event when streaming; the
 // prefill's room fails, so its decode fails too); an item already
 // generating (decode, or aggregated) ends with finish_reason "abort" and

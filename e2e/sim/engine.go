@@ -32,8 +32,12 @@ const (
 type reqState int
 
 const (
+	// stBootstrap: PD prefill: in the rank's bootstrap queue, waiting for
+	// its decode to preallocate the KV and send the transfer metadata;
+	// not schedulable yet.
+	stBootstrap reqState = iota
 	// stWaiting: in the rank's waiting queue (decode: the prealloc queue).
-	stWaiting reqState = iota
+	stWaiting
 	// stPrefill: admitted, prompt being computed (chunked prefill).
 	stPrefill
 	// stRunning: in the decode batch, one token per decode step.
@@ -135,6 +139,10 @@ type engineRank struct {
 	idx   int
 	group *stepGroup
 
+	// bootstrap is a PD prefill's bootstrap queue (SGLang's
+	// PrefillBootstrapQueue): requests whose decode has not preallocated
+	// yet. They are not in waiting, so admission never sees them.
+	bootstrap  []*engineRequest
 	waiting    []*engineRequest
 	prefilling []*engineRequest
 	running    []*engineRequest
@@ -287,6 +295,10 @@ type requestSpec struct {
 	seed *int64
 	// priority is the effective priority (priorityOrder.effective).
 	priority int64
+	// bootstrap puts a prefill request in its rank's bootstrap queue
+	// until bootstrapped is called (its decode preallocated); otherwise
+	// it enters the waiting queue at once.
+	bootstrap bool
 }
 
 // submit queues a request on its rank at time t. A prompt that can never
@@ -310,9 +322,15 @@ func (c *engineCore) submit(spec requestSpec, t time.Duration) (*engineRequest, 
 		q.maxNew = 1
 	}
 	r := c.ranks[spec.rank]
-	c.enqueue(r, q)
 	r.live[q] = struct{}{}
 	r.promptTotal += int64(q.prompt)
+	if q.kind == kindPrefill && spec.bootstrap {
+		q.state = stBootstrap
+		r.bootstrap = append(r.bootstrap, q)
+		return q, nil
+	}
+	q.state = stWaiting
+	c.enqueue(r, q)
 	c.unstall(r.group, t)
 	if c.p.mode == ModeDecode {
 		c.admitPrealloc(r, t)
@@ -350,6 +368,8 @@ func (c *engineCore) abort(q *engineRequest, t time.Duration) {
 	switch q.state {
 	case stDone:
 		return
+	case stBootstrap:
+		r.bootstrap = remove(r.bootstrap, q)
 	case stWaiting:
 		r.waiting = remove(r.waiting, q)
 	case stPrefill:
@@ -830,14 +850,20 @@ func (c *engineCore) snapshot(now time.Duration) []rankSnapshot {
 	out := make([]rankSnapshot, len(c.ranks))
 	for i, r := range c.ranks {
 		used := r.referenced()
+		// SGLang's num_total_tokens counts the prompts of every queue,
+		// the bootstrap queue included.
 		pending := 0
 		for _, q := range r.waiting {
+			pending += q.prompt
+		}
+		for _, q := range r.bootstrap {
 			pending += q.prompt
 		}
 		out[i] = rankSnapshot{
 			dpRank:        i,
 			running:       len(r.prefilling) + len(r.running) + len(r.ready),
 			waiting:       len(r.waiting),
+			bootstrap:     len(r.bootstrap),
 			transfer:      r.transfer,
 			usedTokens:    used,
 			totalTokens:   used + pending,

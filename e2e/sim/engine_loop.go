@@ -107,6 +107,16 @@ func (e *engineLoop) abort(q *engineRequest) {
 	e.poke()
 }
 
+// bootstrapped tells a prefill request that its decode preallocated the
+// KV, holding tokens of its prompt already: it leaves the bootstrap queue
+// for the waiting queue.
+func (e *engineLoop) bootstrapped(q *engineRequest, tokens int) {
+	e.mu.Lock()
+	e.core.bootstrapped(q, tokens, e.nowLocked())
+	e.mu.Unlock()
+	e.poke()
+}
+
 // setDecodePrefix tells a prefill request its decode's cached prefix.
 func (e *engineLoop) setDecodePrefix(q *engineRequest, tokens int) {
 	e.mu.Lock()

@@ -11,13 +11,14 @@ import (
 	"time"
 )
 
-// A decode with the decode radix cache tells its prefill how much of the
-// prompt it holds already (SGLang sends decode_prefix_len in the
-// per-request transfer metadata); the prefill then sends only the KV
-// beyond it. duet-sim carries the message over the prefill's bootstrap
-// server: POST /sim/kv_prefix {"room": R, "decode_prefix_len": N}, which
-// the prefill applies to the item of that room, or keeps for a while if
-// the item has not arrived yet.
+// A decode that preallocated a request's KV sends its prefill the transfer
+// metadata (SGLang: the destination KV indices and, with the decode radix
+// cache, decode_prefix_len, how much of the prompt the decode holds
+// already). The prefill's request then leaves its bootstrap queue for the
+// waiting queue, and sends only the KV beyond the prefix. duet-sim carries
+// the message over the prefill's bootstrap server: POST /sim/kv_prefix
+// {"room": R, "decode_prefix_len": N}, which the prefill applies to the
+// item of that room, or keeps for a while if the item has not arrived yet.
 
 // Pending decode prefixes (those received before their prefill item) are
 // bounded in number and age.
@@ -38,7 +39,7 @@ type kvPrefixMsg struct {
 const (
 	prefixApplied = "applied" // the room's item got it
 	prefixPending = "pending" // kept until the room's item arrives
-	prefixIgnored = "ignored" // the simple model transfers no KV
+	prefixIgnored = "ignored" // no bootstrap queue (the simple model without AwaitTransfer)
 )
 
 // prefixTarget is a live prefill item that accepts its decode prefix.
@@ -143,14 +144,22 @@ func (s *Server) handleKVPrefix(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := prefixIgnored
-	if s.eng != nil {
+	if s.hasBootstrapQueue() {
 		status = s.prefixes.deliver(*msg.Room, *msg.DecodePrefixLen)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"room": *msg.Room, "decode_prefix_len": *msg.DecodePrefixLen, "status": status})
 }
 
+// hasBootstrapQueue reports whether this server's prefill items wait for
+// their decode's transfer metadata: the engine model's, and the simple
+// model's with AwaitTransfer.
+func (s *Server) hasBootstrapQueue() bool {
+	return s.cfg.Mode == ModePrefill && (s.eng != nil || s.cfg.AwaitTransfer)
+}
+
 // postPrefix tells the prefill whose bootstrap server is at addr that
-// this decode holds tokens of room's prompt already.
+// this decode preallocated room's KV and holds tokens of its prompt
+// already.
 func (c *kvClient) postPrefix(ctx context.Context, addr string, room int64, tokens int) error {
 	body, err := json.Marshal(kvPrefixMsg{Room: &room, DecodePrefixLen: &tokens})
 	if err != nil {

@@ -43,6 +43,10 @@ type rankSnapshot struct {
 	// waiting is the waiting queue (decode: the prealloc queue); always 0
 	// in the simple model.
 	waiting int
+	// bootstrap is, on a PD prefill of the engine model, the bootstrap
+	// queue (SGLang's prefill prealloc queue): requests whose decode has
+	// not preallocated yet.
+	bootstrap int
 	// transfer is, on decode, the requests waiting for their KV; on a
 	// prefill (engine model only), the requests sending their KV.
 	transfer   int

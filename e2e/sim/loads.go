@@ -66,7 +66,7 @@ func rankLoadJSON(cfg Config, l rankSnapshot, include map[string]bool) map[strin
 		"cache_hit_rate":       l.cacheHitRate,
 		"utilization":          usage,
 		"max_running_requests": cfg.MaxRunningRequests,
-		"num_total_reqs":       l.running + l.waiting + l.transfer,
+		"num_total_reqs":       l.running + l.waiting + l.transfer + l.bootstrap,
 	}
 	if include["memory"] {
 		m["memory"] = map[string]any{
@@ -86,6 +86,7 @@ func rankLoadJSON(cfg Config, l rankSnapshot, include map[string]bool) map[strin
 		}
 		switch cfg.Mode {
 		case ModePrefill:
+			d["prefill_prealloc_queue_reqs"] = l.bootstrap
 			d["prefill_inflight_queue_reqs"] = l.transfer
 		case ModeDecode:
 			d["decode_prealloc_queue_reqs"] = l.waiting

@@ -21,10 +21,13 @@ func metricLabels(dpSize int) []string {
 	return labels
 }
 
-// gaugeSpec is one per-rank gauge and how to read it from a snapshot.
+// gaugeSpec is one per-rank gauge (or counter) and how to read it from a
+// snapshot.
 type gaugeSpec struct {
 	desc  *prometheus.Desc
 	value func(s *Server, l rankSnapshot) float64
+	// counter exports it as a counter instead of a gauge.
+	counter bool
 }
 
 // rankCollector exports the live per-rank load on every scrape.
@@ -61,6 +64,12 @@ func newRankCollector(s *Server) *rankCollector {
 				}
 				return float64(l.transfer)
 			}),
+		// SGLang's prefill bootstrap queue (requests waiting for their
+		// decode's preallocation) is its "prefill prealloc queue".
+		g("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.",
+			func(_ *Server, l rankSnapshot) float64 { return float64(l.bootstrap) }),
+		{desc: prometheus.NewDesc("sglang:num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", labels, nil),
+			counter: true, value: func(s *Server, l rankSnapshot) float64 { return float64(s.bootstrapFailures(l.dpRank)) }},
 	}}
 }
 
@@ -80,7 +89,11 @@ func (c *rankCollector) Collect(ch chan<- prometheus.Metric) {
 			labels = append([]string{strconv.Itoa(l.dpRank)}, labels...)
 		}
 		for _, g := range c.gauges {
-			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, g.value(c.s, l), labels...)
+			vt := prometheus.GaugeValue
+			if g.counter {
+				vt = prometheus.CounterValue
+			}
+			ch <- prometheus.MustNewConstMetric(g.desc, vt, g.value(c.s, l), labels...)
 		}
 	}
 }

@@ -35,8 +35,11 @@ type ItemState int
 
 // Item states, in the order an item goes through them.
 const (
+	// ItemBootstrap: a prefill item submitted with SubmitBootstrap, in its
+	// rank's bootstrap queue until Bootstrapped (its decode preallocated).
+	ItemBootstrap ItemState = iota
 	// ItemWaiting: queued (decode: waiting for its KV preallocation).
-	ItemWaiting ItemState = iota
+	ItemWaiting
 	// ItemPrefill: admitted, its prompt is being computed.
 	ItemPrefill
 	// ItemRunning: in the decode batch.
@@ -171,12 +174,28 @@ func (m *Model) Config() Config { return m.cfg }
 // the prompt can never fit the rank's KV pool, or the prompt has a
 // priority that Config.AbortOnPriorityWhenDisabled refuses (SGLang's 503).
 func (m *Model) Submit(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
+	return m.submit(t, rank, prompt, maxNew, false)
+}
+
+// SubmitBootstrap is Submit for a prefill model whose item waits in its
+// rank's bootstrap queue (ItemBootstrap), as SGLang's prefill does, until
+// Bootstrapped says its decode preallocated the KV: it is not queued for
+// prefill before, and a decode short of KV thus holds it back. Submit
+// queues it at once, as if its decode had preallocated on arrival. On
+// other models SubmitBootstrap is Submit. The model has no bootstrap
+// timeout; abort an item whose decode never preallocates.
+func (m *Model) SubmitBootstrap(t time.Duration, rank int, prompt Prompt, maxNew int) (*Item, error) {
+	return m.submit(t, rank, prompt, maxNew, true)
+}
+
+// submit is Submit, the prefill item in the bootstrap queue if bootstrap.
+func (m *Model) submit(t time.Duration, rank int, prompt Prompt, maxNew int, bootstrap bool) (*Item, error) {
 	m.Advance(t)
 	if prompt.Priority != nil && !m.cfg.EnablePriorityScheduling && m.cfg.AbortOnPriorityWhenDisabled {
 		return nil, fmt.Errorf("submit: %d %s", http.StatusServiceUnavailable, priorityDisabledMsg)
 	}
 	spec := requestSpec{rank: rank, prompt: prompt.Tokens, blocks: prompt.Blocks, ids: prompt.TokenIDs, maxNew: maxNew, tail: prompt.Tail, seed: prompt.Seed,
-		priority: m.core.p.order.effective(prompt.Priority)}
+		priority: m.core.p.order.effective(prompt.Priority), bootstrap: bootstrap}
 	switch m.cfg.Mode {
 	case ModePrefill:
 		spec.kind = kindPrefill
@@ -201,6 +220,17 @@ func (m *Model) mark(it *Item) {
 		it.queued = true
 		m.changed = append(m.changed, it)
 	}
+}
+
+// Bootstrapped tells a prefill item in ItemBootstrap, at t, that its
+// decode preallocated the KV and holds tokens of its prompt already (the
+// decode item's DecodePrefix; 0 without the decode radix cache): it joins
+// its rank's waiting queue, observes prefill_bootstrap, and its KV
+// transfer sends only the prompt beyond tokens. On an item past its
+// bootstrap it is SetDecodePrefix.
+func (m *Model) Bootstrapped(t time.Duration, it *Item, tokens int) {
+	m.Advance(t)
+	m.core.bootstrapped(it.q, tokens, t)
 }
 
 // SetDecodePrefix tells a prefill item, at t, how many of its prompt
@@ -319,6 +349,9 @@ type RankState struct {
 	Promised int
 	// Running and Waiting count requests in the batch and in the queue.
 	Running, Waiting int
+	// Bootstrapping counts a prefill's requests in the bootstrap queue
+	// (SubmitBootstrap), not yet in Waiting nor in PendingPrefill.
+	Bootstrapping int
 }
 
 // Ranks returns every rank's true state at t.
@@ -326,7 +359,8 @@ func (m *Model) Ranks(t time.Duration) []RankState {
 	m.Advance(t)
 	out := make([]RankState, len(m.core.ranks))
 	for i, r := range m.core.ranks {
-		st := RankState{UsedTokens: r.referenced(), Running: len(r.running) + len(r.ready), Waiting: len(r.waiting)}
+		st := RankState{UsedTokens: r.referenced(), Running: len(r.running) + len(r.ready), Waiting: len(r.waiting),
+			Bootstrapping: len(r.bootstrap)}
 		st.Promised = r.growth
 		for _, q := range r.waiting {
 			st.PendingPrefill += q.prompt

@@ -375,15 +375,18 @@ func closedPort(t *testing.T) int {
 }
 
 // With AwaitTransfer a prefill answers only once a decode took its KV, and
-// one whose decode never comes fails after the KV timeout; a decode that
-// polls the room as done releases it.
+// one whose decode never comes fails after the bootstrap timeout (the KV
+// timeout by default); a decode that preallocated (its bootstrap message)
+// and polls the room as done releases it.
 func TestAwaitTransfer(t *testing.T) {
 	p := startTest(t, Config{Mode: ModePrefill, DPSize: 1, AwaitTransfer: true, KVTimeout: 300 * time.Millisecond})
 	body := `{"text":"hi","sampling_params":{"max_new_tokens":1},"bootstrap_host":"127.0.0.1","bootstrap_room":%d}`
 
 	start := time.Now()
-	if r := post(t, p.api.URL+"/generate", fmt.Sprintf(body, 11)); r.status != 500 || time.Since(start) < 250*time.Millisecond {
-		t.Fatalf("no decode: status %d after %v, want 500 after the KV timeout: %s", r.status, time.Since(start), r.body)
+	if r := post(t, p.api.URL+"/generate", fmt.Sprintf(body, 11)); r.status != 500 || time.Since(start) < 250*time.Millisecond ||
+		!strings.Contains(string(r.body), "Prefill bootstrap failed for request rank=0 bootstrap_room=11 with exception KVTransferError") ||
+		!strings.Contains(string(r.body), "in KVPoll.Bootstrapping") {
+		t.Fatalf("no decode: status %d after %v, want 500 after the bootstrap timeout: %s", r.status, time.Since(start), r.body)
 	}
 
 	done := make(chan int, 1)
@@ -392,6 +395,9 @@ func TestAwaitTransfer(t *testing.T) {
 	case code := <-done:
 		t.Fatalf("prefill answered %d before any decode took the KV", code)
 	case <-time.After(100 * time.Millisecond):
+	}
+	if r := post(t, p.boot.URL+"/sim/kv_prefix", `{"room":12,"decode_prefix_len":0}`); r.status != 200 {
+		t.Fatalf("bootstrap message: %d %s", r.status, r.body)
 	}
 	kv, err := http.Get(p.boot.URL + "/sim/kv?room=12&wait_ms=1000")
 	if err != nil {

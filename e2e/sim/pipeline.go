@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,6 +25,13 @@ type itemPlan struct {
 	bootAddr    string // prefill bootstrap server host:port
 	prefillRank *int   // rank expected to hold the KV; nil accepts any
 	fakeKV      bool   // FAKE_BOOTSTRAP_HOST: no transfer (health checks)
+}
+
+// fakeBootstrap reports whether the item carries SGLang's fake bootstrap
+// host (health checks): a prefill then neither waits for a decode's
+// bootstrap nor for a decode to take its KV (SGLang's fake sender).
+func (p *itemPlan) fakeBootstrap() bool {
+	return p.host != nil && *p.host == fakeBootstrapHost
 }
 
 // emitter receives streaming progress; nil for non-streaming requests.
@@ -114,17 +122,35 @@ func (s *Server) runItemStages(ctx context.Context, req *inferRequest, p *itemPl
 }
 
 // runPrefill runs the prefill leg: the follow_bootstrap_room conflict
-// check, then the forward pass that makes the room's KV available on this
-// item's rank, then one generated token.
+// check, with AwaitTransfer the bootstrap queue (until the decode sent
+// its transfer metadata), then the forward pass that makes the room's KV
+// available on this item's rank, then one generated token.
 func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan, res itemResult, em emitter) (itemResult, error) {
 	room := *p.room
 	if msg := s.prefillConflict(req, p); msg != "" {
 		s.rooms.set(room, p.rank, RoomFailed, msg)
 		return res, internalErrorf("%s", msg)
 	}
+	s.rooms.set(room, p.rank, RoomPending, "")
+	if s.cfg.AwaitTransfer && !p.fakeBootstrap() {
+		booted := make(chan struct{})
+		var once sync.Once
+		unregister := s.prefixes.register(room, func(int) { once.Do(func() { close(booted) }) })
+		err := s.awaitBootstrap(ctx, p, func() bool {
+			select {
+			case <-booted:
+				return true
+			default:
+				return false
+			}
+		}, booted)
+		unregister()
+		if err != nil {
+			return res, err
+		}
+	}
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseRunning)
 	defer h.release()
-	s.rooms.set(room, p.rank, RoomPending, "")
 	err := sleepModel(ctx, s.clk, s.prefillTime(p.in.promptTokens))
 	if err == nil {
 		err = s.stall(ctx)
@@ -134,21 +160,61 @@ func (s *Server) runPrefill(ctx context.Context, req *inferRequest, p *itemPlan,
 		return res, err
 	}
 	s.rooms.set(room, p.rank, RoomDone, "")
-	if err := s.awaitTransfer(ctx, room); err != nil {
+	if err := s.awaitTransfer(ctx, p); err != nil {
 		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
 		return res, err
 	}
 	return s.generate(ctx, h, res, 1, false, em)
 }
 
-// awaitTransfer holds a finished prefill item until a decode took its KV
-// (with Config.AwaitTransfer; otherwise it returns at once). A decode that
-// never comes fails the item after KVTimeout, like SGLang's bootstrap
-// timeout; an abort or a disconnect ends the wait with ctx's error.
-func (s *Server) awaitTransfer(ctx context.Context, room int64) error {
-	if !s.cfg.AwaitTransfer {
+// awaitBootstrap holds prefill item p in the bootstrap queue until done
+// reports that its decode preallocated the KV and sent the transfer
+// metadata (done is checked whenever changed is signalled or closed). A
+// decode that never does fails the item after Config.BootstrapTimeout
+// (model time) with SGLang's bootstrap failure, "Prefill bootstrap failed
+// ... with exception KVTransferError(...): Request R timed out after Ns in
+// KVPoll.Bootstrapping", and fails the room. An abort or a disconnect
+// ends the wait with ctx's error, the room failed as an aborted prefill's.
+// Either way the item counts in sglang:num_bootstrap_failed_reqs_total.
+func (s *Server) awaitBootstrap(ctx context.Context, p *itemPlan, done func() bool, changed <-chan struct{}) error {
+	if done() {
 		return nil
 	}
+	room := *p.room
+	start := time.Now()
+	timer := time.NewTimer(s.clk.Wall(s.cfg.BootstrapTimeout))
+	defer timer.Stop()
+	for !done() {
+		select {
+		case <-ctx.Done():
+			s.bootstrapFailed[p.rank].Add(1)
+			s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, ctx.Err()))
+			return ctx.Err()
+		case <-timer.C:
+			if done() {
+				return nil
+			}
+			s.bootstrapFailed[p.rank].Add(1)
+			exc := fmt.Sprintf("KVTransferError(bootstrap_room=%d): Request %d timed out after %.1fs in KVPoll.Bootstrapping",
+				room, room, s.clk.Model(time.Since(start)).Seconds())
+			s.rooms.set(room, p.rank, RoomFailed, exc)
+			return internalErrorf("Prefill bootstrap failed for request rank=%d bootstrap_room=%d with exception %s", p.rank, room, exc)
+		case <-changed:
+		}
+	}
+	return nil
+}
+
+// awaitTransfer holds finished prefill item p until a decode took its KV
+// (with Config.AwaitTransfer, and unless p carries the fake bootstrap
+// host; otherwise it returns at once). A decode that never takes it fails
+// the item after KVTimeout; an abort or a disconnect ends the wait with
+// ctx's error.
+func (s *Server) awaitTransfer(ctx context.Context, p *itemPlan) error {
+	if !s.cfg.AwaitTransfer || p.fakeBootstrap() {
+		return nil
+	}
+	room := *p.room
 	start := time.Now()
 	if s.rooms.waitDelivered(ctx, room, s.clk.Wall(s.cfg.KVTimeout)) {
 		return nil
@@ -183,12 +249,14 @@ func (s *Server) prefillConflict(req *inferRequest, p *itemPlan) string {
 		"Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.", p.rank, *p.room, implied)
 }
 
-// runDecode runs the decode leg: KV preallocated in the transfer queue,
-// wait for the prefill's KV on the expected rank, then generate.
+// runDecode runs the decode leg: KV preallocated in the transfer queue
+// (the prefill told so), wait for the prefill's KV on the expected rank,
+// then generate.
 func (s *Server) runDecode(ctx context.Context, p *itemPlan, it *inflightItem, res itemResult, em emitter) (itemResult, error) {
 	h := s.load.admit(p.rank, p.in.promptTokens, phaseTransfer)
 	defer h.release()
 	if !p.fakeKV {
+		s.sendBootstrap(ctx, p, 0)
 		_, err := s.kv.waitKV(ctx, s.kvWait(p))
 		if err != nil {
 			return res, err

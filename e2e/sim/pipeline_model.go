@@ -34,9 +34,12 @@ func (s *Server) runItemModel(ctx context.Context, req *inferRequest, p *itemPla
 }
 
 // runPrefillModel is the prefill leg: the conflict check, then the
-// engine's prefill (queueing, chunks, prefix cache) and KV transfer; the
-// room is done when the transfer ends, and the leg answers with its one
-// token.
+// bootstrap queue (until the decode preallocated the KV and sent its
+// transfer metadata, with decode_prefix_len), then the engine's prefill
+// (queueing, chunks, prefix cache) and KV transfer; the room is done when
+// the transfer ends, and the leg answers with its one token. A health
+// check's fake bootstrap host skips the bootstrap queue, as SGLang's fake
+// sender does.
 func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *itemPlan, res itemResult, em emitter, spec requestSpec) (itemResult, error) {
 	room := *p.room
 	if msg := s.prefillConflict(req, p); msg != "" {
@@ -44,13 +47,17 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 		return res, internalErrorf("%s", msg)
 	}
 	s.rooms.set(room, p.rank, RoomPending, "")
+	spec.bootstrap = !p.fakeBootstrap()
 	q, err := s.eng.submit(spec)
 	if err != nil {
 		s.rooms.set(room, p.rank, RoomFailed, err.Error())
 		return res, err
 	}
 	defer s.eng.abort(q)
-	defer s.prefixes.register(room, func(n int) { s.eng.setDecodePrefix(q, n) })()
+	defer s.prefixes.register(room, func(n int) { s.eng.bootstrapped(q, n) })()
+	if err := s.awaitBootstrap(ctx, p, func() bool { return s.eng.progress(q).state != stBootstrap }, q.notify); err != nil {
+		return res, err
+	}
 	pr, err := s.waitState(ctx, q, stDone)
 	if err == nil {
 		err = s.stall(ctx)
@@ -62,12 +69,14 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 	res.cachedTokens = pr.cached
 	if pr.prefixSet {
 		res.gotPrefix, res.transferred = true, pr.sent
-		s.log.Info("prefill sent the KV beyond the decode's cached prefix",
-			zap.Int64("room", room), zap.Int("prompt_tokens", p.in.promptTokens),
-			zap.Int("decode_prefix_len", pr.decodePrefix), zap.Int("tokens_sent", pr.sent))
+		if pr.decodePrefix > 0 {
+			s.log.Info("prefill sent the KV beyond the decode's cached prefix",
+				zap.Int64("room", room), zap.Int("prompt_tokens", p.in.promptTokens),
+				zap.Int("decode_prefix_len", pr.decodePrefix), zap.Int("tokens_sent", pr.sent))
+		}
 	}
 	s.rooms.setDone(room, p.rank, pr.cached)
-	if err := s.awaitTransfer(ctx, room); err != nil {
+	if err := s.awaitTransfer(ctx, p); err != nil {
 		s.rooms.set(room, p.rank, RoomFailed, prefillFailure(ctx, err))
 		return res, err
 	}
@@ -76,8 +85,9 @@ func (s *Server) runPrefillModel(ctx context.Context, req *inferRequest, p *item
 
 // runDecodeModel is the decode leg: KV preallocation (queued while the
 // rank's KV is short; with the decode radix cache the cached prefix is
-// matched, and the prefill told about it), the wait for the prefill's KV,
-// then decoding in the engine.
+// matched), the transfer metadata sent to the prefill (which may then
+// start the request), the wait for the prefill's KV, then decoding in the
+// engine.
 func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, it *inflightItem, res itemResult, em emitter, spec requestSpec) (itemResult, error) {
 	q, err := s.eng.submit(spec)
 	if err != nil {
@@ -90,9 +100,10 @@ func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, it *inflightIt
 	}
 	if s.cfg.DecodeRadixCache {
 		res.radix, res.decodePrefix, res.hostHit = true, pr.decodePrefix, pr.hostHit
-		if !p.fakeKV {
-			s.sendDecodePrefix(ctx, p, pr.decodePrefix)
-		}
+	}
+	if !p.fakeKV {
+		// pr.decodePrefix is 0 without the decode radix cache.
+		s.sendBootstrap(ctx, p, pr.decodePrefix)
 	}
 	prefillCached := 0
 	if !p.fakeKV {
@@ -107,12 +118,16 @@ func (s *Server) runDecodeModel(ctx context.Context, p *itemPlan, it *inflightIt
 	return s.follow(ctx, q, res, em, prefillCached)
 }
 
-// sendDecodePrefix tells the decode item p's prefill how many prompt
-// tokens this decode holds already, so that it sends only the rest. It is
-// best effort: on failure the prefill sends the whole prompt.
-func (s *Server) sendDecodePrefix(ctx context.Context, p *itemPlan, tokens int) {
+// sendBootstrap tells the prefill of decode item p that its KV is
+// preallocated, and how many prompt tokens this decode holds already
+// (decode_prefix_len, 0 without the decode radix cache): SGLang's transfer
+// metadata, which moves the prefill's request from its bootstrap queue to
+// its waiting queue, and makes it send only the KV beyond the prefix. A
+// failed message is logged; the prefill then fails after its bootstrap
+// timeout, and this item after its KV wait.
+func (s *Server) sendBootstrap(ctx context.Context, p *itemPlan, tokens int) {
 	if err := s.kv.postPrefix(ctx, p.bootAddr, *p.room, tokens); err != nil && ctx.Err() == nil {
-		s.log.Warn("could not send decode_prefix_len to the prefill; it will send the whole prompt",
+		s.log.Warn("could not send the transfer metadata (decode_prefix_len) to the prefill; it will not start the request",
 			zap.Int64("room", *p.room), zap.String("bootstrap", p.bootAddr), zap.Error(err))
 	}
 }

@@ -70,9 +70,10 @@ type Record struct {
 	// HostHitTokens is the host-tier part of DecodePrefixLen (decode
 	// HiCache), per item.
 	HostHitTokens []int `json:"host_hit_tokens,omitempty"`
-	// TransferredTokens is, on a prefill told its decode's prefix, every
-	// item's tokens whose KV it sent (prompt - decode_prefix_len); 0 for
-	// an item whose transfer did not start.
+	// TransferredTokens is, on an engine-model prefill told by its decode
+	// (every item that left the bootstrap queue), every item's tokens
+	// whose KV it sent (prompt - decode_prefix_len); 0 for an item whose
+	// transfer did not start.
 	TransferredTokens []int `json:"transferred_tokens,omitempty"`
 	// Priority is the body's priority field, nil when absent (and on
 	// /v1/responses, whose priority SGLang does not hand to its engine).

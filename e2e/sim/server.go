@@ -37,8 +37,12 @@ type Server struct {
 	faultsMu sync.Mutex
 	// inflight holds the items in flight by rid.
 	inflight *inflightSet
-	// prefixes routes decode prefixes to prefill items (prefill only).
+	// prefixes routes the decodes' transfer metadata (bootstrap and
+	// decode_prefix_len) to prefill items (prefill only).
 	prefixes *prefixBoard
+	// bootstrapFailed counts, per rank, the prefill items that failed in
+	// the bootstrap queue (sglang:num_bootstrap_failed_reqs_total).
+	bootstrapFailed []atomic.Int64
 	// draining is set once Shutdown (or Close) started.
 	draining atomic.Bool
 	// deadCtx is cancelled by a simulated crash.
@@ -78,16 +82,17 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		log = zap.NewNop()
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      log.With(zap.String("mode", string(cfg.Mode)), zap.String("listen", cfg.Listen)),
-		load:     newLoadTracker(cfg.DPSize),
-		rooms:    newRoomStore(),
-		kv:       newKVClient(cfg.KVPollInterval),
-		records:  newRecordStore(cfg.MaxRecords),
-		inflight: newInflightSet(),
-		prefixes: newPrefixBoard(),
-		started:  time.Now(),
-		clk:      newScaledClock(cfg.TimeScale),
+		cfg:             cfg,
+		log:             log.With(zap.String("mode", string(cfg.Mode)), zap.String("listen", cfg.Listen)),
+		load:            newLoadTracker(cfg.DPSize),
+		rooms:           newRoomStore(),
+		kv:              newKVClient(cfg.KVPollInterval),
+		records:         newRecordStore(cfg.MaxRecords),
+		inflight:        newInflightSet(),
+		prefixes:        newPrefixBoard(),
+		started:         time.Now(),
+		bootstrapFailed: make([]atomic.Int64, cfg.DPSize),
+		clk:             newScaledClock(cfg.TimeScale),
 	}
 	s.stageHist = newStageHistogram(cfg)
 	s.deadCtx, s.kill = context.WithCancel(context.Background())
@@ -121,6 +126,15 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 		s.bootstrap = s.bootstrapHandler()
 	}
 	return s, nil
+}
+
+// bootstrapFailures is how many prefill items of rank failed in the
+// bootstrap queue so far.
+func (s *Server) bootstrapFailures(rank int) int64 {
+	if rank < 0 || rank >= len(s.bootstrapFailed) {
+		return 0
+	}
+	return s.bootstrapFailed[rank].Load()
 }
 
 // Config returns the effective (defaulted) configuration.

@@ -15,6 +15,10 @@ type latencyStage string
 
 // The stages the engine model observes; MODEL.md maps them to the model.
 const (
+	// latPrefillBootstrap: a PD prefill's bootstrap queue, from arrival
+	// until its decode preallocated the KV and sent the transfer metadata
+	// (the request then enters the waiting queue).
+	latPrefillBootstrap latencyStage = "prefill_bootstrap"
 	// latPrefillWaiting: the waiting queue until the request's first
 	// prefill step starts (prefill and aggregated servers).
 	latPrefillWaiting latencyStage = "prefill_waiting"

@@ -192,7 +192,7 @@ func TestPerStageHistogramOverHTTP(t *testing.T) {
 		stages []string
 		labels model.Metric
 	}{
-		{name: "prefill", ts: p, stages: []string{"prefill_forward", "prefill_transfer_kv_cache", "prefill_waiting"},
+		{name: "prefill", ts: p, stages: []string{"prefill_bootstrap", "prefill_forward", "prefill_transfer_kv_cache", "prefill_waiting"},
 			labels: model.Metric{"engine_type": "prefill", "model_name": "m-x", "dp_rank": "1", "tp_rank": "0", "pp_rank": "0"}},
 		{name: "decode", ts: d, stages: []string{"decode_bootstrap", "decode_transferred", "decode_waiting"},
 			labels: model.Metric{"engine_type": "decode", "model_name": "sim-model", "tp_rank": "0", "pp_rank": "0"}},
