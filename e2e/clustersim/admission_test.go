@@ -52,9 +52,9 @@ func TestNoAdmissionUnchanged(t *testing.T) {
 		share           bool
 		result, summary string
 	}{
-		{"one replica", 1, false, "5898bb49725766ec8da1bfc8a595b9539824f586817a0b841e4114c13af56f9b", "982f40395e7f51fe110d5d93a7283da3539a65aa9a8e9e8794961ad0b6a572e1"},
-		{"three sharing", 3, true, "f228daaa05a3e8bf5b68994feabca7c6876b97c2d1262acedbd5b516a76f93e2", "f6eb2a69f712882edf26d6253e169faef84714ed2ac9f8aef87c1a0de5eaa5c4"},
-		{"three apart", 3, false, "0c68d40391e1d820fc0e13b67dc70f2a3e8c1eb0de3ffc04e55ff5faa684a088", "7868ef6022b0da59f9a7468ea7c89e2305ca094e263cdcb51ef30fdfe1b66ef5"},
+		{"one replica", 1, false, "6eb3b74e649f19d3871f559d7dba888b46668aaa4c71dca9fd086bb9625e2f8a", "f0bce41329ccb7a2757717590496c349cc33b68f7be7c4c24db6220a73bb4b6b"},
+		{"three sharing", 3, true, "73dc39bd60a63eedd76af95b480946da87df1d9b98ab930663edb37187c337c3", "0b4f302579d4167e796a7b79a7d8c104f39dfeffa6bbc53af399c0a30e88f56f"},
+		{"three apart", 3, false, "5c61c652b2bd06e03149624ce0799a6142d2ca9dc43408f2b99ed3b5ee343924", "a909ffa6a881432697589d9dd28b67c9ad7acf6d32839c6a066e4430e700430c"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := overloaded(t)

@@ -17,9 +17,12 @@
 //     bench.Policy.EngineRanks, engines only: the prefill rank then follows a
 //     random bootstrap room and the decode engine takes ranks round robin,
 //     as SGLang does behind a rank-unaware router);
-//   - both legs start at once; the decode leg preallocates KV, the prefill
-//     leg computes the prompt and sends the KV; the decode leg starts once
-//     both are done, as in duet-sim;
+//   - both legs start at once; the prefill leg waits in its bootstrap queue
+//     (sim.Model.SubmitBootstrap) while the decode leg preallocates KV;
+//     once it has, the prefill joins its waiting queue (Bootstrapped, with
+//     the decode radix cache's decode_prefix_len), computes the prompt and
+//     sends the KV, so a decode short of KV holds its prefills back, as in
+//     SGLang and duet-sim; the decode leg starts once both are done;
 //   - feedback reaches the scheduler when each leg ends, as Envoy's access
 //     log delivers it, and loads are scraped every LoadInterval through the
 //     scheduler's own scrape code: an in-process http.RoundTripper answers

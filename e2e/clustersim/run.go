@@ -546,7 +546,9 @@ func (r *run) send(ctx context.Context, q *request) {
 		prompt.Priority = &p
 	}
 	if q.pEng != nil {
-		it, err := q.pEng.model.Submit(r.now, q.pRank, prompt, maxNew)
+		// The prefill waits in its bootstrap queue until the decode leg
+		// has preallocated (sendDecodePrefix), as SGLang's does.
+		it, err := q.pEng.model.SubmitBootstrap(r.now, q.pRank, prompt, maxNew)
 		if err != nil {
 			r.fail(q, "prefill: "+err.Error())
 			return
@@ -567,18 +569,19 @@ func (r *run) send(ctx context.Context, q *request) {
 	r.sendDecodePrefix(q)
 }
 
-// sendDecodePrefix tells q's prefill, once q's decode leg has
-// preallocated, what the decode radix cache matched: the prefill then
-// sends only the KV beyond it (SGLang's decode_prefix_len).
+// sendDecodePrefix bootstraps q's prefill once q's decode leg has
+// preallocated the KV, as SGLang's decode does: the prefill leaves its
+// bootstrap queue for its waiting queue (before, it computes nothing, so
+// a decode short of KV holds its prefills back) and learns what the
+// decode radix cache matched, sending only the KV beyond it
+// (decode_prefix_len; 0 without the cache).
 func (r *run) sendDecodePrefix(q *request) {
 	if q.prefixSent || q.pItem == nil || q.dItem == nil || q.dItem.State() != sim.ItemTransfer {
 		return
 	}
 	q.prefixSent = true
 	q.decodeCached = q.dItem.DecodePrefix()
-	if q.decodeCached > 0 {
-		q.pEng.model.SetDecodePrefix(r.now, q.pItem, q.decodeCached)
-	}
+	q.pEng.model.Bootstrapped(r.now, q.pItem, q.decodeCached)
 }
 
 // decodeBound returns how many of prompt's tokens a decode cache holding

@@ -17,11 +17,13 @@ type TTFTParts struct {
 	Requests int
 	// TTFT is their mean time to first token.
 	TTFT float64
-	// PrefillWait is arrival to the prefill rank's admission (its queue);
-	// PrefillCompute admission to the prompt in KV; Transfer the KV's way
-	// to the decode; DecodeWait the time the KV waited beyond the transfer
-	// for the decode rank's preallocation; FirstStep the rest, from the KV
-	// at the decode to the first token.
+	// PrefillWait is arrival to the prefill rank's admission (its
+	// bootstrap queue, waiting for the decode's preallocation, then its
+	// waiting queue); PrefillCompute admission to the prompt in KV;
+	// Transfer the KV's way to the decode; DecodeWait the time the KV
+	// waited beyond the transfer for the decode rank's preallocation (0
+	// now that the prefill waits for it first); FirstStep the rest, from
+	// the KV at the decode to the first token.
 	PrefillWait, PrefillCompute, Transfer, DecodeWait, FirstStep float64
 	// Later is the same split over the later turns of sessions (turn > 0),
 	// which have a previous turn whose prefix they can reuse.
