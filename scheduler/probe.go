@@ -39,15 +39,23 @@ func (s *Scheduler) runHealth(ctx context.Context) {
 	}
 }
 
-// probeHealth sends GET {URL}{HealthConfig.Path} to every configured
-// endpoint, ejected ones included, at most LoadConfig.Concurrency at a
-// time. A 200 is a success; any other status or no answer is a failure.
+// probeHealth sends GET {URL}{HealthConfig.Path} to every ready endpoint,
+// ejected ones included, at most LoadConfig.Concurrency at a time. A 200 is
+// a success; any other status or no answer is a failure.
+//
+// An endpoint that is not ready is left to discovery, which retries it with
+// backoff: picks cannot choose it anyway, and an engine that was down at
+// start must not come up ejected for the probes it failed meanwhile (with
+// base_ejection doubling, minutes after it answers).
 func (s *Scheduler) probeHealth(ctx context.Context) {
 	snap := s.snap.Load()
 	sem := make(chan struct{}, s.loadCfg.Concurrency)
 	var wg sync.WaitGroup
 	for i := range snap.endpoints {
 		ep := &snap.endpoints[i]
+		if !ep.Ready {
+			continue
+		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()

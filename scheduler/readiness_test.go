@@ -343,3 +343,51 @@ func TestRunRetriesAddedEndpoints(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// An engine down at start is left to discovery's retries, not to the
+// health probes: it comes up without an ejection earned while it was
+// down, and picks can choose it as soon as discovery finds it.
+func TestEngineDownAtStartComesUpUnejected(t *testing.T) {
+	down := map[string]response{
+		"/server_info": {status: http.StatusServiceUnavailable},
+		"/health":      {status: http.StatusServiceUnavailable},
+	}
+	engine := newFakeEngine(t, down)
+	good := newFakeEngine(t, serverInfo200(info(1, "", -1)))
+	s := newTestScheduler(t, Config{
+		Decode:            []EndpointSpec{{URL: good.url()}, {URL: engine.url()}},
+		DiscoveryInterval: time.Minute,
+		Load:              LoadConfig{Interval: -1},
+		Health:            HealthConfig{Interval: 10 * time.Millisecond, ProbeFailures: 1, BaseEjection: time.Minute, MaxEjection: time.Minute},
+	}, nil)
+	s.retryBase = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	time.Sleep(200 * time.Millisecond) // about 20 probe rounds
+	if n := engine.hitCount("/health"); n != 0 {
+		t.Errorf("the engine that discovery has not found was probed %d times", n)
+	}
+	if n := good.hitCount("/health"); n == 0 {
+		t.Error("the ready engine was never probed")
+	}
+
+	up := serverInfo200(info(2, "", -1))
+	up["/health"] = response{status: http.StatusOK}
+	engine.set(up)
+	key := TargetKey{URL: engine.url(), Rank: 0}
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		if _, ok := s.snap.Load().pool(RoleDecode).index[key]; ok {
+			break
+		}
+		if time.Since(start) > 3*time.Second {
+			t.Fatal("the engine is not a target 3s after it came up")
+		}
+	}
+	p := s.snap.Load().pool(RoleDecode)
+	if p.states[p.index[key]].ejected(time.Now().UnixNano()) {
+		t.Error("the engine came up ejected for the probes it failed while discovery had not found it")
+	}
+}
