@@ -42,9 +42,14 @@ e2e: build envoy egctl nats-server
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
-# then streaming and non-streaming traffic. HOLD=1 keeps the stack up.
+# then streaming and non-streaming traffic. HOLD=1 keeps the stack up until
+# Ctrl-C, which stops it cleanly (the demo exits 0). The demo removes its
+# temporary directory (configuration, credentials, logs) when it ends;
+# KEEP=1 keeps it. Built, not `go run`: go run exits 1 on Ctrl-C whatever
+# the program's status.
 demo: build envoy
-	$(GO) run ./e2e/demo $(if $(HOLD),-hold)
+	$(GO) build -o $(BIN)/duet-demo ./e2e/demo
+	$(BIN)/duet-demo $(if $(HOLD),-hold) $(if $(KEEP),-keep)
 
 # Routing quality on the deterministic cluster simulator (docs/benchmarks/README.md):
 # every scenario, routing and seed in virtual time, duet's real scheduler

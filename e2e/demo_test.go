@@ -12,8 +12,8 @@ import (
 )
 
 // TestDemoConversations runs what `make demo` runs, through a real Envoy:
-// its stack (harness.DemoOptions: duet with no policy section, so with its
-// default policies; duet-sim's engine model, whose DP ranks cache
+// its stack (harness.DemoOptions: duet with no policy or request section,
+// so with its default policies and body limit; duet-sim's engine model, whose DP ranks cache
 // prefixes; decode engines with SGLang's decode radix cache) and its
 // conversations (package conversations). It checks the claim the demo
 // prints: every conversation's turns keep one prefill target and one decode
@@ -21,8 +21,12 @@ import (
 // every later turn reports at least the previous turn's prompt cached.
 func TestDemoConversations(t *testing.T) {
 	opts := harness.DemoOptions()
-	if cfg := harness.DuetConfig(opts, harness.Addresses{}); strings.Contains(cfg, "\npolicy:") {
+	cfg := harness.DuetConfig(opts, harness.Addresses{})
+	if strings.Contains(cfg, "\npolicy:") {
 		t.Fatalf("the demo's duet configuration sets policies; it must run duet's defaults:\n%s", cfg)
+	}
+	if strings.Contains(cfg, "max_body_bytes") {
+		t.Fatalf("the demo's duet configuration sets request.max_body_bytes; it must run duet's default:\n%s", cfg)
 	}
 	s := startStack(t, opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

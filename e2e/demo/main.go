@@ -7,6 +7,11 @@
 // the prompt tokens the engines found cached; then a few other request
 // shapes, streaming and not, with where each leg went. Run it with `make
 // demo`; -hold keeps the stack up for your own requests until Ctrl-C.
+//
+// The stack's configuration, credentials (keys and tokens) and logs live in
+// a temporary directory that the demo removes when it ends, on Ctrl-C
+// (SIGINT) or SIGTERM too; -keep keeps it. Interrupted, the demo stops the
+// stack and exits with status 0.
 package main
 
 import (
@@ -18,6 +23,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -28,26 +35,69 @@ import (
 
 func main() {
 	hold := flag.Bool("hold", false, "keep the stack running until interrupted")
+	keep := flag.Bool("keep", false, "keep the temporary directory (configuration, credentials, logs) after the demo ends")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *hold); err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
-	}
+	os.Exit(demo(os.Stdout, os.Stderr, *keep, func(ctx context.Context, dir string) error {
+		return run(ctx, dir, *hold, *keep)
+	}))
 }
 
-// run starts the demo's stack, sends its traffic and, with hold, keeps the
-// stack up until ctx ends.
-func run(ctx context.Context, hold bool) error {
+// demo runs body in a new temporary directory until body returns, or
+// SIGINT or SIGTERM ends its context; then it removes the directory
+// unless keep. It returns the exit status: 0 when body succeeded or was
+// interrupted, 1 when it failed or the directory could not be removed.
+func demo(stdout, stderr io.Writer, keep bool, body func(ctx context.Context, dir string) error) int {
+	// Until demo returns, a second Ctrl-C is caught too, so that the
+	// cleanup still removes the directory with the keys.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	dir, err := os.MkdirTemp("", "duet-demo-")
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 1
+	}
+	code := 0
+	err = body(ctx, dir)
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintln(stdout, "\nInterrupted: the stack is stopped.")
+	case err != nil:
+		fmt.Fprintln(stderr, "demo:", err)
+		code = 1
+	}
+	if keep {
+		fmt.Fprintf(stdout, "Kept %s (configuration, credentials, logs).\n", dir)
+		return code
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintln(stderr, "demo: remove the temporary directory:", err)
+		return 1
+	}
+	return code
+}
+
+// run starts the demo's stack in dir, sends its traffic and, with hold,
+// keeps the stack up until ctx ends. It stops the stack before it returns;
+// when it fails (but for an interruption) it prints the tail of every
+// process's log first.
+func run(ctx context.Context, dir string, hold, keep bool) (err error) {
 	opts := harness.DemoOptions()
+	opts.Dir = dir
 	fmt.Printf("Starting Envoy + duet + %d prefill + %d decode simulated SGLang engines ...\n", len(opts.Prefill), len(opts.Decode))
 	s, err := harness.Start(ctx, opts)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
-	if err := banner(ctx, s, opts); err != nil {
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			fmt.Fprint(os.Stderr, s.Logs())
+			if !keep {
+				fmt.Fprintln(os.Stderr, "(the demo removes these logs when it ends; make demo KEEP=1 keeps them)")
+			}
+		}
+		s.Close()
+	}()
+	if err := banner(ctx, s, opts, keep); err != nil {
 		return err
 	}
 	if err := chats(ctx, s); err != nil {
@@ -63,8 +113,41 @@ func run(ctx context.Context, hold bool) error {
 	return nil
 }
 
+// statusPage says where duet's status page is and what opens it: nothing
+// when duet's admin port listens on loopback only, else the admin token
+// (the file's, and the token itself, which the demo made).
+func statusPage(adminURL string, beyondLoopback bool, c harness.Credentials) string {
+	if !beyondLoopback {
+		return adminURL + "/status (duet's live view; the admin port listens on loopback: no token needed)"
+	}
+	return fmt.Sprintf("%s/status (duet's live view; give the admin token %s, from %s, as the password, or as \"Authorization: Bearer\")",
+		adminURL, c.AdminToken, c.AdminTokenFile)
+}
+
+// bufferLimitRE is the body limit in Envoy's bootstrap, which `duet
+// envoy-config` sets to duet's request.max_body_bytes.
+var bufferLimitRE = regexp.MustCompile(`per_connection_buffer_limit_bytes: (\d+)`)
+
+// bodyLimit says how large a request body the stack takes, from the
+// bootstrap at path: duet's request.max_body_bytes.
+func bodyLimit(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	m := bufferLimitRE.FindSubmatch(data)
+	if m == nil {
+		return "unknown: the bootstrap sets no per_connection_buffer_limit_bytes"
+	}
+	n, _ := strconv.Atoi(string(m[1]))
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
 // banner prints the stack's parts and duet's policies.
-func banner(ctx context.Context, s *harness.Stack, opts harness.Options) error {
+func banner(ctx context.Context, s *harness.Stack, opts harness.Options, keep bool) error {
 	version, _ := s.Tools.EnvoyVersion()
 	policies, err := conversations.Policies(ctx, s)
 	if err != nil {
@@ -78,7 +161,9 @@ func banner(ctx context.Context, s *harness.Stack, opts harness.Options) error {
 		fmt.Printf("  %-14s%s\n", label, fmt.Sprintf(format, args...))
 	}
 	line("Envoy "+version, "%s", s.EnvoyURL)
-	line("duet admin", "%s/status (live view), /metrics", s.DuetAdminURL)
+	line("status page", "%s", statusPage(s.DuetAdminURL, opts.AdminAllInterfaces, s.Credentials))
+	line("duet admin", "%s/metrics, /readyz", s.DuetAdminURL)
+	line("body limit", "%s: duet's default request.max_body_bytes (the demo sets no request section)", bodyLimit(s.EnvoyConfig))
 	line("duet policies", "prefill %s, decode %s: duet's defaults (the demo's configuration sets none)", policies["prefill"], policies["decode"])
 	for i, sim := range s.Prefill {
 		line(fmt.Sprintf("prefill-%d", i), "%s dp %d (bootstrap port %d)", sim.Address, sim.DPSize, sim.BootstrapPort)
@@ -92,7 +177,11 @@ func banner(ctx context.Context, s *harness.Stack, opts harness.Options) error {
 	}
 	line("engines", "duet-sim %s: every DP rank has its own prefix cache", strings.Join(opts.Prefill[0].Args, " "))
 	line("Envoy->duet", "%s (credentials from `duet certs` in %s)", opts.Auth, s.Credentials.Dir)
-	line("logs", "%s", s.Dir)
+	removed := "removed when the demo ends; make demo KEEP=1 keeps it"
+	if keep {
+		removed = "kept when the demo ends"
+	}
+	line("logs", "%s (duet.yaml, duet.log, envoy.yaml, envoy.log with Envoy's access log and health-check events, ...; %s)", s.Dir, removed)
 	return nil
 }
 

@@ -14,9 +14,9 @@ import (
 // cached_tokens in the usage, about 7 ms per decode step), the decode
 // engines with SGLang's decode radix cache; duet logs at info and runs its
 // default policies (DuetDefaultPolicies: no policy section, so least_cost
-// for prefill and decode). DecodeMsPerToken paces the simple-model engines
-// that take these options (the compose stack's vLLM pool); the engine
-// model ignores it. The compose stack in deploy/compose runs the same
+// for prefill and decode) and its default body limit (no request section).
+// DecodeMsPerToken paces the simple-model engines that take these options
+// (the compose stack's vLLM pool); the engine model ignores it. The compose stack in deploy/compose runs the same
 // configuration (its test compares them).
 func DemoOptions() Options {
 	return Options{
@@ -25,6 +25,7 @@ func DemoOptions() Options {
 		DecodeMsPerToken:    25,
 		LogLevel:            "info",
 		DuetDefaultPolicies: true,
+		MaxBodyBytes:        -1, // duet's default request.max_body_bytes
 	}
 }
 
@@ -101,7 +102,9 @@ func DuetConfig(opts Options, addrs Addresses) string {
 	if opts.Pprof {
 		b.WriteString("  pprof: true\n")
 	}
-	fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
+	if opts.MaxBodyBytes > 0 {
+		fmt.Fprintf(&b, "request:\n  max_body_bytes: %d\n", opts.MaxBodyBytes)
+	}
 	fmt.Fprintf(&b, "discovery:\n  interval: %s\n  timeout: 1s\n", cmp.Or(opts.DiscoveryInterval, 2*time.Second))
 	fmt.Fprintf(&b, "load:\n  interval: %s\n  timeout: 1s\n", opts.LoadInterval)
 	if opts.CoverDelay > 0 {

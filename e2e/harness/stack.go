@@ -41,7 +41,9 @@ type Options struct {
 	Prefill []SimSpec
 	// Decode engines (at least one).
 	Decode []SimSpec
-	// MaxBodyBytes is duet's request.max_body_bytes (default 4 MiB).
+	// MaxBodyBytes is duet's request.max_body_bytes (default 4 MiB); a
+	// negative value leaves it out of duet's configuration, so that duet's
+	// own default applies (the demo's stack).
 	MaxBodyBytes int
 	// KVTimeout is the decode engines' wait for KV (default 5s).
 	KVTimeout time.Duration
