@@ -117,13 +117,6 @@ func (e *engineLoop) bootstrapped(q *engineRequest, tokens int) {
 	e.poke()
 }
 
-// setDecodePrefix tells a prefill request its decode's cached prefix.
-func (e *engineLoop) setDecodePrefix(q *engineRequest, tokens int) {
-	e.mu.Lock()
-	e.core.setDecodePrefix(q, tokens)
-	e.mu.Unlock()
-}
-
 // setSink makes the engine report its cache events to sink.
 func (e *engineLoop) setSink(sink cacheSink) {
 	e.mu.Lock()
