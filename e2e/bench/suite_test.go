@@ -220,7 +220,7 @@ func TestRunPlanStagesEndToEnd(t *testing.T) {
 	if s.Failed != "" || s.Errors > 0 || s.Requests == 0 {
 		t.Fatalf("case: %+v", s)
 	}
-	want := []StageKey{{RolePrefill, "prefill_waiting"}, {RolePrefill, "prefill_forward"}, {RolePrefill, "prefill_transfer_kv_cache"},
+	want := []StageKey{{RolePrefill, "prefill_bootstrap"}, {RolePrefill, "prefill_waiting"}, {RolePrefill, "prefill_forward"}, {RolePrefill, "prefill_transfer_kv_cache"},
 		{RoleDecode, "decode_bootstrap"}, {RoleDecode, "decode_transferred"}, {RoleDecode, "decode_waiting"}}
 	if len(s.Stages) != len(want) {
 		t.Fatalf("stages %+v, want %v", s.Stages, want)
@@ -234,7 +234,7 @@ func TestRunPlanStagesEndToEnd(t *testing.T) {
 			decode += l.MeanMs
 		}
 	}
-	if fwd := s.Stages[1].MeanMs; fwd <= 0 {
+	if fwd := s.Stages[2].MeanMs; fwd <= 0 {
 		t.Errorf("prefill_forward mean %v ms, want > 0", fwd)
 	}
 	t.Logf("stages %+v; decode Σ %.1f ms, TTFT mean %.1f ms (n %d)", s.Stages, decode, s.TTFTms.Mean, s.TTFTms.N)
