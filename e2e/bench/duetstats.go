@@ -91,19 +91,13 @@ func formatCounts(m map[string]float64) string {
 // readCPUAt reads p's CPU time at wall time at; the channel yields a
 // negative duration when it could not (ctx ended first, or no /proc).
 func readCPUAt(ctx context.Context, p *harness.Process, at time.Time) <-chan time.Duration {
-	ch := make(chan time.Duration, 1)
-	go func() {
-		if !sleepUntil(ctx, at) {
-			ch <- -1
-			return
-		}
+	return readAt(ctx, at, -1, func() time.Duration {
 		d, err := p.CPUTime()
 		if err != nil {
-			d = -1
+			return -1
 		}
-		ch <- d
-	}()
-	return ch
+		return d
+	})
 }
 
 // readDuetStats waits for the CPU readings of the window's ends (window

@@ -307,18 +307,25 @@ func counterDelta(before, after <-chan *CounterDelta) *CounterDelta {
 // readCountersAt reads the prefix-cache counters of urls at wall time at;
 // the channel yields nil when the engines have none or ctx ended first.
 func readCountersAt(ctx context.Context, urls []string, at time.Time) <-chan *CounterDelta {
-	ch := make(chan *CounterDelta, 1)
-	go func() {
-		if !sleepUntil(ctx, at) {
-			ch <- nil
-			return
-		}
+	return readAt(ctx, at, nil, func() *CounterDelta {
 		c, ok, err := ReadCounters(ctx, &http.Client{Timeout: time.Second}, urls)
 		if !ok || err != nil {
-			ch <- nil
+			return nil
+		}
+		return &c
+	})
+}
+
+// readAt yields read's result at wall time at, or zero when ctx ended
+// first: the window's ends are read while the replay runs.
+func readAt[T any](ctx context.Context, at time.Time, zero T, read func() T) <-chan T {
+	ch := make(chan T, 1)
+	go func() {
+		if !sleepUntil(ctx, at) {
+			ch <- zero
 			return
 		}
-		ch <- &c
+		ch <- read()
 	}()
 	return ch
 }

@@ -128,15 +128,7 @@ func compareStages(a, b StageKey) int {
 // readStagesAt reads the stage totals of engines at wall time at; the
 // channel yields nil when ctx ended first or the scrape failed.
 func readStagesAt(ctx context.Context, engines []Engine, at time.Time) <-chan StageTotals {
-	ch := make(chan StageTotals, 1)
-	go func() {
-		if !sleepUntil(ctx, at) {
-			ch <- nil
-			return
-		}
-		ch <- readStages(ctx, engines)
-	}()
-	return ch
+	return readAt(ctx, at, nil, func() StageTotals { return readStages(ctx, engines) })
 }
 
 // readStages reads the stage totals of engines now; nil when the scrape
