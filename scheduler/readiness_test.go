@@ -279,11 +279,7 @@ func TestRunRetriesPendingEndpoints(t *testing.T) {
 		Load:              LoadConfig{Interval: -1},
 		Health:            HealthConfig{Interval: -1},
 	}, nil)
-	s.retryBase = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runFastRetries(t, s)
 
 	// Rounds at 0, 20, 60, 140, 300 ms: about 5 in 400 ms, not 20.
 	time.Sleep(400 * time.Millisecond)
@@ -323,11 +319,7 @@ func TestRunRetriesAddedEndpoints(t *testing.T) {
 		Load:              LoadConfig{Interval: -1},
 		Health:            HealthConfig{Interval: -1},
 	}, nil)
-	s.retryBase = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runFastRetries(t, s)
 	for !s.Ready() {
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -360,11 +352,7 @@ func TestEngineDownAtStartComesUpUnejected(t *testing.T) {
 		Load:              LoadConfig{Interval: -1},
 		Health:            HealthConfig{Interval: 10 * time.Millisecond, ProbeFailures: 1, BaseEjection: time.Minute, MaxEjection: time.Minute},
 	}, nil)
-	s.retryBase = 20 * time.Millisecond
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	runFastRetries(t, s)
 
 	time.Sleep(200 * time.Millisecond) // about 20 probe rounds
 	if n := engine.hitCount("/health"); n != 0 {
@@ -390,4 +378,14 @@ func TestEngineDownAtStartComesUpUnejected(t *testing.T) {
 	if p.states[p.index[key]].ejected(time.Now().UnixNano()) {
 		t.Error("the engine came up ejected for the probes it failed while discovery had not found it")
 	}
+}
+
+// runFastRetries runs s with retries from 20ms until the test ends.
+func runFastRetries(t *testing.T, s *Scheduler) {
+	t.Helper()
+	s.retryBase = 20 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
