@@ -43,7 +43,8 @@ type parseErrorCase struct {
 	want []string
 }
 
-// checkParseErrors runs Parse on each case and checks its error.
+// checkParseErrors runs Parse on each case and checks its error: it
+// contains every wanted part and names no Go type.
 func checkParseErrors(t *testing.T, tests []parseErrorCase) {
 	t.Helper()
 	for _, tt := range tests {
@@ -54,8 +55,11 @@ func checkParseErrors(t *testing.T, tests []parseErrorCase) {
 			}
 			for _, w := range tt.want {
 				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
+					t.Errorf("error %q\ndoes not contain %q", err, w)
 				}
+			}
+			if strings.Contains(err.Error(), "config.") || strings.Contains(err.Error(), "time.Duration") {
+				t.Errorf("error %q names Go types", err)
 			}
 		})
 	}
