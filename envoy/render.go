@@ -23,7 +23,16 @@ const (
 	// count against its circuit breaker, which sheds ext_proc streams
 	// (Params.MaxRoutingRequests).
 	ClusterFeedback = "duet_feedback"
+	// ClusterOTLP reaches the OpenTelemetry collector Envoy exports its
+	// spans to (Params.Tracing).
+	ClusterOTLP = "duet_otlp"
 )
+
+// HeaderTraceParent is the W3C trace context header. With Params.Tracing
+// every access-log entry logs it besides LoggedRequestHeaders: on an
+// upstream entry it is that leg's own span, which duet's span about the
+// leg's outcome joins.
+const HeaderTraceParent = "traceparent"
 
 // LoggedRequestHeaders are the request headers every ALS entry carries:
 // duet's request id (the join key), the client's, and the leg's DP rank.
@@ -102,6 +111,9 @@ type Params struct {
 	// the pool of in contract.HeaderPool. Without it, Prefill and Decode
 	// are the one pool, whose route takes every request.
 	Pools []Pool
+	// Tracing, when set, has Envoy trace requests with its OpenTelemetry
+	// tracer and export the spans to a collector.
+	Tracing *Tracing
 	// Headless (without Pools; each Pool says it for itself) says that
 	// Prefill and Decode are DNS names that resolve to
 	// every engine of their pool (Kubernetes headless Services), not one
@@ -125,6 +137,20 @@ type Pool struct {
 	// Headless says that the pool's engines are headless Services' names
 	// (see Params.Headless).
 	Headless bool
+}
+
+// Tracing configures Envoy's OpenTelemetry tracer: the connection
+// manager's span of each sampled request, a child span for each upstream
+// request (the decode leg, and the mirror's own "mirror" span), and one
+// for the ext_proc stream, whose context reaches duet as gRPC metadata.
+type Tracing struct {
+	// Collector is the OTLP/gRPC collector, as Envoy dials it.
+	Collector Address
+	// SamplingPercent is the share of requests Envoy starts a trace for
+	// (random_sampling), 0 to 100.
+	SamplingPercent float64
+	// ServiceName is the service.name of Envoy's spans.
+	ServiceName string
 }
 
 // PD reports whether the pool has prefill engines.
@@ -193,7 +219,11 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"list":     func(a Address) []Address { return []Address{a} },
 	"join":     strings.Join,
 	"grpcLog": func(indent, name string, d templateData) grpcLog {
-		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: LoggedRequestHeaders, Token: d.DuetToken}
+		headers := LoggedRequestHeaders
+		if d.Tracing != nil {
+			headers = append(headers[:len(headers):len(headers)], HeaderTraceParent)
+		}
+		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: headers, Token: d.DuetToken}
 	},
 	"duetCluster": func(name string, shed bool, d templateData) duetCluster {
 		c := duetCluster{Name: name, Hosts: d.duetHosts(), TLS: d.DuetTLS,
@@ -234,6 +264,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 		return pad + strings.ReplaceAll(strings.TrimRight(text, "\n"), "\n", "\n"+pad)
 	},
 	"clusterType": clusterType,
+	"percent":     func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
 }).Parse(bootstrapTemplate))
 
 // clusterType is STRICT_DNS when any address is a DNS name, else STATIC.
@@ -338,7 +369,7 @@ type usageRules struct {
 type templateData struct {
 	Params
 	ClusterDecode, ClusterPrefill, ClusterDuet    string
-	ClusterFeedback                               string
+	ClusterFeedback, ClusterOTLP                  string
 	HeaderDecodeEndpoint, HeaderPrefillEndpoint   string
 	HeaderMirror, HeaderPrefillRank, HeaderDPRank string
 	HeaderPrefix, MetadataNamespace               string
@@ -373,7 +404,7 @@ func Render(w io.Writer, p Params) error {
 	}
 	pools := p.enginePools()
 	var engines []Address
-	clusters := map[string]bool{ClusterDuet: true, ClusterFeedback: true}
+	clusters := map[string]bool{ClusterDuet: true, ClusterFeedback: true, ClusterOTLP: true}
 	for _, pool := range pools {
 		if len(pool.Decode) == 0 {
 			return fmt.Errorf("render envoy bootstrap: no decode endpoints in pool %q", pool.Name)
@@ -402,7 +433,17 @@ func Render(w io.Writer, p Params) error {
 	if p.MaxMessageTimeout != 0 && p.MaxMessageTimeout < p.MessageTimeout {
 		return errors.New("render envoy bootstrap: the max message timeout must be at least the message timeout")
 	}
-	for _, a := range append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), engines...) {
+	addrs := append(append([]Address{p.Listen, p.Admin}, p.duetHosts()...), engines...)
+	if t := p.Tracing; t != nil {
+		if t.SamplingPercent < 0 || t.SamplingPercent > 100 {
+			return fmt.Errorf("render envoy bootstrap: tracing sampling %v%% is not between 0 and 100", t.SamplingPercent)
+		}
+		if t.Collector.Port == 0 || !plainName(t.ServiceName) {
+			return fmt.Errorf("render envoy bootstrap: tracing needs a collector port and a plain service name, got %d and %q", t.Collector.Port, t.ServiceName)
+		}
+		addrs = append(addrs, t.Collector)
+	}
+	for _, a := range addrs {
 		if a.Host == "" || strings.ContainsAny(a.Host, " \"'\n{}[]#") {
 			return fmt.Errorf("render envoy bootstrap: bad host %q", a.Host)
 		}
@@ -423,6 +464,7 @@ func Render(w io.Writer, p Params) error {
 		ClusterPrefill:        contract.ClusterPrefill,
 		ClusterDuet:           ClusterDuet,
 		ClusterFeedback:       ClusterFeedback,
+		ClusterOTLP:           ClusterOTLP,
 		ErrorEnvelopeLua:      ErrorEnvelopeLua(),
 		HeaderDecodeEndpoint:  contract.HeaderDecodeEndpoint,
 		HeaderPrefillEndpoint: contract.HeaderPrefillEndpoint,

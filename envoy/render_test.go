@@ -90,6 +90,16 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"duet headless service", func(p *Params) { p.Duet = Address{"duet.inference.svc.cluster.local", 9002} },
 			[]string{"name: duet_extproc\n    type: STRICT_DNS\n    # A name may resolve to several duet replicas",
 				"name: duet_feedback\n    type: STRICT_DNS\n    # A name may resolve to several duet replicas", "dns_lookup_family: ALL"}, nil},
+		{"tracing", func(p *Params) {
+			p.Tracing = &Tracing{Collector: Address{"127.0.0.1", 4317}, SamplingPercent: 0.5, ServiceName: "duet-envoy"}
+		}, []string{"random_sampling: {value: 0.5}", "spawn_upstream_span: true", "name: envoy.tracers.opentelemetry",
+			"envoy_grpc: {cluster_name: duet_otlp}", "service_name: duet-envoy", "  - name: duet_otlp\n    type: STATIC",
+			`address: "127.0.0.1", port_value: 4317`,
+			"additional_request_headers_to_log: [x-duet-request-id, x-request-id, x-data-parallel-rank, traceparent]"}, nil},
+		{"tracing to a collector by name", func(p *Params) {
+			p.Tracing = &Tracing{Collector: Address{"otel-collector.observability", 4317}, SamplingPercent: 100, ServiceName: "envoy"}
+		}, []string{"random_sampling: {value: 100}", "  - name: duet_otlp\n    type: STRICT_DNS", "service_name: envoy"}, nil},
+		{"no tracing", func(*Params) {}, nil, []string{"tracing:", "duet_otlp", "traceparent"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,6 +158,15 @@ func TestRenderRejectsBadParams(t *testing.T) {
 		{"a pool's cluster named as duet's", func(p *Params) {
 			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()
 			p.Pools[1].DecodeCluster = ClusterDuet
+		}},
+		{"tracing sampled above 100%", func(p *Params) {
+			p.Tracing = &Tracing{Collector: Address{"127.0.0.1", 4317}, SamplingPercent: 101, ServiceName: "envoy"}
+		}},
+		{"tracing without a collector port", func(p *Params) {
+			p.Tracing = &Tracing{Collector: Address{"127.0.0.1", 0}, SamplingPercent: 1, ServiceName: "envoy"}
+		}},
+		{"tracing service name that breaks the YAML", func(p *Params) {
+			p.Tracing = &Tracing{Collector: Address{"127.0.0.1", 4317}, SamplingPercent: 1, ServiceName: "a: b"}
 		}},
 		{"a pool without decode engines", func(p *Params) {
 			p.Prefill, p.Decode, p.Pools = nil, nil, twoPools()

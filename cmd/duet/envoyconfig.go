@@ -92,6 +92,13 @@ func envoyParams(cfg *config.Config) (envoy.Params, error) {
 	if err := duetAuthParams(&p, cfg); err != nil {
 		return p, err
 	}
+	if o := cfg.OTLP; o != nil {
+		collector, err := envoy.ParseAddress(o.EnvoyEndpoint)
+		if err != nil {
+			return p, fmt.Errorf("otlp.envoy_endpoint: %w", err)
+		}
+		p.Tracing = &envoy.Tracing{Collector: collector, SamplingPercent: o.Sampling(), ServiceName: o.EnvoyServiceName}
+	}
 	if len(cfg.Pools) > 0 {
 		return p, poolEnvoyParams(&p, cfg)
 	}

@@ -60,6 +60,7 @@ func (s *Server) serveInfer(ctx context.Context, w http.ResponseWriter, r *http.
 		Path:           r.URL.Path,
 		Mode:           s.cfg.Mode,
 		Headers:        firstHeaders(r.Header),
+		TraceParent:    r.Header.Get("traceparent"),
 		StartedAt:      time.Now(),
 		DPRanks:        []int{},
 		BootstrapRooms: []*int64{},

@@ -120,7 +120,7 @@ func TestMiscEndpoints(t *testing.T) {
 func TestRequestRecords(t *testing.T) {
 	ts := startTest(t, Config{Mode: ModeDecode, DPSize: 2, KVTimeout: 1})
 	post(t, ts.api.URL+"/v1/completions", `{"prompt":"x","bootstrap_host":"2.2.2.2","bootstrap_room":[3],"routed_dp_rank":1,"max_tokens":1}`,
-		"X-Request-Id", "abc")
+		"X-Request-Id", "abc", "Traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	post(t, ts.api.URL+"/generate", `{"text":`)
 	r := get(t, ts.api.URL+"/sim/requests")
 	var recs []map[string]any
@@ -132,6 +132,7 @@ func TestRequestRecords(t *testing.T) {
 	for k, want := range map[string]any{
 		"path": "/v1/completions", "mode": "decode", "dp_rank": 1.0, "rank_source": "body",
 		"bootstrap_host": "2.2.2.2", "bootstrap_port": nil, "status": 200.0, "error": "", "stream": false,
+		"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 	} {
 		if first[k] != want {
 			t.Errorf("%s = %v, want %v", k, first[k], want)
@@ -147,6 +148,9 @@ func TestRequestRecords(t *testing.T) {
 		t.Errorf("bootstrap_rooms %v", rooms)
 	}
 	second := recs[1]
+	if _, ok := second["traceparent"]; ok {
+		t.Errorf("a request without traceparent recorded one: %v", second["traceparent"])
+	}
 	if second["status"] != 400.0 || second["body"] != `{"text":` || second["dp_rank"] != nil || second["rank_source"] != nil {
 		t.Errorf("malformed request record %v", second)
 	}

@@ -80,6 +80,11 @@ type Record struct {
 	// A request without one runs at the lowest priority under
 	// --enable-priority-scheduling.
 	Priority *int64 `json:"priority"`
+	// TraceParent is the W3C traceparent header the request carried (the
+	// span of the proxy's request to this engine, when it traces), empty
+	// without one. SGLang started with --enable-trace reads the same
+	// header (with tracestate), so its own spans join that trace.
+	TraceParent string `json:"traceparent,omitempty"`
 	// StartedAt is when the request arrived.
 	StartedAt time.Time `json:"started_at"`
 	// DurationMS is how long the request took, in milliseconds.

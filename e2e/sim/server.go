@@ -351,5 +351,8 @@ func zapRecord(r *Record) []zap.Field {
 	if r.Error != "" {
 		f = append(f, zap.String("error", r.Error))
 	}
+	if r.TraceParent != "" {
+		f = append(f, zap.String("traceparent", r.TraceParent))
+	}
 	return f
 }

@@ -79,6 +79,9 @@ type Config struct {
 	// Admission configures the queue that holds requests while a pool's
 	// engines are saturated: priority classes, tenants, bounds.
 	Admission Admission `yaml:"admission"`
+	// OTLP, when set, turns on OpenTelemetry tracing: Envoy's spans and
+	// duet's decision spans, exported over OTLP/gRPC (docs/tracing.md).
+	OTLP *OTLP `yaml:"otlp"`
 }
 
 // Auth authenticates duet's callers. On the gRPC port, TLS and a token may
@@ -479,6 +482,9 @@ func (c *Config) applyDefaults() {
 	if c.Sync != nil {
 		c.Sync.applyDefaults()
 	}
+	if c.OTLP != nil {
+		c.OTLP.applyDefaults()
+	}
 	if c.Kubernetes != nil {
 		c.Kubernetes.applyDefaults()
 	}
@@ -602,6 +608,9 @@ func (c *Config) validate() []error {
 	errs = append(errs, c.validateAuth()...)
 	if c.Sync != nil {
 		errs = append(errs, c.Sync.validate()...)
+	}
+	if c.OTLP != nil {
+		errs = append(errs, c.OTLP.validate()...)
 	}
 	if c.Tokens.CharsPerToken < 0 {
 		errs = append(errs, fmt.Errorf("tokens.chars_per_token: %v must not be negative", c.Tokens.CharsPerToken))
