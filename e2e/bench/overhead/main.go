@@ -163,7 +163,7 @@ func run(ctx context.Context, o options) (err error) {
 	pin := pinning{}
 	loadCPU, serverCPU := "", ""
 	if o.pin {
-		pin.serverCPU = o.serverCPU
+		pin.serverCPU, pin.collectorCPU = o.serverCPU, o.loadCPU
 		loadCPU, serverCPU = cpuName(o.loadCPU), cpuName(o.serverCPU)
 	}
 
@@ -291,8 +291,11 @@ var variantDescriptions = map[string]string{
 	variantPDNoQueue: "duet PD with the admission queue off (admission.enabled: false): what the queue costs when nothing is saturated is duet PD less this",
 	variantPDTokenizer: "duet PD with Qwen3's tokenizer and chat template (tokenizer section, page_size 16): every prompt new, so each is rendered and tokenized in full " +
 		"(the /generate case tokenizes its text)",
-	variantSMG:   "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
-	variantSMGPD: "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
+	variantPDTraced1: "duet PD with tracing on (duet's otlp section): Envoy samples 1 % of requests at random and traces them, with duet's decision span, " +
+		"into a Jaeger v2 (in memory, pinned to the load generator's CPU, so that the backend takes no server CPU, as on a machine of its own)",
+	variantPDTraced100: "duet PD traced 1 %, but every request sampled",
+	variantSMG:         "the standalone router users pick instead (Shepherd Model Gateway, pip smg==" + smgVersion + ", Rust), no Envoy, cache_aware, in front of the same fake engine, pinned like the servers",
+	variantSMGPD:       "SMG in PD mode (cache_aware prefill and decode) in front of a prefill and a decode engine",
 }
 
 // baselineSuffix marks a variant run with the -baseline build's duet.

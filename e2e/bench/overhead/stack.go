@@ -32,6 +32,8 @@ const (
 	variantReplicas3   = "duet 3 replicas"
 	variantPD          = "duet PD"
 	variantPDNoQueue   = "duet PD no queue"
+	variantPDTraced1   = "duet PD traced 1%"
+	variantPDTraced100 = "duet PD traced 100%"
 	variantSMG         = "SMG aggregated"
 	variantSMGPD       = "SMG PD"
 )
@@ -39,7 +41,7 @@ const (
 // allVariants lists every variant.
 func allVariants() []string {
 	return []string{variantDirect, variantFloor, variantFloorBody, variantFloorDuplex, variantExtProc,
-		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantPDNoQueue, variantPDTokenizer, variantSMG, variantSMGPD}
+		variantAgg, variantMTLS, variantToken, variantShared, variantReplicas2, variantReplicas3, variantPD, variantPDNoQueue, variantPDTokenizer, variantPDTraced1, variantPDTraced100, variantSMG, variantSMGPD}
 }
 
 // floorModes maps each floor variant to its processor's mode.
@@ -63,8 +65,13 @@ var sharedReplicas = map[string]struct {
 
 // isPD reports whether a variant runs a prefill and a decode engine.
 func isPD(variant string) bool {
-	return variant == variantPD || variant == variantPDNoQueue || variant == variantPDTokenizer || variant == variantSMGPD
+	return variant == variantPD || variant == variantPDNoQueue || variant == variantPDTokenizer || variant == variantSMGPD ||
+		tracedVariants[variant] > 0
 }
+
+// tracedVariants maps the variants that trace (duet's otlp section, into
+// a Jaeger of their own) to their sampling percentage.
+var tracedVariants = map[string]float64{variantPDTraced1: 1, variantPDTraced100: 100}
 
 // tokenizerYAML is duet's tokenizer section of the tokenizer variant:
 // Qwen3's files from the fixtures `make tokenizers` installs.
@@ -86,6 +93,10 @@ type pinning struct {
 	// serverCPU is taskset's CPU list for Envoy, duet and the sims; empty:
 	// not pinned.
 	serverCPU string
+	// collectorCPU is taskset's CPU list for the trace backend of the
+	// traced variants (the load generator's: a collector takes no server
+	// CPU, as on a machine of its own); empty: not pinned.
+	collectorCPU string
 }
 
 // argv prefixes argv with taskset when servers are pinned, and runs it with
@@ -184,6 +195,16 @@ func startStack(ctx context.Context, tools harness.Tools, dir, variant string, d
 				addrs.EnvoyDuetReplicas = append(addrs.EnvoyDuetReplicas, p.DuetGRPC)
 			}
 		}
+	}
+	if pct, ok := tracedVariants[variant]; ok {
+		j, err := harness.StartJaeger(ctx, dir, harness.JaegerOptions{Taskset: pin.collectorCPU})
+		if j != nil {
+			s.procs = append(s.procs, j.Process)
+		}
+		if err != nil {
+			return nil, err
+		}
+		opts.DuetYAML = fmt.Sprintf("otlp:\n  endpoint: %q\n  sampling_percent: %v\n", j.OTLPAddr, pct)
 	}
 	if variant == variantPDTokenizer {
 		if opts.DuetYAML, err = tokenizerYAML(); err != nil {
