@@ -95,11 +95,12 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		}, []string{"random_sampling: {value: 0.5}", "spawn_upstream_span: true", "name: envoy.tracers.opentelemetry",
 			"envoy_grpc: {cluster_name: duet_otlp}", "service_name: duet-envoy", "  - name: duet_otlp\n    type: STATIC",
 			`address: "127.0.0.1", port_value: 4317`,
-			"additional_request_headers_to_log: [x-duet-request-id, x-request-id, x-data-parallel-rank, traceparent]"}, nil},
+			"additional_request_headers_to_log: [x-duet-request-id, x-request-id, x-data-parallel-rank, traceparent]",
+			"pack_trace_reason: false", "use_request_id_for_trace_sampling: false"}, nil},
 		{"tracing to a collector by name", func(p *Params) {
 			p.Tracing = &Tracing{Collector: Address{"otel-collector.observability", 4317}, SamplingPercent: 100, ServiceName: "envoy"}
 		}, []string{"random_sampling: {value: 100}", "  - name: duet_otlp\n    type: STRICT_DNS", "service_name: envoy"}, nil},
-		{"no tracing", func(*Params) {}, nil, []string{"tracing:", "duet_otlp", "traceparent"}},
+		{"no tracing", func(*Params) {}, nil, []string{"tracing:", "duet_otlp", "traceparent", "request_id_extension"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
