@@ -41,6 +41,7 @@ const datasourceUID = "${datasource}"
 type dashboard struct {
 	UID        string  `json:"uid"`
 	Title      string  `json:"title"`
+	Links      []link  `json:"links"`
 	Panels     []panel `json:"panels"`
 	Templating struct {
 		List []variable `json:"list"`
@@ -79,6 +80,15 @@ type panel struct {
 	} `json:"gridPos"`
 	Targets []target `json:"targets"`
 	Panels  []panel  `json:"panels"` // a collapsed row's panels
+	Links   []link   `json:"links"`
+}
+
+// link is a dashboard link or a panel link.
+type link struct {
+	Title       string `json:"title"`
+	Type        string `json:"type"` // a dashboard link's; panel links have none
+	URL         string `json:"url"`
+	TargetBlank bool   `json:"targetBlank"`
 }
 
 type datasource struct {
