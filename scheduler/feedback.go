@@ -40,7 +40,11 @@ type Feedback struct {
 // target is ignored for health. duet_feedback_total counts the feedback by
 // leg and outcome: OutcomeReleased, OutcomeAlreadyReleased or
 // OutcomeUnknownRequest.
-func (s *Scheduler) Complete(f Feedback) {
+//
+// It returns the ejections the leg caused, each also passed to
+// Config.OnEject (nil, as a rule), so that the caller can show them on the
+// leg's trace.
+func (s *Scheduler) Complete(f Feedback) (ejected []Ejection) {
 	if f.Role == "" && f.CompletionTokens > 0 && !f.Failed {
 		if end, sum, ok := s.ledger.turnEndOf(f.RequestID); ok {
 			s.turnEnds.answered(end, sum, f.CompletionTokens)
@@ -55,10 +59,10 @@ func (s *Scheduler) Complete(f Feedback) {
 		s.tokens.Observe(model, promptBytes, f.PromptTokens)
 	}
 	if f.Role != "" && f.Address != "" {
-		s.legHealth(f)
+		ejected = s.legHealth(f)
 	}
 	if s.metrics == nil {
-		return
+		return ejected
 	}
 	if f.Failed && f.Role != "" {
 		target := ""
@@ -68,14 +72,15 @@ func (s *Scheduler) Complete(f Feedback) {
 		s.metrics.failures.WithLabelValues(string(f.Role), target).Inc()
 	}
 	s.metrics.feedback.WithLabelValues(roleLabel(f.Role), outcome).Inc()
+	return ejected
 }
 
 // legHealth applies one leg's outcome to its endpoint's and its target's
 // health. An unreachable leg counts against the endpoint; a leg that reached
 // the engine ends the endpoint's run of unreachable legs and, if it failed,
 // counts against its target; a successful leg ends both runs and recovers
-// them from half-open.
-func (s *Scheduler) legHealth(f Feedback) {
+// them from half-open. It returns the ejections it caused.
+func (s *Scheduler) legHealth(f Feedback) []Ejection {
 	snap := s.snap.Load()
 	p := snap.pool(f.Role)
 	now := s.now()
@@ -104,7 +109,7 @@ func (s *Scheduler) legHealth(f Feedback) {
 			}
 		}
 	}
-	s.report(evs)
+	return s.report(evs)
 }
 
 func roleLabel(r Role) string {

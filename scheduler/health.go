@@ -449,9 +449,10 @@ func (h *health) setGauge(rec *healthState, v float64) {
 	}
 }
 
-// report logs health transitions and calls OnEject for ejections. It runs
-// outside every scheduler lock, in the goroutine that observed the evidence.
-func (s *Scheduler) report(evs []healthEvent) {
+// report logs health transitions and calls OnEject for ejections, which it
+// returns. It runs outside every scheduler lock, in the goroutine that
+// observed the evidence.
+func (s *Scheduler) report(evs []healthEvent) (ejected []Ejection) {
 	for _, ev := range evs {
 		rec := ev.rec
 		fields := []zap.Field{zap.String("role", string(rec.role)), zap.String("endpoint", rec.url)}
@@ -467,11 +468,13 @@ func (s *Scheduler) report(evs []healthEvent) {
 				zap.Int("consecutive_failures", ev.failures),
 				zap.Int("ejections_in_a_row", ev.ejections),
 				zap.Duration("duration", ev.dur))...)
+			e := Ejection{
+				Role: rec.role, URL: rec.url, Address: s.addressOf(rec.url),
+				Rank: rec.rank, Reason: ev.reason.reason(), For: ev.dur,
+			}
+			ejected = append(ejected, e)
 			if s.onEject != nil {
-				s.onEject(Ejection{
-					Role: rec.role, URL: rec.url, Address: s.addressOf(rec.url),
-					Rank: rec.rank, Reason: ev.reason.reason(), For: ev.dur,
-				})
+				s.onEject(e)
 			}
 		case eventHalfOpen:
 			s.log.Info(what+" half-open: pickable again, on probation", fields...)
@@ -479,6 +482,7 @@ func (s *Scheduler) report(evs []healthEvent) {
 			s.log.Info(what+" recovered", fields...)
 		}
 	}
+	return ejected
 }
 
 // addressOf returns the current Address of the endpoint with base URL url.

@@ -445,8 +445,15 @@ func TestHealthIgnoresUnknownTargets(t *testing.T) {
 func TestOnEject(t *testing.T) {
 	f := newHealthFixture(t, HealthConfig{FailuresToEject: 1, BaseEjection: 2 * time.Second}, 1, 1, 2)
 	p, d := f.prefill[0], f.decode[0]
-	f.leg(RoleDecode, d.addr(), 1, legFailed)
-	f.leg(RolePrefill, p.addr(), 0, legUnreachable)
+	// Complete returns the ejections its leg caused, for the leg's trace.
+	var returned []Ejection
+	for _, leg := range []Feedback{
+		{RequestID: "r", Role: RoleDecode, Address: d.addr(), Rank: 1, Failed: true},
+		{RequestID: "r", Role: RolePrefill, Address: p.addr(), Rank: 0, Failed: true, Unreachable: true},
+		{RequestID: "r", Role: RoleDecode, Address: d.addr(), Rank: 0},
+	} {
+		returned = append(returned, f.s.Complete(leg)...)
+	}
 	want := []Ejection{
 		{Role: RoleDecode, URL: d.url(), Address: d.addr(), Rank: 1, Reason: ReasonFailures, For: 2 * time.Second},
 		{Role: RolePrefill, URL: p.url(), Address: p.addr(), Rank: NoRank, Reason: ReasonUnreachable, For: 2 * time.Second},
@@ -454,6 +461,9 @@ func TestOnEject(t *testing.T) {
 	got := f.got()
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("OnEject got\n%+v\nwant\n%+v", got, want)
+	}
+	if fmt.Sprint(returned) != fmt.Sprint(want) {
+		t.Errorf("Complete returned\n%+v\nwant\n%+v", returned, want)
 	}
 }
 

@@ -82,6 +82,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	var chosen [2]*targetState
 	var prefillCands []Candidate
 	var prefillFiltered bool
+	var prefillCost, decodeCost []CostTerm // explained prices (req.Explain)
 	s.ledger.mu.Lock()
 	now := s.now()
 	req.Now = now
@@ -89,6 +90,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	rec := s.decisions.record(now, id, req.Path, req.Model)
 	fail := func(err error) (Decision, error) {
 		rec.err = err
+		s.explain(req, rec, nil, nil)
 		s.ledger.mu.Unlock()
 		return Decision{}, err
 	}
@@ -113,7 +115,8 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		}
 	}
 	if pd {
-		i, c, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
+		i, c, cost, err := s.choose(ctx, &snap.prefill, s.prefillPolicy, req, prefillCands, prefillFiltered)
+		prefillCost = cost
 		if err != nil {
 			return fail(fmt.Errorf("scheduler: pick %s with %s: %w", RolePrefill, s.prefillPolicy.Name(), err))
 		}
@@ -124,7 +127,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 		s.ledger.reserveWork(chosen[0], id, RolePrefill, prefillTokens, prefillTokens-c.CachedTokens, now, req.Model, len(req.Prompt))
 		rec.prefill = choice{target: t, candidates: len(prefillCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: prefillTokens}
 	}
-	i, c, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
+	i, c, decodeCost, err := s.choose(ctx, &snap.decode, s.decodePolicy, req, decodeCands, decodeFiltered)
 	if err != nil {
 		if pd {
 			s.ledger.releaseLocked(id, RolePrefill)
@@ -137,6 +140,7 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: decodeTokens}
+	s.explain(req, rec, prefillCost, decodeCost)
 	indexed := [2]bool{prefillIndexed, decodeIndexed || decodeCache && d.Decode.Endpoint.DecodeCache.Radix}
 	// Where the prompt ends on the targets whose caches keep it: the
 	// prefill target of an indexed role, and a decode target with a
@@ -396,19 +400,26 @@ func (s *Scheduler) indexedTokens(ts *targetState, perBlock float64) int64 {
 }
 
 // choose runs policy over cands, built from p by candidates, and returns
-// the chosen target's position in p and its candidate. Caller holds
-// s.ledger.mu.
-func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, cands []Candidate, filtered bool) (int, Candidate, error) {
+// the chosen target's position in p and its candidate, and, for a request
+// that asks for an explanation (Request.Explain) and a policy that gives
+// one (CostExplainer), the parts of its price. Caller holds s.ledger.mu.
+func (s *Scheduler) choose(ctx context.Context, p *pool, policy Policy, req *Request, cands []Candidate, filtered bool) (int, Candidate, []CostTerm, error) {
 	i, err := policy.Pick(ctx, req, cands)
 	if err != nil {
-		return 0, Candidate{}, err
+		return 0, Candidate{}, nil, err
 	}
 	if i < 0 || i >= len(cands) {
-		return 0, Candidate{}, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+		return 0, Candidate{}, nil, fmt.Errorf("policy returned index %d of %d candidates", i, len(cands))
+	}
+	var cost []CostTerm
+	if req.Explain != nil {
+		if e, ok := policy.(CostExplainer); ok {
+			cost = e.ExplainCost(req, cands, i)
+		}
 	}
 	c := cands[i]
 	if filtered {
 		i = p.index[c.Key()]
 	}
-	return i, c, nil
+	return i, c, cost, nil
 }

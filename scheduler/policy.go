@@ -43,6 +43,13 @@ type Request struct {
 	// Blocks are the prompt's chained block hashes (see package prefix).
 	Blocks []uint64
 
+	// Explain, when set, asks Pick to explain its decision: Pick fills it
+	// with the decision as Status shows it (DecisionStatus, successful or
+	// not), plus the parts of each chosen target's price where the role's
+	// policy explains it (ChoiceStatus.Cost). duet sets it only for
+	// requests it traces; nil costs nothing.
+	Explain *DecisionStatus
+
 	// prepared records that PromptTokens and Blocks were filled (by Cost),
 	// so that Pick does not hash the prompt again.
 	prepared bool
@@ -108,6 +115,17 @@ type Policy interface {
 	Name() string
 	// Pick returns the index in cands of the chosen target.
 	Pick(ctx context.Context, req *Request, cands []Candidate) (int, error)
+}
+
+// CostExplainer is implemented by policies that price each candidate
+// (least_cost), to explain a decision: for a pick asked to explain itself
+// (Request.Explain), the scheduler calls ExplainCost right after Pick,
+// under the same lock, with the same request and candidates, for the
+// candidate Pick chose. It returns the parts of that candidate's price, as
+// Pick computed it, and must not change the policy's state.
+type CostExplainer interface {
+	// ExplainCost returns the parts of the price of cands[i] for req.
+	ExplainCost(req *Request, cands []Candidate, i int) []CostTerm
 }
 
 // PrefixReader is implemented by policies that read Candidate.Prefix. The

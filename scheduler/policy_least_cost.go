@@ -190,9 +190,8 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 	best, bestCost, bestRecent := -1, 0.0, 0.0
 	for i := range cands {
 		c := &cands[i]
-		uncached := max(req.PromptTokens-c.CachedTokens, 1)
-		compute := float64(uncached)
-		cost := float64(queuedWork(c)) + ownWorkWeight*compute + reuseWeight*p.reuse*compute*evictedShare(uncached, c)
+		queued, own, evict := p.prefillCost(req, c)
+		cost := queued + own + evict
 		recent := p.recentWork(c.Key(), req.Now)
 		if best < 0 || cost < bestCost || cost == bestCost &&
 			(recent < bestRecent || recent == bestRecent && c.IndexedTokens < cands[best].IndexedTokens) {
@@ -215,6 +214,63 @@ func (p *leastCost) pickPrefill(req *Request, cands []Candidate) int {
 		}
 	}
 	return best
+}
+
+// prefillCost is the prefill price of c for req in its three parts: the
+// queued work, the request's own work (ownWorkWeight × uncached) and the
+// price of what it evicts. The price is their sum.
+func (p *leastCost) prefillCost(req *Request, c *Candidate) (queued, own, evict float64) {
+	uncached := max(req.PromptTokens-c.CachedTokens, 1)
+	compute := float64(uncached)
+	return float64(queuedWork(c)), ownWorkWeight * compute, reuseWeight * p.reuse * compute * evictedShare(uncached, c)
+}
+
+// Names of least_cost's cost parts (CostTerm.Name).
+const (
+	// CostQueued is the prefill work already sent to the rank.
+	CostQueued = "queued"
+	// CostOwnWork is the request's own uncached prefill work, weighted.
+	CostOwnWork = "own_work"
+	// CostEviction prices the cached prefixes the request's new blocks
+	// would evict.
+	CostEviction = "eviction"
+	// CostPace is the decode rank's tokens after the request, or its
+	// engine's heaviest rank's when that is more: the pace of the
+	// engine's lockstep steps.
+	CostPace = "pace"
+	// CostBalance is the decode rank's tokens after the request again,
+	// which keeps an engine's ranks balanced.
+	CostBalance = "balance"
+	// CostOverflow prices the tokens beyond the decode rank's KV capacity.
+	CostOverflow = "overflow"
+	// CostDecodeCache is what the decode engine's radix cache saves
+	// (negative: it lowers the price).
+	CostDecodeCache = "decode_cache"
+)
+
+// ExplainCost implements CostExplainer: the parts of the price Pick gave
+// cands[i], the prefill role's (CostQueued, CostOwnWork, CostEviction) or
+// the decode role's (CostPace, CostBalance, CostOverflow,
+// CostDecodeCache). Pick has already learned the reuse rate from req, as it
+// priced the candidates with it.
+func (p *leastCost) ExplainCost(req *Request, cands []Candidate, i int) []CostTerm {
+	if i < 0 || i >= len(cands) {
+		return nil
+	}
+	if req == nil {
+		req = &Request{}
+	}
+	c := &cands[i]
+	if p.role == RoleDecode {
+		p.heaviestRanks(cands)
+		pace, balance, overflow, cache := p.decodeCost(c, decodeNeed(req))
+		return []CostTerm{
+			{CostPace, float64(pace)}, {CostBalance, float64(balance)},
+			{CostOverflow, float64(overflow)}, {CostDecodeCache, float64(cache)},
+		}
+	}
+	queued, own, evict := p.prefillCost(req, c)
+	return []CostTerm{{CostQueued, queued}, {CostOwnWork, own}, {CostEviction, evict}}
 }
 
 // recentWork is the prefill work (uncached prompt tokens) picks sent to a
@@ -259,6 +315,24 @@ func evictedShare(uncached int64, c *Candidate) float64 {
 
 // pickDecode returns the candidate with the lowest decode price.
 func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
+	p.heaviestRanks(cands)
+	need := decodeNeed(req)
+	best := -1
+	var bestCost int64
+	for i := range cands {
+		c := &cands[i]
+		pace, balance, overflow, cache := p.decodeCost(c, need)
+		cost := pace + balance + overflow + cache
+		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
+			best, bestCost = i, cost
+		}
+	}
+	return best
+}
+
+// heaviestRanks sets engineMax to each engine's heaviest rank's tokens
+// among cands.
+func (p *leastCost) heaviestRanks(cands []Candidate) {
 	clear(p.engineMax)
 	for i := range cands {
 		c := &cands[i]
@@ -266,22 +340,27 @@ func (p *leastCost) pickDecode(req *Request, cands []Candidate) int {
 			p.engineMax[c.Endpoint] = c.Load.Tokens
 		}
 	}
-	need := req.PromptTokens + int64(max(req.Items, 1))*int64(max(req.MaxTokens, 0))
-	best := -1
-	var bestCost int64
-	for i := range cands {
-		c := &cands[i]
-		after := c.Load.Tokens + need
-		cost := max(after, p.engineMax[c.Endpoint]) + after
-		if c.Load.Capacity > 0 && after > c.Load.Capacity {
-			cost += decodeOverflowWeight * (after - c.Load.Capacity)
-		}
-		if c.Endpoint.DecodeCache.Radix && !p.ignoreDecodeCache {
-			cost -= decodeCacheWeight * c.CachedTokens
-		}
-		if best < 0 || cost < bestCost || cost == bestCost && c.Load.Tokens < cands[best].Load.Tokens {
-			best, bestCost = i, cost
-		}
+}
+
+// decodeNeed is the tokens req adds to a decode rank: its prompt and its
+// requested output, per item.
+func decodeNeed(req *Request) int64 {
+	return req.PromptTokens + int64(max(req.Items, 1))*int64(max(req.MaxTokens, 0))
+}
+
+// decodeCost is the decode price of c for a request that adds need tokens,
+// in its parts (heaviestRanks has run over the candidates): the engine's
+// pace, the rank's balance, the overflow beyond its KV capacity and the
+// saving of the engine's decode radix cache (0 or negative). The price is
+// their sum.
+func (p *leastCost) decodeCost(c *Candidate, need int64) (pace, balance, overflow, cache int64) {
+	after := c.Load.Tokens + need
+	pace, balance = max(after, p.engineMax[c.Endpoint]), after
+	if c.Load.Capacity > 0 && after > c.Load.Capacity {
+		overflow = decodeOverflowWeight * (after - c.Load.Capacity)
 	}
-	return best
+	if c.Endpoint.DecodeCache.Radix && !p.ignoreDecodeCache {
+		cache = -decodeCacheWeight * c.CachedTokens
+	}
+	return pace, balance, overflow, cache
 }

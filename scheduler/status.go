@@ -158,6 +158,22 @@ type ChoiceStatus struct {
 	// Tokens is what the pick reserved on the target (0 for requests that
 	// are not inference).
 	Tokens int64
+	// Cost is the parts of the price the policy gave the chosen target,
+	// for policies that explain it (CostExplainer: least_cost); filled
+	// only for a pick asked to explain itself (Request.Explain), never in
+	// Status.
+	Cost []CostTerm
+}
+
+// CostTerm is one part of the price a policy gave a candidate: least_cost's
+// queued work, own work and eviction on prefill, its pace, balance,
+// overflow and decode cache terms on decode. A price is the sum of its
+// parts.
+type CostTerm struct {
+	// Name names the part, e.g. "queued".
+	Name string
+	// Value is the part, in the policy's unit (tokens for least_cost).
+	Value float64
 }
 
 // decisionRing keeps the latest decisionHistory decisions. It is guarded
@@ -233,7 +249,25 @@ func (r *decisionRing) newest() []decisionEntry {
 func (s *Scheduler) recordFailure(req *Request, err error) {
 	s.ledger.mu.Lock()
 	defer s.ledger.mu.Unlock()
-	s.decisions.record(s.now(), req.ID, req.Path, req.Model).err = err
+	rec := s.decisions.record(s.now(), req.ID, req.Path, req.Model)
+	rec.err = err
+	s.explain(req, rec, nil, nil)
+}
+
+// explain fills req.Explain, when it is set, with the recorded decision
+// and the chosen candidates' cost parts (nil for a role whose policy does
+// not explain its price). Caller holds ledger.mu.
+func (s *Scheduler) explain(req *Request, rec *decisionEntry, prefillCost, decodeCost []CostTerm) {
+	if req.Explain == nil {
+		return
+	}
+	*req.Explain = s.decisionView(*rec)
+	if req.Explain.Prefill != nil {
+		req.Explain.Prefill.Cost = prefillCost
+	}
+	if req.Explain.Decode != nil {
+		req.Explain.Decode.Cost = decodeCost
+	}
 }
 
 // Status returns a view of the endpoints, their targets' loads, health and

@@ -49,6 +49,8 @@ func (r *Refusal) Unwrap() error { return r.Reason }
 // on loads that include this one.
 type Ticket struct {
 	a *Admitter
+	// Class is the request's class name.
+	Class string
 	// Queued reports whether the request waited in the queue.
 	Queued bool
 	// Waited is how long.
@@ -189,7 +191,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		if a.obs != nil {
 			a.obs.Admitted(class, tenant, 0)
 		}
-		return &Ticket{a: a}, nil
+		return &Ticket{a: a, Class: class}, nil
 	}
 	now := a.now()
 	e, shed, err := a.q.Push(r, now)
@@ -237,7 +239,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 		if a.obs != nil {
 			a.obs.Admitted(class, tenant, waited)
 		}
-		return &Ticket{a: a, Queued: true, Waited: waited}, nil
+		return &Ticket{a: a, Class: class, Queued: true, Waited: waited}, nil
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		if a.obs != nil {
 			a.obs.Left(class, tenant, waited)
