@@ -73,7 +73,16 @@ func (s *Server) admit(ctx context.Context, req *request, pool *Pool, sreq *sche
 		}
 	})
 	if err != nil {
+		if req.trace != nil {
+			var ref *admit.Refusal
+			if errors.As(err, &ref) {
+				req.trace.setAdmission(ref.Class, tenant, queued, ref.Waited)
+			}
+		}
 		return admitted{}, s.refuseAdmission(req, err, queued)
+	}
+	if req.trace != nil && tk != nil {
+		req.trace.setAdmission(tk.Class, tenant, tk.Queued, tk.Waited)
 	}
 	out := admitted{ticket: tk}
 	if a.EnginePriority != nil {
@@ -107,6 +116,7 @@ func (s *Server) refuseAdmission(req *request, err error, queued bool) *extprocv
 		e.Message = fmt.Sprintf("the engines of pool %s are saturated and this class %s request cannot start within its wait limit; retry after %ds", req.pool, ref.Class, retrySeconds(ref.RetryAfter))
 	}
 	s.count(req, outcome)
+	req.trace.setMessage(e.Message)
 	s.log.Info("not admitted", zap.String("pool", req.pool), zap.String("request_id", req.requestID),
 		zap.String("class", ref.Class), zap.String("reason", outcome), zap.Bool("queued", queued), zap.Duration("waited", ref.Waited))
 	resp := errorResponse(code, "admission_"+outcome, e)

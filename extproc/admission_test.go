@@ -21,6 +21,12 @@ import (
 // default, "interactive" (engine priority 9) by header.
 func admissionClient(t *testing.T, open *atomic.Bool, enginePriority bool) extprocv3.ExternalProcessorClient {
 	t.Helper()
+	return clientFor(t, admissionOptions(t, open, enginePriority))
+}
+
+// admissionOptions are the Options of admissionClient's Server.
+func admissionOptions(t *testing.T, open *atomic.Bool, enginePriority bool) Options {
+	t.Helper()
 	cfg := admit.Config{
 		Classes:     []admit.Class{{Name: "batch", WaitLimit: 100 * time.Millisecond}, {Name: "interactive", Priority: 10, WaitLimit: time.Second}},
 		MaxRequests: 10, MaxTokens: 1 << 20,
@@ -38,15 +44,21 @@ func admissionClient(t *testing.T, open *atomic.Bool, enginePriority bool) extpr
 	if enginePriority {
 		adm.EnginePriority = func(class int) (int, bool) { return []int{1, 9}[class], true }
 	}
-	return clientFor(t, Options{Pools: []Pool{{Name: "p", Picker: &fakePicker{decision: pdPick}, PrefillCluster: "duet_prefill", Admission: adm}},
-		Metrics: NewMetrics(prometheus.NewRegistry())})
+	return Options{Pools: []Pool{{Name: "p", Picker: &fakePicker{decision: pdPick}, PrefillCluster: "duet_prefill", Admission: adm}},
+		Metrics: NewMetrics(prometheus.NewRegistry())}
 }
 
 // exchangeHeld is exchange for a request that may be held: it returns the
 // final answer, and the message timeouts duet asked for on the way.
 func exchangeHeld(t *testing.T, c extprocv3.ExternalProcessorClient, hdrs map[string]string, body []byte) (*extprocv3.ProcessingResponse, []time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	return exchangeHeldContext(t, context.Background(), c, hdrs, body)
+}
+
+// exchangeHeldContext is exchangeHeld on a stream opened with ctx.
+func exchangeHeldContext(t *testing.T, ctx context.Context, c extprocv3.ExternalProcessorClient, hdrs map[string]string, body []byte) (*extprocv3.ProcessingResponse, []time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	stream, err := c.Process(ctx)
 	if err != nil {

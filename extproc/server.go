@@ -13,6 +13,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -82,6 +83,11 @@ type Options struct {
 	// contract.HeaderDecodeEndpoint: Envoy's override_host tries it when the first
 	// refuses the connection (when Pools is empty).
 	Fallbacks DecodeFallbacker
+	// Tracer, when set, records a span of each decision (SpanDecision)
+	// whose parent, read from the ext_proc stream's gRPC metadata
+	// (traceparent), Envoy sampled; duet starts no trace of its own. nil
+	// turns tracing off: no metadata is read and nothing is allocated.
+	Tracer trace.Tracer
 }
 
 // DefaultPool names the pool of a Server configured without Pools.
@@ -178,6 +184,9 @@ type request struct {
 	// headers are the values of the headers admission reads, by name
 	// (Server.admitHeaders); nil when no pool has admission.
 	headers map[string]string
+	// trace is the decision's span and what it will say; nil when the
+	// request is not traced.
+	trace *decisionTrace
 }
 
 // header returns the value of a header admission reads ("" when absent).
@@ -208,7 +217,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		case *extprocv3.ProcessingRequest_RequestHeaders:
 			req = newRequest(m.RequestHeaders, s.admitHeaders)
 			if m.RequestHeaders.EndOfStream {
-				resp, last = s.decide(ctx, req, phaseHeaders, nil), true
+				resp, last = s.decide(s.startTrace(ctx, req), req, phaseHeaders, nil), true
+				req.trace.end(req, resp)
 			} else {
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 					RequestHeaders: &extprocv3.HeadersResponse{},
@@ -226,6 +236,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			} else {
 				req.body = append(req.body, m.RequestBody.Body...)
 			}
+			dctx := s.startTrace(ctx, req)
 			if s.opts.MaxBodyBytes > 0 && len(req.body) > s.opts.MaxBodyBytes {
 				resp = s.reject(req, http.StatusRequestEntityTooLarge, "body_too_large",
 					fmt.Sprintf("request body exceeds the %d-byte limit", s.opts.MaxBodyBytes))
@@ -234,12 +245,13 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 				resp = s.reject(req, http.StatusInternalServerError, "body_mode",
 					"duet requires ext_proc request_body_mode BUFFERED")
 			} else {
-				resp = s.decide(ctx, req, phaseBody, func(d time.Duration) {
+				resp = s.decide(dctx, req, phaseBody, func(d time.Duration) {
 					// Envoy waits d for the answer; a failed send shows up
 					// at the answer's.
 					_ = stream.Send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)})
 				})
 			}
+			req.trace.end(req, resp)
 			last = true
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
@@ -340,6 +352,9 @@ func (s *Server) route(ctx context.Context, req *request, ph phase, hold func(ti
 			body, err = ParseBody(req.route, req.body)
 		}
 		if err == nil {
+			if req.trace != nil {
+				req.trace.setModel(body.field("model").String())
+			}
 			pool, model, err = s.pools.forBody(req.route, body)
 		}
 		if notFound := (*modelNotFoundError)(nil); errors.As(err, &notFound) {
@@ -355,6 +370,9 @@ func (s *Server) route(ctx context.Context, req *request, ph phase, hold func(ti
 		req.requestID = req.duetID
 	}
 	sreq := &scheduler.Request{ID: req.duetID, Path: req.path, DecodeOnly: !req.route.Inference()}
+	if req.trace != nil {
+		sreq.Explain = &req.trace.explain
+	}
 	if body != nil {
 		buf := s.promptBuffer()
 		sreq.Prompt = *buf
@@ -393,6 +411,7 @@ func (s *Server) route(ctx context.Context, req *request, ph phase, hold func(ti
 		s.log.Warn("no target", zap.String("pool", pool.Name), zap.String("request_id", req.requestID), zap.String("duet_request_id", req.duetID), zap.Error(err))
 		return s.reject(req, code, "no_target", fmt.Sprintf("no inference endpoint of pool %s is available: %v", pool.Name, err))
 	}
+	req.trace.setDecision(decision, sreq.PromptTokens)
 
 	// Every routing header is either set or removed, so nothing a client sent
 	// (should Envoy's own stripping be misconfigured) survives.
@@ -511,6 +530,7 @@ func (s *Server) reject(req *request, code int, details, message string) *extpro
 // error of status code.
 func (s *Server) refuse(req *request, code int, details, message string, resp *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
 	s.count(req, details)
+	req.trace.setMessage(message)
 	s.log.Info("rejected", zap.String("path", req.path), zap.Int("status", code), zap.String("reason", message))
 	return resp
 }

@@ -30,13 +30,18 @@ type fakePicker struct {
 	decision scheduler.Decision
 	err      error
 	fallback *scheduler.Endpoint // DecodeFallback's answer
-	last     atomic.Pointer[scheduler.Request]
+	// explain is copied into a request's Explain, when it asks.
+	explain scheduler.DecisionStatus
+	last    atomic.Pointer[scheduler.Request]
 }
 
 func (f *fakePicker) DecodeFallback(scheduler.Target) *scheduler.Endpoint { return f.fallback }
 
 func (f *fakePicker) Pick(_ context.Context, req *scheduler.Request) (scheduler.Decision, error) {
 	f.last.Store(req)
+	if req.Explain != nil {
+		*req.Explain = f.explain
+	}
 	d := f.decision
 	if req.DecodeOnly {
 		d.Prefill = nil
@@ -92,7 +97,14 @@ func clientFor(t testing.TB, opts Options) extprocv3.ExternalProcessorClient {
 // buffered body; it returns the response to the last message sent.
 func exchange(t testing.TB, c extprocv3.ExternalProcessorClient, method, path string, hdrs map[string]string, body []byte) *extprocv3.ProcessingResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return exchangeContext(t, context.Background(), c, method, path, hdrs, body)
+}
+
+// exchangeContext is exchange on a stream opened with ctx, whose outgoing
+// gRPC metadata the stream carries (Envoy's traceparent).
+func exchangeContext(t testing.TB, ctx context.Context, c extprocv3.ExternalProcessorClient, method, path string, hdrs map[string]string, body []byte) *extprocv3.ProcessingResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	stream, err := c.Process(ctx)
 	if err != nil {
