@@ -12,6 +12,7 @@ import (
 	"github.com/duet-router/duet/cmd/duet/internal/status"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/extproc/legtrace"
 	"github.com/duet-router/duet/extproc/tokenize"
 	"github.com/duet-router/duet/scheduler"
 	"github.com/duet-router/duet/scheduler/admit"
@@ -237,10 +238,13 @@ func (ps poolSet) status() []status.Pool {
 
 // Complete delivers believed feedback (accesslog.Completion.Pool set by
 // the route record) to its pool's scheduler; feedback about no known pool
-// is dropped.
-func (ps poolSet) Complete(_ context.Context, c accesslog.Completion) {
+// is dropped. The ejections the leg causes become events of its span in
+// ctx, when it is traced (package legtrace).
+func (ps poolSet) Complete(ctx context.Context, c accesslog.Completion) {
 	if p := ps.byName(c.Pool); p != nil {
-		p.sched.Complete(toFeedback(c))
+		for _, e := range p.sched.Complete(toFeedback(c)) {
+			legtrace.Ejected(ctx, e, abortsPartners(e.Role, e.Reason))
+		}
 	}
 }
 

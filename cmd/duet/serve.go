@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
@@ -28,9 +29,11 @@ import (
 	"github.com/duet-router/duet/cmd/duet/internal/config"
 	"github.com/duet-router/duet/cmd/duet/internal/replicas"
 	"github.com/duet-router/duet/cmd/duet/internal/status"
+	"github.com/duet-router/duet/cmd/duet/internal/tracing"
 	"github.com/duet-router/duet/extproc"
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/extproc/legs"
+	"github.com/duet-router/duet/extproc/legtrace"
 	"github.com/duet-router/duet/extproc/routed"
 	"github.com/duet-router/duet/scheduler"
 )
@@ -50,6 +53,10 @@ const maxOrphans = 1 << 16
 // abortTimeout bounds one POST /abort_request to an engine.
 const abortTimeout = 2 * time.Second
 
+// tracingFlush bounds how long duet waits, when it stops, for the
+// collector to take the spans still queued.
+const tracingFlush = 5 * time.Second
+
 // serve runs duet with cfg, read from the file at path, until ctx is
 // cancelled. On SIGHUP it reads the file again and applies its endpoint
 // lists (see reloader).
@@ -67,6 +74,11 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tracer, stopTracing, err := startTracing(ctx, cfg.OTLP, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	tracker := legs.New(legs.Options{
 		Aborter:    &legs.HTTPAborter{Timeout: abortTimeout},
 		Logger:     log.Named("legs"),
@@ -105,7 +117,8 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 	// What the scheduler and the legs tracker learn from believed feedback.
 	apply := fanout{tracker, pools}
 	var routes extproc.RouteRecorder = book
-	var feedbackSink accesslog.Sink = book.Gate(apply)
+	// Believed entries of traced requests get their leg's span.
+	var feedbackSink accesslog.Sink = book.Gate(legtrace.New(tracer, apply))
 	if cfg.Sync != nil {
 		r, err := startReplicas(cfg.Sync, replicaApplier{pools: pools, book: book, apply: apply}, log.Named("replicas"), reg)
 		if err != nil {
@@ -126,6 +139,7 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		Logger:       log.Named("extproc"),
 		Metrics:      extproc.NewMetrics(reg),
 		Legs:         tracker,
+		Tracer:       tracer,
 	})
 	if err != nil {
 		return err
@@ -252,6 +266,30 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		return serveErr
 	}
 	return nil
+}
+
+// startTracing builds the tracer provider of the otlp section, when there
+// is one, and returns its tracer and the function that flushes it (within
+// tracingFlush) and shuts it down. Without the section the tracer is nil:
+// nothing is traced and nothing on the request path changes.
+func startTracing(ctx context.Context, cfg *config.OTLP, log *zap.Logger) (trace.Tracer, func(), error) {
+	if cfg == nil {
+		return nil, func() {}, nil
+	}
+	tp, err := tracing.New(ctx, cfg, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("tracing: duet's spans join the traces Envoy samples", zap.String("otlp_endpoint", cfg.Endpoint),
+		zap.String("service_name", cfg.ServiceName), zap.Float64("envoy_sampling_percent", cfg.Sampling()))
+	stop := func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tracingFlush)
+		defer cancel()
+		if err := tp.Shutdown(fctx); err != nil {
+			log.Warn("tracing: spans not flushed", zap.String("otlp_endpoint", cfg.Endpoint), zap.Error(err))
+		}
+	}
+	return tp.Tracer(), stop, nil
 }
 
 // tlsFiles converts the configuration's auth.tls.

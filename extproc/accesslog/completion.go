@@ -64,6 +64,12 @@ type Completion struct {
 	// Pool is the pool duet routed the request to, set once duet believes
 	// the entry (package routed); "" before.
 	Pool string `json:"pool,omitempty"`
+	// TraceParent is the W3C traceparent request header the entry logged,
+	// "" when none: with tracing on, Envoy logs it on every entry, an
+	// upstream entry's being its leg's own span context. It only ever
+	// becomes the parent of duet's span of the leg (package legtrace);
+	// nothing routes by it.
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // Sink receives completions. Complete is called on the ALS stream's

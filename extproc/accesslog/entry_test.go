@@ -7,6 +7,15 @@ import (
 	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
 )
 
+// traceParent is a sampled W3C traceparent.
+const traceParent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+// withHeader returns h with one more header.
+func withHeader(h map[string]string, k, v string) map[string]string {
+	h[k] = v
+	return h
+}
+
 func TestCompletion(t *testing.T) {
 	duetMD := map[string]any{
 		"request_id": "r1", "route": "chat", "decode": "127.0.0.2:30001/dp1", "prefill": "127.0.0.1:30001/dp0",
@@ -82,6 +91,10 @@ func TestCompletion(t *testing.T) {
 			entry("duet_decode", "127.0.0.2", 200, hdr("r8", ""), withoutDuration),
 			Completion{RequestID: "r8", ClientRequestID: "client-r8", Leg: LegRequest, Cluster: "duet_decode", Upstream: "127.0.0.2:30001",
 				Status: 200, DPRank: NoRank, Duration: 7 * time.Millisecond}, true},
+		{"traced leg: its traceparent", "duet_upstream",
+			entry("duet_prefill", "127.0.0.1", 500, withHeader(hdr("r10", "2"), "traceparent", traceParent)),
+			Completion{RequestID: "r10", ClientRequestID: "client-r10", Leg: LegPrefill, Cluster: "duet_prefill", Upstream: "127.0.0.1:30001",
+				Status: 500, DPRank: 2, Failed: true, Duration: 25 * time.Millisecond, TraceParent: traceParent}, true},
 		{"upstream entry of another cluster", "duet_upstream",
 			entry("duet_extproc", "127.0.0.9", 200, hdr("r9", "")), Completion{}, false},
 		{"another log", "somebody_else", entry("duet_decode", "127.0.0.2", 200, hdr("r9", "")), Completion{}, false},

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/extproc/legtrace"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -233,6 +234,7 @@ func (t *Tracker) Complete(ctx context.Context, c accesslog.Completion) {
 	}
 	t.mu.Unlock()
 	if job != nil {
+		legtrace.Aborted(ctx, job.role, job.url, job.reason)
 		t.abort(ctx, *job, c)
 	}
 }
