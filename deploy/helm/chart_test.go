@@ -325,6 +325,9 @@ type valueSet struct {
 	// admissionClasses are the admission classes duet's configuration
 	// must name, in order (nil: not checked).
 	admissionClasses []string
+	// otlp is duet's otlp section as it must be rendered (nil: none,
+	// tracing off; checkTracing).
+	otlp map[string]any
 }
 
 // defaultSubject is the chart's NATS subject for the release in namespace.
@@ -381,6 +384,16 @@ var valueSets = []valueSet{
 		objects: append(slices.Clone(defaultObjects),
 			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
 		admissionClasses: []string{"interactive", "batch"},
+	},
+	{
+		// Tracing: every Envoy traces 1 % of the requests and exports
+		// its spans, duet its decisions, to a collector
+		// (docs/tracing.md).
+		name: "tracing", files: []string{"tracing.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
+		objects: append(slices.Clone(defaultObjects),
+			"Secret/duet-system/duet-tls", "Secret/duet-system/duet-envoy-tls", "Secret/duet-system/duet-admin-token"),
+		otlp: map[string]any{"endpoint": "otel-collector.observability.svc.cluster.local:4317", "sampling_percent": 1,
+			"service_name": "duet", "envoy_service_name": "duet-envoy"},
 	},
 	{
 		name: "pd-discovery", files: []string{"pd-discovery.yaml"}, replicas: 2, envoy: true, pd: true, auth: "mtls", admin: true,
@@ -462,10 +475,18 @@ var valueSets = []valueSet{
 	{
 		// One duet for a gateway outside the chart, which needs no NATS,
 		// behind a headless Service too; the gateway sends a generated
-		// token; no status page token, no NetworkPolicy, no budget.
+		// token; no status page token, no NetworkPolicy, no budget. The
+		// gateway traces; duet's spans join its traces, under a service
+		// name of its own. The Envoy-only values (unused: no Envoy
+		// beside duet) pass through, a sampling of 0 kept, an empty
+		// Envoy service name left to duet's default.
 		name: "token for a gateway", replicas: 1, pd: true, auth: "token",
 		set: []string{"envoy.enabled=false", "replicaCount=1", "service.headless=true", "auth.mode=token",
-			"auth.adminToken.enabled=false", "networkPolicy.enabled=false", "podDisruptionBudget.enabled=false"},
+			"auth.adminToken.enabled=false", "networkPolicy.enabled=false", "podDisruptionBudget.enabled=false",
+			"otlp.enabled=true", "otlp.endpoint=jaeger-collector.observability:4317", "otlp.envoyEndpoint=10.0.0.9:4317",
+			"otlp.samplingPercent=0", "otlp.serviceName=duet-inference", "otlp.envoyServiceName="},
+		otlp: map[string]any{"endpoint": "jaeger-collector.observability:4317", "envoy_endpoint": "10.0.0.9:4317",
+			"sampling_percent": 0, "service_name": "duet-inference"},
 		objects: []string{
 			"ConfigMap/duet-system/duet", "Deployment/duet-system/duet", "Service/duet-system/duet",
 			"Service/duet-system/duet-headless", "ServiceAccount/duet-system/duet", "Role/duet-system/duet-endpointslices",
@@ -526,6 +547,7 @@ func TestChart(t *testing.T) {
 			t.Run("admission", func(t *testing.T) { checkAdmission(t, vs, objs) })
 			t.Run("auth", func(t *testing.T) { checkAuth(t, vs, objs) })
 			t.Run("sync", func(t *testing.T) { checkSync(t, vs, objs) })
+			t.Run("tracing", func(t *testing.T) { checkTracing(t, vs, objs) })
 			t.Run("duet and envoy", func(t *testing.T) { checkDuetAndEnvoy(t, tk, vs, objs) })
 		})
 	}
@@ -1120,6 +1142,7 @@ func checkDuetAndEnvoy(t *testing.T, tk tools, vs valueSet, objs map[string]obje
 	if !strings.Contains(bootstrap, fmt.Sprintf("port_value: %d", envoy.Ports[0].ContainerPort)) {
 		t.Errorf("bootstrap lacks Envoy's listener port %d", envoy.Ports[0].ContainerPort)
 	}
+	checkTracingBootstrap(t, vs, bootstrap)
 	if len(vs.pools) > 0 {
 		checkPoolsBootstrap(t, vs, cfg, bootstrap)
 	} else if !strings.Contains(bootstrap, "duet_decode") {
@@ -1452,6 +1475,13 @@ func testInvalidValues(t *testing.T, tk tools) {
 		{"NATS URL not NATS", nil, []string{"sync.nats.url=http://nats:4222", "sync.nats.unauthenticated=true"}, "at '/sync/nats/url'"},
 		{"wildcard subject", nil, []string{"sync.nats.url=nats://nats:4222", "sync.nats.unauthenticated=true", "sync.subject=duet.>"}, "at '/sync/subject'"},
 		{"chart-owned sync", nil, []string{"config.sync.nats.url=nats://nats:4222"}, "config.sync: the chart sets it"},
+		{"chart-owned otlp", nil, []string{"config.otlp.endpoint=collector:4317"}, "config.otlp: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen), auth (auth), sync (sync) or otlp (otlp)"},
+		{"tracing without a collector", nil, []string{"otlp.enabled=true"}, "otlp.endpoint: name the OTLP/gRPC collector"},
+		{"collector without a port", nil, []string{"otlp.enabled=true", "otlp.endpoint=collector"}, "at '/otlp/endpoint'"},
+		{"collector as a URL", nil, []string{"otlp.enabled=true", "otlp.endpoint=http://collector:4317"}, "at '/otlp/endpoint'"},
+		{"sampling above 100", []string{"tracing.yaml"}, []string{"otlp.samplingPercent=101"}, "at '/otlp/samplingPercent'"},
+		{"typo in otlp", nil, []string{"otlp.sampling=1"}, "additional properties 'sampling' not allowed"},
+		{"service name with a space", []string{"tracing.yaml"}, []string{"otlp.serviceName=my duet"}, "at '/otlp/serviceName'"},
 		// What an unquoted `mode: on` in a values file becomes.
 		{"kv_events mode a boolean", nil, []string{"config.kv_events.mode=true"}, "config.kv_events.mode: true is a boolean; quote the mode"},
 		{"admission engine_priority a boolean", nil, []string{"config.admission.engine_priority=false"},

@@ -243,7 +243,7 @@ func testNotes(t *testing.T, tk tools) {
 		{
 			name:    "pairs sharing nothing",
 			want:    []string{"duet replicas: 2, each beside its own Envoy.", "Each pair routes with its own view: set sync.nats.url"},
-			wantNot: []string{"share their state over NATS"},
+			wantNot: []string{"share their state over NATS", "Tracing"},
 		},
 		{
 			name: "two pools", files: []string{"two-pools.yaml"},
@@ -252,6 +252,17 @@ func testNotes(t *testing.T, tk tools) {
 				"qwen: Qwen/Qwen3-8B (aliases qwen); engines: decode Service vllm in inference.",
 				"curl -s localhost:8080/v1/models", `"model":"deepseek-ai/DeepSeek-V3"`},
 			wantNot: []string{`"model":"default"`, "Engines: "},
+		},
+		{
+			name: "tracing", files: []string{"tracing.yaml"},
+			want: []string{"Tracing (docs/tracing.md): each Envoy traces 1 % of the requests, as service duet-envoy;",
+				"duet's decision spans join them, as service duet. Spans go to otel-collector.observability.svc.cluster.local:4317."},
+		},
+		{
+			name: "tracing behind a gateway", files: []string{"aggregated-static.yaml"},
+			set:     []string{"otlp.enabled=true", "otlp.endpoint=collector:4317", "otlp.envoyEndpoint=other:4317"},
+			want:    []string{"Tracing (docs/tracing.md): your gateway traces;", "Spans go to collector:4317."},
+			wantNot: []string{"each Envoy traces", "other:4317"},
 		},
 		{
 			name: "one duet", set: []string{"replicaCount=1"},

@@ -143,6 +143,33 @@ authentication. The replica's name is left to POD_NAME (the pod's name).
 {{- end }}
 
 {{/*
+duet's otlp section (docs/tracing.md) from the otlp values; empty when
+tracing is off. Unset service names and sampling take duet's defaults.
+*/}}
+{{- define "duet.otlpConfig" -}}
+{{- $o := .Values.otlp }}
+{{- if $o.enabled }}
+{{- if not $o.endpoint }}
+{{- fail "otlp.endpoint: name the OTLP/gRPC collector (host:port, e.g. otel-collector.observability.svc.cluster.local:4317) that duet and Envoy export their spans to, or set otlp.enabled false" }}
+{{- end }}
+{{- $c := dict "endpoint" $o.endpoint }}
+{{- with $o.envoyEndpoint }}
+{{- $_ := set $c "envoy_endpoint" . }}
+{{- end }}
+{{- if not (kindIs "invalid" $o.samplingPercent) }}
+{{- $_ := set $c "sampling_percent" $o.samplingPercent }}
+{{- end }}
+{{- with $o.serviceName }}
+{{- $_ := set $c "service_name" . }}
+{{- end }}
+{{- with $o.envoyServiceName }}
+{{- $_ := set $c "envoy_service_name" . }}
+{{- end }}
+{{- toYaml $c }}
+{{- end }}
+{{- end }}
+
+{{/*
 duet's auth section (docs/configuration.md) from the auth values; empty
 when duet authenticates nobody on loopback.
 */}}
@@ -176,9 +203,9 @@ engines, then the config values as they are.
 */}}
 {{- define "duet.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) }}
-{{- range $key := list "listen" "prefill" "decode" "kubernetes" "auth" "sync" }}
+{{- range $key := list "listen" "prefill" "decode" "kubernetes" "auth" "sync" "otlp" }}
 {{- if hasKey $cfg $key }}
-{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen), auth (auth) or sync (sync)" $key) }}
+{{- fail (printf "config.%s: the chart sets it; use engines (prefill, decode, kubernetes), ports (listen), auth (auth), sync (sync) or otlp (otlp)" $key) }}
 {{- end }}
 {{- end }}
 {{- /* Beside its own Envoy, duet's gRPC port is for that Envoy alone. */}}
@@ -189,6 +216,9 @@ engines, then the config values as they are.
 {{- end }}
 {{- with include "duet.syncConfig" . }}
 {{- $_ := set $cfg "sync" (fromYaml .) }}
+{{- end }}
+{{- with include "duet.otlpConfig" . }}
+{{- $_ := set $cfg "otlp" (fromYaml .) }}
 {{- end }}
 {{- if hasKey $cfg "pools" }}
 {{- fail "config.pools: the chart sets it; use pools" }}
