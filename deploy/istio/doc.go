@@ -19,7 +19,13 @@
 // and generate a gateway that runs the JWT filter before ext_proc; and duet's
 // sidecar must pass duet's connections to the engines' KV event ports
 // through as plain TCP (or, under REGISTRY_ONLY, reach them once the engine
-// Services declare them). The Istio tools come
+// Services declare them); and the tracing example (tracing/: a kustomize
+// overlay adding a Telemetry and patching the EnvoyFilter, and the mesh
+// configuration's OpenTelemetry provider) must make the EnvoyFilter
+// exactly what `duet envoy-config` renders with an otlp section, the
+// tracer aside, pass the schemas and the analysis given that provider, and
+// generate a gateway that logs traceparent and loads in Envoy. The Istio
+// tools come
 // from the separate Go module in
 // check/, built into .tools/istio by `make istio-tools`. Guide:
 // docs/deploy/istio.md.
