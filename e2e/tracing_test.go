@@ -1,0 +1,324 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/duet-router/duet/e2e/harness"
+)
+
+// startJaeger runs Jaeger for one test, its log shown if the test fails.
+func startJaeger(t *testing.T, ctx context.Context) *harness.Jaeger {
+	t.Helper()
+	j, err := harness.StartJaeger(ctx, t.TempDir(), harness.JaegerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("jaeger log:\n%s", j.Tail(4000))
+		}
+		j.Stop(5 * time.Second)
+	})
+	return j
+}
+
+// waitTrace polls Jaeger until the trace holds spans that satisfy done
+// (Envoy's tracer and duet's exporter both send in batches), and returns
+// them; it fails the test after 30 s with the spans it has.
+func waitTrace(t *testing.T, ctx context.Context, j *harness.Jaeger, traceID string, done func([]harness.TraceSpan) bool) []harness.TraceSpan {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var spans []harness.TraceSpan
+	for {
+		var err error
+		spans, err = j.Trace(ctx, traceID)
+		if err != nil && !errors.Is(err, harness.ErrTraceNotFound) {
+			t.Fatal(err)
+		}
+		if err == nil && done(spans) {
+			return spans
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("trace %s incomplete after 30s:\n%s", traceID, describeSpans(spans))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// describeSpans lists spans one per line, for failure messages.
+func describeSpans(spans []harness.TraceSpan) string {
+	var b strings.Builder
+	for _, s := range spans {
+		fmt.Fprintf(&b, "  %s %s/%q parent=%s kind=%s error=%v events=%v tags=%v\n", s.SpanID, s.Service, s.Operation, s.ParentID, s.Kind(), s.Failed(), s.Events, s.Tags)
+	}
+	return b.String()
+}
+
+// spansWhere returns the spans that match.
+func spansWhere(spans []harness.TraceSpan, match func(harness.TraceSpan) bool) []harness.TraceSpan {
+	var out []harness.TraceSpan
+	for _, s := range spans {
+		if match(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// traceparent is a client's W3C trace context, sampled, under a trace id
+// made from n.
+func traceparent(n int) (header, traceID, spanID string) {
+	traceID = fmt.Sprintf("%032x", 0xd0e7000000+n)
+	spanID = fmt.Sprintf("%016x", 0xc11e47+n)
+	return "00-" + traceID + "-" + spanID + "-01", traceID, spanID
+}
+
+// Claims 40-44: with duet's otlp section, one request is one trace across
+// Envoy, duet and both legs (docs/tracing.md). The stack exports to a real
+// Jaeger; every assertion reads the trace back from Jaeger's query API.
+func TestTracing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j := startJaeger(t, ctx)
+	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 100}\n", j.OTLPAddr))
+	send := func(id string, body []byte, hdr map[string]string) (*http.Response, []byte) {
+		t.Helper()
+		h := map[string]string{"x-request-id": id}
+		for k, v := range hdr {
+			h[k] = v
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, body)
+		if err != nil {
+			t.Fatalf("request %s: %v", id, err)
+		}
+		return resp, body
+	}
+	// lastRecord is the newest request an engine received.
+	lastRecord := func(sim *harness.Sim) harness.Record {
+		t.Helper()
+		recs, err := sim.Requests(ctx)
+		if err != nil || len(recs) == 0 {
+			t.Fatalf("%s records: %v (%d)", sim.Name, err, len(recs))
+		}
+		return recs[len(recs)-1]
+	}
+	one := func(t *testing.T, spans []harness.TraceSpan, what string, match func(harness.TraceSpan) bool) harness.TraceSpan {
+		t.Helper()
+		got := spansWhere(spans, match)
+		if len(got) != 1 {
+			t.Fatalf("%d spans for %s, want 1:\n%s", len(got), what, describeSpans(spans))
+		}
+		return got[0]
+	}
+	envoySpan := func(op string) func(harness.TraceSpan) bool {
+		return func(s harness.TraceSpan) bool { return s.Service == "duet-envoy" && s.Operation == op }
+	}
+	duetSpan := func(s harness.TraceSpan) bool { return s.Service == "duet" && s.Operation == "duet.route" }
+	const extProc = "async envoy.service.ext_proc.v3.ExternalProcessor.Process egress"
+	decodeOp, mirrorOp := "router duet_deepseek_decode egress", "mirror"
+
+	t.Run("a PD request is one trace", func(t *testing.T) {
+		resp, body := send(requestID(t, 0), modelChat(pdModel, false), nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		decode, prefill := lastRecord(st.decode), lastRecord(st.prefill)
+		traceID := harness.TraceID(decode.TraceParent)
+		if traceID == "" || harness.TraceID(prefill.TraceParent) != traceID || !strings.HasSuffix(decode.TraceParent, "-01") {
+			t.Fatalf("legs' traceparents: decode %q, prefill %q: want one sampled trace", decode.TraceParent, prefill.TraceParent)
+		}
+		spans := waitTrace(t, ctx, j, traceID, func(s []harness.TraceSpan) bool {
+			return len(spansWhere(s, duetSpan)) > 0 && len(spansWhere(s, envoySpan("ingress"))) > 0 && len(spansWhere(s, envoySpan(mirrorOp))) > 0
+		})
+		ingress := one(t, spans, "Envoy's ingress", envoySpan("ingress"))
+		if ingress.ParentID != "" || ingress.Kind() != "server" || ingress.Tag("http.status_code") != "200" {
+			t.Errorf("ingress span: %+v", ingress)
+		}
+		ext := one(t, spans, "the ext_proc stream", envoySpan(extProc))
+		dec := one(t, spans, "the decode leg", envoySpan(decodeOp))
+		mir := one(t, spans, "the prefill mirror", envoySpan(mirrorOp))
+		for _, s := range []harness.TraceSpan{ext, dec, mir} {
+			if s.ParentID != ingress.SpanID || s.Kind() != "client" || s.Failed() {
+				t.Errorf("%s: parent %s (want the ingress span %s), kind %s, failed %v", s.Operation, s.ParentID, ingress.SpanID, s.Kind(), s.Failed())
+			}
+		}
+		if dec.SpanID != harness.ParentSpanID(decode.TraceParent) || dec.Tag("upstream_address") != st.decode.Address {
+			t.Errorf("the decode engine got traceparent %q; Envoy's decode span is %s to %s", decode.TraceParent, dec.SpanID, dec.Tag("upstream_address"))
+		}
+		if mir.SpanID != harness.ParentSpanID(prefill.TraceParent) || mir.Tag("upstream_address") != st.prefill.Address ||
+			mir.Tag("upstream_cluster") != "duet_deepseek_prefill" {
+			t.Errorf("the prefill engine got traceparent %q; Envoy's mirror span is %s to %s (%s)", prefill.TraceParent, mir.SpanID, mir.Tag("upstream_address"), mir.Tag("upstream_cluster"))
+		}
+		route := one(t, spans, "duet's decision", duetSpan)
+		if route.ParentID != ext.SpanID {
+			t.Errorf("duet's span's parent is %s, want the ext_proc span %s", route.ParentID, ext.SpanID)
+		}
+		decodeRank, prefillRank := *decode.DPRank, *prefill.DPRank
+		for k, want := range map[string]string{
+			"duet.pool": "deepseek", "gen_ai.request.model": pdModel, "duet.outcome": "routed",
+			"duet.decode.endpoint": st.decode.Address, "duet.decode.rank": fmt.Sprint(decodeRank),
+			"duet.prefill.endpoint": st.prefill.Address, "duet.prefill.rank": fmt.Sprint(prefillRank),
+			"duet.decode.policy": "least_cost", "duet.prefill.policy": "least_cost",
+			"duet.decode.candidates": "2", "duet.prefill.candidates": "2",
+		} {
+			if got := route.Tag(k); got != want {
+				t.Errorf("duet's span: %s = %q, want %q", k, got, want)
+			}
+		}
+		if route.Failed() {
+			t.Errorf("duet's span of a routed request is an error: %v", route.Tags)
+		}
+	})
+
+	t.Run("a client's traceparent is continued, a 404 traced", func(t *testing.T) {
+		header, traceID, clientSpan := traceparent(1)
+		resp, body := send(requestID(t, 1), modelChat("no/such-model", false), map[string]string{"traceparent": header})
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("status %d, want duet's 404: %s", resp.StatusCode, body)
+		}
+		spans := waitTrace(t, ctx, j, traceID, func(s []harness.TraceSpan) bool {
+			return len(spansWhere(s, duetSpan)) > 0 && len(spansWhere(s, envoySpan("ingress"))) > 0
+		})
+		ingress := one(t, spans, "Envoy's ingress", envoySpan("ingress"))
+		if ingress.ParentID != clientSpan || ingress.Tag("http.status_code") != "404" {
+			t.Errorf("ingress span: parent %s (want the client's %s), status %s", ingress.ParentID, clientSpan, ingress.Tag("http.status_code"))
+		}
+		ext := one(t, spans, "the ext_proc stream", envoySpan(extProc))
+		route := one(t, spans, "duet's decision", duetSpan)
+		if route.ParentID != ext.SpanID || route.Tag("duet.outcome") != "model_not_found" || route.Tag("http.response.status_code") != "404" {
+			t.Errorf("duet's span: parent %s (ext_proc %s), tags %v", route.ParentID, ext.SpanID, route.Tags)
+		}
+		if n := len(spansWhere(spans, func(s harness.TraceSpan) bool { return strings.HasPrefix(s.Operation, "router ") || s.Operation == mirrorOp })); n != 0 {
+			t.Errorf("%d upstream spans for a request no engine saw:\n%s", n, describeSpans(spans))
+		}
+	})
+
+	t.Run("a failed prefill is an error on its trace", func(t *testing.T) {
+		if err := st.prefill.Stop(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		header, traceID, _ := traceparent(2)
+		resp, body := send(requestID(t, 2), modelChat(pdModel, false), map[string]string{"traceparent": header})
+		if resp.StatusCode < 500 {
+			t.Fatalf("status %d with the prefill engine down: %s", resp.StatusCode, body)
+		}
+		spans := waitTrace(t, ctx, j, traceID, func(s []harness.TraceSpan) bool {
+			return len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Service == "duet" && s.Operation == "duet.leg" && s.Failed() })) > 0 &&
+				len(spansWhere(s, envoySpan(mirrorOp))) > 0
+		})
+		mir := one(t, spans, "the prefill mirror", envoySpan(mirrorOp))
+		if !mir.Failed() {
+			t.Errorf("Envoy's mirror span of a refused connection is not an error: %v", mir.Tags)
+		}
+		leg := one(t, spans, "duet's failed prefill leg", func(s harness.TraceSpan) bool {
+			return s.Service == "duet" && s.Operation == "duet.leg" && s.Tag("duet.leg.name") == "prefill"
+		})
+		if leg.ParentID != mir.SpanID || !leg.Failed() || leg.Tag("duet.leg.endpoint") != st.prefill.Address ||
+			leg.Tag("duet.leg.outcome") != "unreachable" || leg.Tag("duet.leg.response_flags") != "UF" {
+			t.Errorf("duet's prefill leg span: parent %s (want the mirror %s), failed %v, tags %v", leg.ParentID, mir.SpanID, leg.Failed(), leg.Tags)
+		}
+		// duet aborted the decode leg, which waited for the KV, and
+		// ejected the prefill engine: both are events of the failed leg.
+		if !slices.Contains(leg.Events, "duet.abort") || !slices.Contains(leg.Events, "duet.ejection") {
+			t.Errorf("duet's prefill leg span has events %v, want duet.abort and duet.ejection", leg.Events)
+		}
+	})
+}
+
+// traceScreenshotPath is where TestTraceUI saves the trace as Jaeger's UI
+// shows it (gitignored; docs/tracing.png is a copy).
+const traceScreenshotPath = "../.artifacts/trace.png"
+
+// TestTraceUI opens a PD request's trace in Jaeger's own UI, in headless
+// Chromium, checks that it shows every hop (Envoy's spans, duet's decision
+// with its attributes, both legs), and saves a screenshot. Jaeger's Go
+// module carries no UI, so the test needs the UI's built assets in
+// DUET_JAEGER_UI (docs/tracing.md says how to build them) and is skipped
+// without them.
+func TestTraceUI(t *testing.T) {
+	assets := os.Getenv("DUET_JAEGER_UI")
+	if assets == "" {
+		t.Skip("DUET_JAEGER_UI (built Jaeger UI assets) is not set: docs/tracing.md, \"The screenshot\"")
+	}
+	browser := chromium(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	j, err := harness.StartJaeger(ctx, t.TempDir(), harness.JaegerOptions{UIAssets: assets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Stop(5 * time.Second)
+	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 100}\n", j.OTLPAddr))
+	rctx, rcancel := context.WithTimeout(ctx, requestTimeout)
+	defer rcancel()
+	resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", map[string]string{"x-request-id": requestID(t, 0)}, modelChat(pdModel, true))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("request: %v %v %s", err, resp, body)
+	}
+	recs, err := st.decode.Requests(ctx)
+	if err != nil || len(recs) == 0 {
+		t.Fatalf("decode records: %v", err)
+	}
+	traceID := harness.TraceID(recs[len(recs)-1].TraceParent)
+	waitTrace(t, ctx, j, traceID, func(s []harness.TraceSpan) bool {
+		return len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Operation == "duet.route" })) > 0 &&
+			len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Operation == "ingress" })) > 0 &&
+			len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Operation == "mirror" })) > 0
+	})
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
+		chromedp.WindowSize(1500, 900), chromedp.Flag("disable-gpu", true))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1500, 900), chromedp.Navigate(j.QueryURL+"/trace/"+traceID)); err != nil {
+		t.Fatalf("open the trace: %v", err)
+	}
+	// Every hop is on the page; then duet's span is opened to show its
+	// attributes.
+	const shown = `(() => {
+  const text = document.body.innerText;
+  return ["duet-envoy", "ingress", "ExternalProcessor", "duet.route", "router duet_deepseek_decode egress", "mirror"].every(s => text.includes(s));
+})()`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](shown, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		text, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText`))
+		t.Fatalf("the trace page lacks a hop: %v\n%s", err, text)
+	}
+	const openDuet = `(() => {
+  const name = [...document.querySelectorAll(".span-name, [class*=span-name]")].find(e => e.textContent.includes("duet.route"));
+  if (!name) return false;
+  name.click();
+  return true;
+})()`
+	if opened, err := chromedp.Run(bctx, chromedp.Evaluate[bool](openDuet)); err != nil || !opened {
+		t.Fatalf("duet's span cannot be opened: %v", err)
+	}
+	const detail = `document.body.innerText.includes("duet.decode.endpoint")`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](detail, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Fatalf("duet's span shows no attributes: %v", err)
+	}
+	shot, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(traceScreenshotPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(traceScreenshotPath, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
