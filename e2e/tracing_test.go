@@ -280,12 +280,12 @@ func TestTraceUI(t *testing.T) {
 	})
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.WindowSize(1500, 900), chromedp.Flag("disable-gpu", true))
+		chromedp.WindowSize(1500, 1080), chromedp.Flag("disable-gpu", true))
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
 	defer cancelBrowser()
-	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1500, 900), chromedp.Navigate(j.QueryURL+"/trace/"+traceID)); err != nil {
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1500, 1080), chromedp.Navigate(j.QueryURL+"/trace/"+traceID)); err != nil {
 		t.Fatalf("open the trace: %v", err)
 	}
 	// Every hop is on the page; then duet's span is opened to show its
@@ -299,17 +299,33 @@ func TestTraceUI(t *testing.T) {
 		t.Fatalf("the trace page lacks a hop: %v\n%s", err, text)
 	}
 	const openDuet = `(() => {
-  const name = [...document.querySelectorAll(".span-name, [class*=span-name]")].find(e => e.textContent.includes("duet.route"));
-  if (!name) return false;
-  name.click();
+  const name = [...document.querySelectorAll(".span-name")].find(e => e.textContent.includes("duet.route"));
+  const row = name && name.closest(".span-row");
+  const bar = row && row.querySelector(".span-view");
+  if (!bar) return false;
+  bar.click();
   return true;
 })()`
 	if opened, err := chromedp.Run(bctx, chromedp.Evaluate[bool](openDuet)); err != nil || !opened {
 		t.Fatalf("duet's span cannot be opened: %v", err)
 	}
-	const detail = `document.body.innerText.includes("duet.decode.endpoint")`
+	// The span's tags, folded in one line, are opened into their table.
+	const openTags = `(() => {
+  const header = [...document.querySelectorAll("[class*=AccordianKeyValues--header]")].find(e => e.textContent.startsWith("Tags"));
+  if (!header) return false;
+  header.click();
+  return true;
+})()`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](openTags, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
+		t.Fatalf("duet's span has no tags to open: %v", err)
+	}
+	const detail = `document.querySelectorAll("[class*=KeyValueTable] tr").length > 10 && document.body.innerText.includes("duet.decode.endpoint")`
 	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](detail, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
-		t.Fatalf("duet's span shows no attributes: %v", err)
+		text, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerHTML`))
+		if shot, err := chromedp.Run(bctx, chromedp.CaptureScreenshot()); err == nil {
+			_ = os.WriteFile(strings.Replace(traceScreenshotPath, ".png", "-failed.png", 1), shot, 0o644)
+		}
+		t.Fatalf("duet's span shows no attributes: %v\n%s", err, text)
 	}
 	shot, err := chromedp.Run(bctx, chromedp.CaptureScreenshot())
 	if err != nil {
