@@ -90,8 +90,9 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	rec := s.decisions.record(now, id, req.Path, req.Model)
 	fail := func(err error) (Decision, error) {
 		rec.err = err
-		s.explain(req, rec, nil, nil)
+		e := *rec
 		s.ledger.mu.Unlock()
+		s.explain(req, e, nil, nil)
 		return Decision{}, err
 	}
 	if pd {
@@ -140,7 +141,6 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 	chosen[1].picked++
 	s.ledger.reserve(chosen[1], id, RoleDecode, decodeTokens, now, req.Model, len(req.Prompt))
 	rec.decode = choice{target: d.Decode, candidates: len(decodeCands), load: c.Load.Tokens, prefix: c.Prefix, cached: c.CachedTokens, tokens: decodeTokens}
-	s.explain(req, rec, prefillCost, decodeCost)
 	indexed := [2]bool{prefillIndexed, decodeIndexed || decodeCache && d.Decode.Endpoint.DecodeCache.Radix}
 	// Where the prompt ends on the targets whose caches keep it: the
 	// prefill target of an indexed role, and a decode target with a
@@ -177,7 +177,12 @@ func (s *Scheduler) Pick(ctx context.Context, req *Request) (Decision, error) {
 			}
 		}
 	}
+	var explained decisionEntry // the decision, for req.Explain
+	if req.Explain != nil {
+		explained = *rec
+	}
 	s.ledger.mu.Unlock()
+	s.explain(req, explained, prefillCost, decodeCost)
 	if s.onPicked != nil {
 		s.onPicked(picked)
 	}

@@ -248,20 +248,22 @@ func (r *decisionRing) newest() []decisionEntry {
 // recordFailure records a pick that failed before taking the pick lock.
 func (s *Scheduler) recordFailure(req *Request, err error) {
 	s.ledger.mu.Lock()
-	defer s.ledger.mu.Unlock()
 	rec := s.decisions.record(s.now(), req.ID, req.Path, req.Model)
 	rec.err = err
-	s.explain(req, rec, nil, nil)
+	e := *rec
+	s.ledger.mu.Unlock()
+	s.explain(req, e, nil, nil)
 }
 
-// explain fills req.Explain, when it is set, with the recorded decision
-// and the chosen candidates' cost parts (nil for a role whose policy does
-// not explain its price). Caller holds ledger.mu.
-func (s *Scheduler) explain(req *Request, rec *decisionEntry, prefillCost, decodeCost []CostTerm) {
+// explain fills req.Explain, when it is set, with the recorded decision e
+// (a copy taken under ledger.mu: the ring's entry is overwritten by later
+// picks) and the chosen candidates' cost parts (nil for a role whose
+// policy does not explain its price). It formats outside the pick lock.
+func (s *Scheduler) explain(req *Request, e decisionEntry, prefillCost, decodeCost []CostTerm) {
 	if req.Explain == nil {
 		return
 	}
-	*req.Explain = s.decisionView(*rec)
+	*req.Explain = s.decisionView(e)
 	if req.Explain.Prefill != nil {
 		req.Explain.Prefill.Cost = prefillCost
 	}
