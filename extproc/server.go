@@ -105,6 +105,9 @@ type Server struct {
 	// into (*[]byte): a prompt is as large as the body, and allocating it
 	// anew was a quarter of duet's allocation at 32 KiB.
 	prompts sync.Pool
+	// traces keeps traced requests' *decisionTrace, with their attribute
+	// buffers, for reuse.
+	traces sync.Pool
 }
 
 // maxPooledPrompt is the largest prompt buffer the Server keeps for reuse;
@@ -218,7 +221,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			req = newRequest(m.RequestHeaders, s.admitHeaders)
 			if m.RequestHeaders.EndOfStream {
 				resp, last = s.decide(s.startTrace(ctx, req), req, phaseHeaders, nil), true
-				req.trace.end(req, resp)
+				s.endTrace(req, resp)
 			} else {
 				resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
 					RequestHeaders: &extprocv3.HeadersResponse{},
@@ -251,7 +254,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 					_ = stream.Send(&extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(d)})
 				})
 			}
-			req.trace.end(req, resp)
+			s.endTrace(req, resp)
 			last = true
 		case *extprocv3.ProcessingRequest_RequestTrailers:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{

@@ -103,6 +103,9 @@ func (c incomingCarrier) Keys() []string {
 // not sampled) records nothing.
 type decisionTrace struct {
 	span trace.Span
+	// attrs is the buffer end builds the span's attributes in, kept with
+	// the decisionTrace for the next traced request (Server.traces).
+	attrs []attribute.KeyValue
 	// model is the body's model; message the error duet answered with.
 	model, message string
 	// explain is the scheduler's account of the pick (Request.Explain).
@@ -132,7 +135,12 @@ func (s *Server) startTrace(ctx context.Context, req *request) context.Context {
 		return ctx
 	}
 	ctx, span := s.opts.Tracer.Start(ctx, SpanDecision, trace.WithSpanKind(trace.SpanKindServer))
-	req.trace = &decisionTrace{span: span}
+	t, _ := s.traces.Get().(*decisionTrace)
+	if t == nil {
+		t = &decisionTrace{attrs: make([]attribute.KeyValue, 0, 48)}
+	}
+	*t = decisionTrace{span: span, attrs: t.attrs[:0]}
+	req.trace = t
 	return ctx
 }
 
@@ -164,16 +172,25 @@ func (t *decisionTrace) setDecision(d scheduler.Decision, promptTokens int64) {
 	}
 }
 
-// end ends req's decision span (nothing when it has none) with what the
-// decision came to, answered by resp: routed, or the outcome and status of
-// the answer duet gave itself. A 5xx answer sets the span's status to
-// Error. It is called once per request, by Process, whatever the path.
-func (t *decisionTrace) end(req *request, resp *extprocv3.ProcessingResponse) {
+// endTrace ends req's decision span (nothing when it has none) with what
+// the decision came to, answered by resp: routed, or the outcome and status
+// of the answer duet gave itself. A 5xx answer sets the span's status to
+// Error. Process calls it once per request, whatever the path.
+func (s *Server) endTrace(req *request, resp *extprocv3.ProcessingResponse) {
+	t := req.trace
 	if t == nil {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 48)
-	attrs = append(attrs, attribute.String(attrRoute, req.route.String()))
+	req.trace = nil
+	t.end(req, resp)
+	// The span copied the attributes: the buffer is free again.
+	clear(t.attrs)
+	s.traces.Put(t)
+}
+
+// end sets t's attributes and status, and ends its span.
+func (t *decisionTrace) end(req *request, resp *extprocv3.ProcessingResponse) {
+	attrs := append(t.attrs[:0], attribute.String(attrRoute, req.route.String()))
 	attrs = appendString(attrs, attrPool, req.pool)
 	attrs = appendString(attrs, attrModel, t.model)
 	attrs = appendString(attrs, attrRequestID, req.duetID)
@@ -201,6 +218,7 @@ func (t *decisionTrace) end(req *request, resp *extprocv3.ProcessingResponse) {
 		}
 		attrs = appendChoice(attrs, decodeKeys, t.decision.Decode, t.explain.Decode)
 	}
+	t.attrs = attrs
 	t.span.SetAttributes(attrs...)
 	if code >= http.StatusInternalServerError {
 		msg := t.message
