@@ -44,7 +44,7 @@ import (
 )
 
 // checkedPages are the pages whose marked quotes are checked.
-var checkedPages = []string{"troubleshooting.md", "status-page.md"}
+var checkedPages = []string{"troubleshooting.md", "status-page.md", "tracing.md"}
 
 // TestQuotesComeFromTheCode checks every marked quote of checkedPages
 // against duet's source.

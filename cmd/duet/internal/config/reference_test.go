@@ -155,6 +155,7 @@ func TestReferenceListsEveryKey(t *testing.T) {
 		"envoy.duet_tls.": "decode: [{url: \"http://10.0.0.1:30000\"}]\nauth: {tls: {cert_file: c, key_file: k, client_ca_file: ca}}\n" +
 			"envoy: {duet_tls: {cert_file: c, key_file: k, ca_file: ca}}\n",
 		"sync.": "decode: [{url: \"http://10.0.0.1:30000\"}]\nsync: {nats: {url: \"nats://nats:4222\"}}\n",
+		"otlp.": "decode: [{url: \"http://10.0.0.1:30000\"}]\notlp: {endpoint: \"collector:4317\"}\n",
 	} {
 		if sections[prefix], err = Parse([]byte(yaml)); err != nil {
 			t.Fatal(err)
@@ -166,16 +167,22 @@ func TestReferenceListsEveryKey(t *testing.T) {
 		if !leaf || strings.Contains(key, "[]") || typ.Kind() == reflect.Map || typ.Kind() == reflect.Slice {
 			continue
 		}
-		v := leafValue(reflect.ValueOf(*defaults), key)
+		loaded := defaults
 		for prefix, cfg := range sections {
 			if strings.HasPrefix(key, prefix) {
-				v = leafValue(reflect.ValueOf(*cfg), key)
+				loaded = cfg
 			}
 		}
+		v := leafValue(reflect.ValueOf(*loaded), key)
 		m := token.FindStringSubmatch(cell)
 		switch {
 		case strings.HasPrefix(cell, "required"):
 			// No default.
+		case strings.HasPrefix(cell, "as `"):
+			// Another key's value.
+			if other := leafValue(reflect.ValueOf(*loaded), m[1]); !other.IsValid() || !v.Equal(other) {
+				t.Errorf("%s: the default of %s is %s's value, but the loader sets %v (%s is %v)", referenceDoc, key, m[1], v, m[1], other)
+			}
 		case strings.HasPrefix(cell, "empty"):
 			if !v.IsZero() {
 				t.Errorf("%s: the default of %s is empty, but the loader sets %v", referenceDoc, key, v)
