@@ -201,7 +201,9 @@ func TestTracing(t *testing.T) {
 		if route.ParentID != ext.SpanID || route.Tag("duet.outcome") != "model_not_found" || route.Tag("http.response.status_code") != "404" {
 			t.Errorf("duet's span: parent %s (ext_proc %s), tags %v", route.ParentID, ext.SpanID, route.Tags)
 		}
-		if n := len(spansWhere(spans, func(s harness.TraceSpan) bool { return strings.HasPrefix(s.Operation, "router ") || s.Operation == mirrorOp })); n != 0 {
+		if n := len(spansWhere(spans, func(s harness.TraceSpan) bool {
+			return strings.HasPrefix(s.Operation, "router ") || s.Operation == mirrorOp
+		})); n != 0 {
 			t.Errorf("%d upstream spans for a request no engine saw:\n%s", n, describeSpans(spans))
 		}
 	})
@@ -336,5 +338,69 @@ func TestTraceUI(t *testing.T) {
 	}
 	if err := os.WriteFile(traceScreenshotPath, shot, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Claim 45: sampling is the tracer's, and follows a client's decision.
+// With sampling_percent 0 no request without a traceparent is traced, one
+// whose client sampled it is, and one whose client did not sample it is
+// not (each engine gets flags 00).
+func TestTracingFollowsClientDecision(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	j := startJaeger(t, ctx)
+	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 0}\n", j.OTLPAddr))
+	send := func(i int, traceparent string) harness.Record {
+		t.Helper()
+		h := map[string]string{"x-request-id": requestID(t, i)}
+		if traceparent != "" {
+			h["traceparent"] = traceparent
+		}
+		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, modelChat(pdModel, false))
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %v %v %s", i, err, resp, body)
+		}
+		recs, err := st.decode.Requests(ctx)
+		if err != nil || len(recs) == 0 {
+			t.Fatalf("decode records: %v", err)
+		}
+		return recs[len(recs)-1]
+	}
+	// Ten requests of its own: none is sampled (Envoy's random_sampling
+	// alone would not do: with the request id out of the decision, every
+	// request reaches the tracer, whose sampler decides).
+	var plain harness.Record
+	for i := range 10 {
+		if plain = send(100+i, ""); !strings.HasSuffix(plain.TraceParent, "-00") {
+			t.Fatalf("request %d reached decode with traceparent %q at sampling_percent 0, want flags 00", i, plain.TraceParent)
+		}
+	}
+	_, unsampledID, _ := traceparent(10)
+	declined := send(1, "00-"+unsampledID+"-0000000000c11e4a-00")
+	header, sampledID, clientSpan := traceparent(11)
+	sampled := send(2, header)
+	for _, r := range []harness.Record{plain, declined} {
+		if !strings.HasSuffix(r.TraceParent, "-00") {
+			t.Errorf("an unsampled request reached decode with traceparent %q, want flags 00", r.TraceParent)
+		}
+	}
+	if harness.TraceID(declined.TraceParent) != unsampledID || harness.TraceID(sampled.TraceParent) != sampledID || !strings.HasSuffix(sampled.TraceParent, "-01") {
+		t.Errorf("traceparents at decode: declined %q, sampled %q: want the clients' traces, the second sampled", declined.TraceParent, sampled.TraceParent)
+	}
+	spans := waitTrace(t, ctx, j, sampledID, func(s []harness.TraceSpan) bool {
+		return len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Operation == "duet.route" })) > 0 &&
+			len(spansWhere(s, func(s harness.TraceSpan) bool { return s.Operation == "ingress" })) > 0
+	})
+	if in := spansWhere(spans, func(s harness.TraceSpan) bool { return s.Operation == "ingress" }); in[0].ParentID != clientSpan {
+		t.Errorf("ingress parent %s, want the client's span %s", in[0].ParentID, clientSpan)
+	}
+	// The sampled request was sent last: its spans are exported, so the
+	// others' would be by now.
+	for _, id := range []string{harness.TraceID(plain.TraceParent), unsampledID} {
+		if got, err := j.Trace(ctx, id); !errors.Is(err, harness.ErrTraceNotFound) {
+			t.Errorf("unsampled trace %s: %v\n%s", id, err, describeSpans(got))
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"strconv"
@@ -265,6 +266,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	},
 	"clusterType": clusterType,
 	"percent":     func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
+	"perMillion":  func(pct float64) int64 { return int64(math.Round(pct * 1e4)) },
 }).Parse(bootstrapTemplate))
 
 // clusterType is STRICT_DNS when any address is a DNS name, else STATIC.

@@ -92,14 +92,16 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 				"name: duet_feedback\n    type: STRICT_DNS\n    # A name may resolve to several duet replicas", "dns_lookup_family: ALL"}, nil},
 		{"tracing", func(p *Params) {
 			p.Tracing = &Tracing{Collector: Address{"127.0.0.1", 4317}, SamplingPercent: 0.5, ServiceName: "duet-envoy"}
-		}, []string{"random_sampling: {value: 0.5}", "spawn_upstream_span: true", "name: envoy.tracers.opentelemetry",
+		}, []string{"sampling_percentage: {numerator: 5000, denominator: MILLION}", "envoy.tracers.opentelemetry.samplers.parent_based",
+			"envoy.tracers.opentelemetry.samplers.trace_id_ratio_based", "spawn_upstream_span: true", "name: envoy.tracers.opentelemetry",
 			"envoy_grpc: {cluster_name: duet_otlp}", "service_name: duet-envoy", "  - name: duet_otlp\n    type: STATIC",
 			`address: "127.0.0.1", port_value: 4317`,
 			"additional_request_headers_to_log: [x-duet-request-id, x-request-id, x-data-parallel-rank, traceparent]",
 			"pack_trace_reason: false", "use_request_id_for_trace_sampling: false"}, nil},
 		{"tracing to a collector by name", func(p *Params) {
 			p.Tracing = &Tracing{Collector: Address{"otel-collector.observability", 4317}, SamplingPercent: 100, ServiceName: "envoy"}
-		}, []string{"random_sampling: {value: 100}", "  - name: duet_otlp\n    type: STRICT_DNS", "service_name: envoy"}, nil},
+		}, []string{"sampling_percentage: {numerator: 1000000, denominator: MILLION}", "  - name: duet_otlp\n    type: STRICT_DNS", "service_name: envoy"},
+			[]string{"random_sampling: {"}},
 		{"no tracing", func(*Params) {}, nil, []string{"tracing:", "duet_otlp", "traceparent", "request_id_extension"}},
 	}
 	for _, tt := range tests {

@@ -115,7 +115,8 @@ func testTracing(t *testing.T, p *types.Project) {
 		{[]any{"provider", "name"}, envoyTracer},
 		{[]any{"provider", "typed_config", "grpc_service", "envoy_grpc", "cluster_name"}, envoyOTLPCluster},
 		{[]any{"provider", "typed_config", "service_name"}, defaultEnvoyServiceName},
-		{[]any{"random_sampling", "value"}, 100},
+		// Every request sampled: 100 % as the tracer's sampler's millionths.
+		{[]any{"provider", "typed_config", "sampler", "typed_config", "wrapped_sampler", "typed_config", "sampling_percentage", "numerator"}, 1000000},
 		{[]any{"spawn_upstream_span"}, true},
 	} {
 		if got := dig(t, tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {

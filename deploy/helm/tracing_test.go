@@ -2,6 +2,7 @@ package helm
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"reflect"
 	"slices"
@@ -89,7 +90,8 @@ func checkTracingBootstrap(t *testing.T, vs valueSet, bootstrap string) {
 		{[]any{"provider", "name"}, "envoy.tracers.opentelemetry"},
 		{[]any{"provider", "typed_config", "grpc_service", "envoy_grpc", "cluster_name"}, "duet_otlp"},
 		{[]any{"provider", "typed_config", "service_name"}, service},
-		{[]any{"random_sampling", "value"}, sampling},
+		// The tracer's sampler takes the percentage in millionths.
+		{[]any{"provider", "typed_config", "sampler", "typed_config", "wrapped_sampler", "typed_config", "sampling_percentage", "numerator"}, perMillion(sampling)},
 		{[]any{"spawn_upstream_span"}, true},
 	} {
 		if got := dig(tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
@@ -147,4 +149,11 @@ func dig(v any, path ...any) any {
 		}
 	}
 	return v
+}
+
+// perMillion is a sampling percentage (a YAML number) in millionths, as
+// the bootstrap's sampler takes it.
+func perMillion(pct any) int64 {
+	v, _ := strconv.ParseFloat(fmt.Sprint(pct), 64)
+	return int64(math.Round(v * 1e4))
 }
