@@ -160,8 +160,19 @@ func service(name, namespace string, port int, ip string) obj {
 // otlp section: the OpenTelemetry tracer exporting over gRPC to the
 // patch's collector under Envoy's service name (duet-envoy), random
 // sampling at the patch's rate, a span per upstream request, and a request
-// id extension that neither samples by nor rewrites x-request-id. The
-// access loggers of the translation log traceparent.
+// id extension that does not rewrite x-request-id. The access loggers of
+// the translation log traceparent.
+//
+// One difference from duet's bootstrap is intended: the extension samples
+// by x-request-id (requestID.tracing: Sample). With
+// use_request_id_for_trace_sampling false Envoy skips its sampling and
+// traces every request, random_sampling (which samplingRate becomes)
+// ignored, unless the tracer samples (docs/envoy-contract.md, claim 45,
+// proved on Envoy 1.40 by the e2e TestTracingFollowsClientDecision).
+// duet's bootstrap gives its tracer a sampler; Envoy Gateway's tracer has
+// none, so Disable would trace 100 % of the requests while the patch says
+// 1. With policies.yaml translated too, the id sampled by is the one a
+// client sent, when it sent one (PreserveOrGenerate), as the docs say.
 func TestTracingPatch(t *testing.T) {
 	want := append(slices.Clone(envoy.LoggedRequestHeaders), envoy.HeaderTraceParent)
 	docs := readDocs(t, "gateway.yaml")
@@ -217,7 +228,7 @@ func TestTracingPatch(t *testing.T) {
 		}
 		in = append(in, d)
 	}
-	for _, d := range readDocs(t, "route.yaml") {
+	for _, d := range append(readDocs(t, "route.yaml"), readDocs(t, "policies.yaml")...) {
 		in = append(in, d)
 	}
 	in = append(in, service("duet", "inference", 9002, "10.96.0.10"), service("sglang-decode", "inference", 30000, "10.96.0.12"),
@@ -286,7 +297,14 @@ func TestTracingPatch(t *testing.T) {
 		{[]any{"tracing", "randomSampling", "value"}, dig(tracing, "samplingRate")},
 		{[]any{"tracing", "spawnUpstreamSpan"}, true},
 		{[]any{"requestIdExtension", "typedConfig", "packTraceReason"}, false},
-		{[]any{"requestIdExtension", "typedConfig", "useRequestIdForTraceSampling"}, false},
+		// Sample by x-request-id, or samplingRate is ignored and every
+		// request traced (Envoy Gateway's tracer has no sampler).
+		{[]any{"requestIdExtension", "typedConfig", "useRequestIdForTraceSampling"}, true},
+		// The edge: Envoy makes an x-request-id for a request without
+		// one, and keeps a client's (policies.yaml).
+		{[]any{"useRemoteAddress"}, true},
+		{[]any{"generateRequestId"}, true},
+		{[]any{"preserveExternalRequestId"}, true},
 	} {
 		if got := dig(hcm, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("connection manager: %v = %v, want %v", c.path, got, c.want)

@@ -214,11 +214,22 @@ func tracingProvider(t *testing.T) (name string, collector envoy.Address) {
 // otlp section (the collector and sampling of the overlay's provider and
 // Telemetry), field for field as TestEnvoyFilterMatchesRenderedBootstrap
 // holds envoyfilter.yaml to the rendering without one: the access loggers
-// log traceparent, and the request id extension neither samples by nor
-// rewrites x-request-id. The tracer itself and its cluster are Istio's
-// (telemetry.yaml, mesh.yaml), so the rendering's are left out. The
-// Telemetry traces the pods the EnvoyFilter patches, with mesh.yaml's
-// provider, and samples at random, not by x-request-id.
+// log traceparent, and the request id extension does not rewrite
+// x-request-id. The tracer itself and its cluster are Istio's
+// (telemetry.yaml, mesh.yaml), so the rendering's are left out. One
+// difference is intended, and set in the rendering before comparing: the
+// overlay samples by x-request-id (use_request_id_for_trace_sampling
+// true), duet's rendering in its tracer's sampler. The Telemetry traces
+// the pods the EnvoyFilter patches, with mesh.yaml's provider, and samples
+// by x-request-id too.
+//
+// Why by x-request-id: with use_request_id_for_trace_sampling false Envoy
+// skips its sampling and traces every request, random_sampling (which
+// randomSamplingPercentage becomes) ignored, unless the tracer samples
+// (docs/envoy-contract.md, claim 45, proved on Envoy 1.40 by the e2e
+// TestTracingFollowsClientDecision). duet's bootstrap gives its tracer a
+// sampler; Istio's provider has none, so false here would trace 100 % of
+// the requests while the Telemetry says 1.
 func TestTracingOverlayMatchesRenderedBootstrap(t *testing.T) {
 	provider, collector := tracingProvider(t)
 	var tel struct {
@@ -249,8 +260,9 @@ func TestTracingOverlayMatchesRenderedBootstrap(t *testing.T) {
 			tel.Kind, tel.Metadata.Namespace, tel.Spec.Selector.MatchLabels, get(t, ef, "spec", "workloadSelector", "labels"))
 	}
 	if len(tel.Spec.Tracing) != 1 || len(tel.Spec.Tracing[0].Providers) != 1 || tel.Spec.Tracing[0].Providers[0].Name != provider ||
-		tel.Spec.Tracing[0].RandomSamplingPercentage == nil || tel.Spec.Tracing[0].UseRequestIDForTraceSampling == nil || *tel.Spec.Tracing[0].UseRequestIDForTraceSampling {
-		t.Fatalf("%s: tracing %+v; want provider %s, a sampling percentage, and useRequestIdForTraceSampling false", tracingTelemetry, tel.Spec.Tracing, provider)
+		tel.Spec.Tracing[0].RandomSamplingPercentage == nil || tel.Spec.Tracing[0].UseRequestIDForTraceSampling == nil || !*tel.Spec.Tracing[0].UseRequestIDForTraceSampling {
+		t.Fatalf("%s: tracing %+v; want provider %s, a sampling percentage, and useRequestIdForTraceSampling true, said out loud "+
+			"(false would trace every request whatever the percentage: Istio's tracer has no sampler)", tracingTelemetry, tel.Spec.Tracing, provider)
 	}
 
 	p := bootstrapParams()
@@ -268,6 +280,15 @@ func TestTracingOverlayMatchesRenderedBootstrap(t *testing.T) {
 		t.Fatalf("the rendering with tracing has no tracing or request id extension: %v", hcm)
 	}
 	delete(hcm, "tracing")
+	// duet's bootstrap leaves sampling to its tracer's sampler (deleted
+	// above with the tracer) and so keeps x-request-id out of it; Istio's
+	// tracer has no sampler, so the overlay samples by x-request-id, or
+	// Envoy would trace every request. The id is left unaltered in both.
+	rid := get(t, hcm, "request_id_extension", "typed_config").(obj)
+	if rid["use_request_id_for_trace_sampling"] != false || rid["pack_trace_reason"] != false {
+		t.Fatalf("the rendering's request id extension %v: want it neither sampling by nor packing into x-request-id, as this test assumes", rid)
+	}
+	rid["use_request_id_for_trace_sampling"] = true
 	sr := boot["static_resources"].(obj)
 	sr["clusters"] = slices.DeleteFunc(sr["clusters"].([]any), func(c any) bool { return c.(obj)["name"] == envoy.ClusterOTLP })
 	checkEnvoyFilterMatches(t, boot, tracingOverlay(t), []string{"duet-inference"})
@@ -278,8 +299,10 @@ func TestTracingOverlayMatchesRenderedBootstrap(t *testing.T) {
 // the overlay (the patched EnvoyFilter, the Telemetry) but the warning
 // every EnvoyFilter gets; and Istio's generator, given the patched
 // EnvoyFilter, builds a gateway whose connection manager carries duet's
-// request id extension (merged over Istio's own) and whose two access
-// loggers log traceparent, and which Envoy loads.
+// request id extension (merged over Istio's own: it samples by
+// x-request-id, or Envoy would trace every request, and does not pack the
+// decision into it) and whose two access loggers log traceparent, and
+// which Envoy loads.
 func TestTracingOverlayInIstio(t *testing.T) {
 	tools := findIstioTools(t)
 	filter := tracingOverlay(t)
@@ -342,15 +365,15 @@ func TestTracingOverlayInIstio(t *testing.T) {
 	})
 	var gateway obj
 	for _, h := range hcms {
-		if reflect.DeepEqual(get(t, h, "requestIdExtension", "typedConfig", "useRequestIdForTraceSampling"), false) {
+		if reflect.DeepEqual(get(t, h, "requestIdExtension", "typedConfig", "packTraceReason"), false) {
 			gateway = h
 		}
 	}
 	if gateway == nil {
-		t.Fatalf("no connection manager with duet's request id extension among %v", hcms)
+		t.Fatalf("no connection manager with duet's request id extension (packTraceReason false) among %v", hcms)
 	}
-	if rid := get(t, gateway, "requestIdExtension", "typedConfig").(obj); rid["packTraceReason"] != false {
-		t.Errorf("request id extension %v, want packTraceReason false", rid)
+	if rid := get(t, gateway, "requestIdExtension", "typedConfig").(obj); rid["useRequestIdForTraceSampling"] != true {
+		t.Errorf("request id extension %v, want useRequestIdForTraceSampling true (false traces every request: Istio's tracer has no sampler)", rid)
 	}
 	if len(logged) != 2 {
 		t.Errorf("%d gRPC access loggers, want duet's two", len(logged))
