@@ -3,6 +3,7 @@ package compose
 import (
 	"bufio"
 	"fmt"
+	"github.com/duet-router/duet/e2e/harness"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,7 +108,7 @@ func testTracing(t *testing.T, p *types.Project) {
 	file := mountedFile(t, p, "envoy", envoyConfigPath)
 	var boot map[string]any
 	readYAML(t, file, &boot)
-	tracing := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "tracing")
+	tracing := harness.Dig(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "tracing")
 	for _, c := range []struct {
 		path []any
 		want any
@@ -119,81 +120,43 @@ func testTracing(t *testing.T, p *types.Project) {
 		{[]any{"provider", "typed_config", "sampler", "typed_config", "wrapped_sampler", "typed_config", "sampling_percentage", "numerator"}, 1000000},
 		{[]any{"spawn_upstream_span"}, true},
 	} {
-		if got := dig(t, tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
+		if got := harness.Dig(tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s: tracing %v = %v, want %v", file, c.path, got, c.want)
 		}
 	}
-	rid := dig(t, boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "request_id_extension", "typed_config")
-	if fmt.Sprint(dig(t, rid, "pack_trace_reason"), dig(t, rid, "use_request_id_for_trace_sampling")) != "false false" {
+	rid := harness.Dig(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "request_id_extension", "typed_config")
+	if fmt.Sprint(harness.Dig(rid, "pack_trace_reason"), harness.Dig(rid, "use_request_id_for_trace_sampling")) != "false false" {
 		t.Errorf("%s: request_id_extension %v, want neither packing the trace reason nor sampling by x-request-id", file, rid)
 	}
 	var cluster any
-	for _, c := range dig(t, boot, "static_resources", "clusters").([]any) {
-		if dig(t, c, "name") == envoyOTLPCluster {
+	for _, c := range harness.Dig(boot, "static_resources", "clusters").([]any) {
+		if harness.Dig(c, "name") == envoyOTLPCluster {
 			cluster = c
 		}
 	}
 	if cluster == nil {
 		t.Fatalf("%s has no cluster %s", file, envoyOTLPCluster)
 	}
-	addr := dig(t, cluster, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
-	if got := hostPort(fmt.Sprint(dig(t, addr, "address")), dig(t, addr, "port_value").(int)); got != want {
+	addr := harness.Dig(cluster, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
+	if got := hostPort(fmt.Sprint(harness.Dig(addr, "address")), harness.Dig(addr, "port_value").(int)); got != want {
 		t.Errorf("%s: cluster %s reaches %s, want %s", file, envoyOTLPCluster, got, want)
 	}
-	if dig(t, cluster, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "explicit_http_config", "http2_protocol_options") == nil {
+	if harness.Dig(cluster, "typed_extension_protocol_options", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "explicit_http_config", "http2_protocol_options") == nil {
 		t.Errorf("%s: cluster %s does not speak HTTP/2 (OTLP/gRPC)", file, envoyOTLPCluster)
 	}
 	loggers := 0
-	walk(boot, func(m map[string]any) {
+	harness.Walk(boot, func(m map[string]any) {
 		if m["name"] != "envoy.access_loggers.http_grpc" {
 			return
 		}
 		loggers++
-		headers, _ := dig(t, m, "typed_config", "additional_request_headers_to_log").([]any)
+		headers, _ := harness.Dig(m, "typed_config", "additional_request_headers_to_log").([]any)
 		if !slices.Contains(headers, any(traceParent)) {
-			t.Errorf("%s: access logger %v logs %v, not %s", file, dig(t, m, "typed_config", "common_config", "log_name"), headers, traceParent)
+			t.Errorf("%s: access logger %v logs %v, not %s", file, harness.Dig(m, "typed_config", "common_config", "log_name"), headers, traceParent)
 		}
 	})
 	if loggers != 2 {
 		t.Errorf("%s: %d gRPC access loggers, want 2 (the connection manager's and the router's)", file, loggers)
-	}
-}
-
-// dig walks nested maps and lists (a string key indexes a map, an int a
-// list); nil where the path leads nowhere.
-func dig(t *testing.T, v any, path ...any) any {
-	t.Helper()
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil
-			}
-			v = m[k]
-		case int:
-			l, ok := v.([]any)
-			if !ok || k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
-// walk calls f on every map within v.
-func walk(v any, f func(map[string]any)) {
-	switch x := v.(type) {
-	case map[string]any:
-		f(x)
-		for _, e := range x {
-			walk(e, f)
-		}
-	case []any:
-		for _, e := range x {
-			walk(e, f)
-		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/duet-router/duet/e2e/harness"
 	"io"
 	"os"
 	"os/exec"
@@ -37,43 +38,6 @@ const (
 )
 
 type obj = map[string]any
-
-// dig walks nested maps and lists (a string key indexes a map, an int a
-// list); nil where the path leads nowhere.
-func dig(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(obj)
-			if !ok {
-				return nil
-			}
-			v = m[k]
-		case int:
-			l, ok := v.([]any)
-			if !ok || k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
-// walk calls f on every map within v.
-func walk(v any, f func(obj)) {
-	switch x := v.(type) {
-	case obj:
-		f(x)
-		for _, e := range x {
-			walk(e, f)
-		}
-	case []any:
-		for _, e := range x {
-			walk(e, f)
-		}
-	}
-}
 
 // readDocs reads every document of a YAML file.
 func readDocs(t *testing.T, path string) []obj {
@@ -180,20 +144,20 @@ func TestTracingPatch(t *testing.T) {
 	if ep == nil {
 		t.Fatal("gateway.yaml has no EnvoyProxy")
 	}
-	settings, _ := dig(ep, "spec", "telemetry", "accessLog", "settings").([]any)
+	settings, _ := harness.Dig(ep, "spec", "telemetry", "accessLog", "settings").([]any)
 	sinks := 0
 	for _, s := range settings {
-		for _, sink := range dig(s, "sinks").([]any) {
-			if dig(sink, "type") != "ALS" {
+		for _, sink := range harness.Dig(s, "sinks").([]any) {
+			if harness.Dig(sink, "type") != "ALS" {
 				continue
 			}
 			sinks++
 			var got []string
-			for _, h := range dig(sink, "als", "http", "requestHeaders").([]any) {
+			for _, h := range harness.Dig(sink, "als", "http", "requestHeaders").([]any) {
 				got = append(got, fmt.Sprint(h))
 			}
 			if !slices.Equal(got, want) {
-				t.Errorf("ALS sink %v logs %v, want %v", dig(sink, "als", "logName"), got, want)
+				t.Errorf("ALS sink %v logs %v, want %v", harness.Dig(sink, "als", "logName"), got, want)
 			}
 		}
 	}
@@ -209,14 +173,14 @@ func TestTracingPatch(t *testing.T) {
 	if err := yaml.Unmarshal(data, &patch); err != nil {
 		t.Fatalf("%s: %v", tracingPatch, err)
 	}
-	if keys := fmt.Sprint(dig(patch, "spec", "telemetry")); !strings.Contains(keys, "tracing:") || len(patch) != 1 {
+	if keys := fmt.Sprint(harness.Dig(patch, "spec", "telemetry")); !strings.Contains(keys, "tracing:") || len(patch) != 1 {
 		t.Fatalf("%s: want a patch of spec.telemetry alone, got %v", tracingPatch, patch)
 	}
-	tracing := dig(patch, "spec", "telemetry", "tracing")
-	ref := dig(tracing, "provider", "backendRefs", 0)
-	collector := fmt.Sprintf("%v.%v.svc", dig(ref, "name"), dig(ref, "namespace"))
-	if dig(tracing, "provider", "type") != "OpenTelemetry" || dig(ref, "port") != 4317 || dig(tracing, "provider", "serviceName") != envoyServiceName {
-		t.Errorf("%s: provider %v, want OpenTelemetry to a collector's OTLP/gRPC port 4317, service %s", tracingPatch, dig(tracing, "provider"), envoyServiceName)
+	tracing := harness.Dig(patch, "spec", "telemetry", "tracing")
+	ref := harness.Dig(tracing, "provider", "backendRefs", 0)
+	collector := fmt.Sprintf("%v.%v.svc", harness.Dig(ref, "name"), harness.Dig(ref, "namespace"))
+	if harness.Dig(tracing, "provider", "type") != "OpenTelemetry" || harness.Dig(ref, "port") != 4317 || harness.Dig(tracing, "provider", "serviceName") != envoyServiceName {
+		t.Errorf("%s: provider %v, want OpenTelemetry to a collector's OTLP/gRPC port 4317, service %s", tracingPatch, harness.Dig(tracing, "provider"), envoyServiceName)
 	}
 	checkDuetOTLP(t, "duet.yaml", collector+":4317")
 	checkDuetOTLP(t, "pools/duet.yaml", collector+":4317")
@@ -233,7 +197,7 @@ func TestTracingPatch(t *testing.T) {
 	}
 	in = append(in, service("duet", "inference", 9002, "10.96.0.10"), service("sglang-decode", "inference", 30000, "10.96.0.12"),
 		service("sglang-prefill", "inference", 30000, "10.96.0.13"),
-		service(fmt.Sprint(dig(ref, "name")), fmt.Sprint(dig(ref, "namespace")), 4317, "10.96.0.11"))
+		service(fmt.Sprint(harness.Dig(ref, "name")), fmt.Sprint(harness.Dig(ref, "namespace")), 4317, "10.96.0.11"))
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	for _, d := range in {
@@ -257,22 +221,22 @@ func TestTracingPatch(t *testing.T) {
 	if err := json.Unmarshal(out, &tr); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range dig(tr, "envoyProxyForGatewayClass", "status", "ancestors").([]any) {
-		for _, c := range dig(a, "conditions").([]any) {
-			if dig(c, "status") != "True" {
-				t.Errorf("EnvoyProxy: %v=%v (%v) %v", dig(c, "type"), dig(c, "status"), dig(c, "reason"), dig(c, "message"))
+	for _, a := range harness.Dig(tr, "envoyProxyForGatewayClass", "status", "ancestors").([]any) {
+		for _, c := range harness.Dig(a, "conditions").([]any) {
+			if harness.Dig(c, "status") != "True" {
+				t.Errorf("EnvoyProxy: %v=%v (%v) %v", harness.Dig(c, "type"), harness.Dig(c, "status"), harness.Dig(c, "reason"), harness.Dig(c, "message"))
 			}
 		}
 	}
 	var hcms []obj
 	var clusters = map[string]obj{}
 	var logged [][]any
-	walk(dig(tr, "xds"), func(m obj) {
-		switch dig(m, "@type") {
+	harness.Walk(harness.Dig(tr, "xds"), func(m obj) {
+		switch harness.Dig(m, "@type") {
 		case "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager":
 			// The Gateway's listener (Envoy Gateway's own stats and
 			// readiness listeners carry their routes inline).
-			if dig(m, "rds", "routeConfigName") == "inference/duet/http" {
+			if harness.Dig(m, "rds", "routeConfigName") == "inference/duet/http" {
 				hcms = append(hcms, m)
 			}
 		case "type.googleapis.com/envoy.config.cluster.v3.Cluster":
@@ -286,7 +250,7 @@ func TestTracingPatch(t *testing.T) {
 		t.Fatalf("the translation has %d connection managers, want the Gateway's one", len(hcms))
 	}
 	hcm := hcms[0]
-	name := dig(hcm, "tracing", "provider", "typedConfig", "grpcService", "envoyGrpc", "clusterName")
+	name := harness.Dig(hcm, "tracing", "provider", "typedConfig", "grpcService", "envoyGrpc", "clusterName")
 	for _, c := range []struct {
 		path []any
 		want any
@@ -294,7 +258,7 @@ func TestTracingPatch(t *testing.T) {
 		{[]any{"tracing", "provider", "name"}, "envoy.tracers.opentelemetry"},
 		{[]any{"tracing", "provider", "typedConfig", "serviceName"}, envoyServiceName},
 		{[]any{"tracing", "provider", "typedConfig", "grpcService", "envoyGrpc", "authority"}, collector},
-		{[]any{"tracing", "randomSampling", "value"}, dig(tracing, "samplingRate")},
+		{[]any{"tracing", "randomSampling", "value"}, harness.Dig(tracing, "samplingRate")},
 		{[]any{"tracing", "spawnUpstreamSpan"}, true},
 		{[]any{"requestIdExtension", "typedConfig", "packTraceReason"}, false},
 		// Sample by x-request-id, or samplingRate is ignored and every
@@ -306,11 +270,11 @@ func TestTracingPatch(t *testing.T) {
 		{[]any{"generateRequestId"}, true},
 		{[]any{"preserveExternalRequestId"}, true},
 	} {
-		if got := dig(hcm, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
+		if got := harness.Dig(hcm, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("connection manager: %v = %v, want %v", c.path, got, c.want)
 		}
 	}
-	if c, ok := clusters[fmt.Sprint(name)]; !ok || dig(c, "typedExtensionProtocolOptions", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "explicitHttpConfig", "http2ProtocolOptions") == nil {
+	if c, ok := clusters[fmt.Sprint(name)]; !ok || harness.Dig(c, "typedExtensionProtocolOptions", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "explicitHttpConfig", "http2ProtocolOptions") == nil {
 		t.Errorf("the tracer's cluster %v: %v, want one speaking HTTP/2 (OTLP/gRPC)", name, c)
 	}
 	if len(logged) != 2 {
@@ -329,7 +293,7 @@ func TestTracingPatch(t *testing.T) {
 func checkDuetOTLP(t *testing.T, path, endpoint string) {
 	t.Helper()
 	cm := find(readDocs(t, path), "ConfigMap")
-	config, _ := dig(cm, "data", "duet.yaml").(string)
+	config, _ := harness.Dig(cm, "data", "duet.yaml").(string)
 	lines := strings.Split(config, "\n")
 	start := slices.IndexFunc(lines, func(l string) bool { return strings.TrimSpace(l) == "# otlp:" })
 	if start < 0 {

@@ -2,6 +2,7 @@ package helm
 
 import (
 	"fmt"
+	"github.com/duet-router/duet/e2e/harness"
 	"math"
 	"net"
 	"reflect"
@@ -41,19 +42,19 @@ func checkTracingBootstrap(t *testing.T, vs valueSet, bootstrap string) {
 	if err := yaml.Unmarshal([]byte(bootstrap), &boot); err != nil {
 		t.Fatalf("bootstrap: %v", err)
 	}
-	hcm := dig(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
-	tracing := dig(hcm, "tracing")
+	hcm := harness.Dig(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	tracing := harness.Dig(hcm, "tracing")
 	var cluster any
-	clusters, _ := dig(boot, "static_resources", "clusters").([]any)
+	clusters, _ := harness.Dig(boot, "static_resources", "clusters").([]any)
 	for _, c := range clusters {
-		if dig(c, "name") == "duet_otlp" {
+		if harness.Dig(c, "name") == "duet_otlp" {
 			cluster = c
 		}
 	}
 	var logged [][]any
-	for _, l := range append(listOf(dig(hcm, "access_log")), listOf(dig(routerConfig(hcm), "upstream_log"))...) {
-		if dig(l, "name") == "envoy.access_loggers.http_grpc" {
-			h, _ := dig(l, "typed_config", "additional_request_headers_to_log").([]any)
+	for _, l := range append(listOf(harness.Dig(hcm, "access_log")), listOf(harness.Dig(routerConfig(hcm), "upstream_log"))...) {
+		if harness.Dig(l, "name") == "envoy.access_loggers.http_grpc" {
+			h, _ := harness.Dig(l, "typed_config", "additional_request_headers_to_log").([]any)
 			logged = append(logged, h)
 		}
 	}
@@ -61,9 +62,9 @@ func checkTracingBootstrap(t *testing.T, vs valueSet, bootstrap string) {
 		t.Fatalf("bootstrap: %d gRPC access loggers, want 2 (the connection manager's and the router's)", len(logged))
 	}
 	if vs.otlp == nil {
-		if tracing != nil || dig(hcm, "request_id_extension") != nil || cluster != nil {
+		if tracing != nil || harness.Dig(hcm, "request_id_extension") != nil || cluster != nil {
 			t.Errorf("tracing off, but the bootstrap has tracing %v, a request id extension %v, cluster duet_otlp %v",
-				tracing, dig(hcm, "request_id_extension"), cluster)
+				tracing, harness.Dig(hcm, "request_id_extension"), cluster)
 		}
 		for _, h := range logged {
 			if slices.Contains(h, any("traceparent")) {
@@ -94,16 +95,16 @@ func checkTracingBootstrap(t *testing.T, vs valueSet, bootstrap string) {
 		{[]any{"provider", "typed_config", "sampler", "typed_config", "wrapped_sampler", "typed_config", "sampling_percentage", "numerator"}, perMillion(sampling)},
 		{[]any{"spawn_upstream_span"}, true},
 	} {
-		if got := dig(tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
+		if got := harness.Dig(tracing, c.path...); fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("bootstrap: tracing %v = %v, want %v", c.path, got, c.want)
 		}
 	}
 	if cluster == nil {
 		t.Fatal("bootstrap: no cluster duet_otlp")
 	}
-	addr := dig(cluster, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
-	port, _ := dig(addr, "port_value").(int)
-	if got := net.JoinHostPort(fmt.Sprint(dig(addr, "address")), strconv.Itoa(port)); got != collector {
+	addr := harness.Dig(cluster, "load_assignment", "endpoints", 0, "lb_endpoints", 0, "endpoint", "address", "socket_address")
+	port, _ := harness.Dig(addr, "port_value").(int)
+	if got := net.JoinHostPort(fmt.Sprint(harness.Dig(addr, "address")), strconv.Itoa(port)); got != collector {
 		t.Errorf("bootstrap: cluster duet_otlp reaches %s, want the collector %s", got, collector)
 	}
 	for _, h := range logged {
@@ -116,9 +117,9 @@ func checkTracingBootstrap(t *testing.T, vs valueSet, bootstrap string) {
 // routerConfig returns the router filter's typed_config among the
 // connection manager's HTTP filters.
 func routerConfig(hcm any) any {
-	for _, f := range listOf(dig(hcm, "http_filters")) {
-		if dig(f, "name") == "envoy.filters.http.router" {
-			return dig(f, "typed_config")
+	for _, f := range listOf(harness.Dig(hcm, "http_filters")) {
+		if harness.Dig(f, "name") == "envoy.filters.http.router" {
+			return harness.Dig(f, "typed_config")
 		}
 	}
 	return nil
@@ -127,28 +128,6 @@ func routerConfig(hcm any) any {
 func listOf(v any) []any {
 	l, _ := v.([]any)
 	return l
-}
-
-// dig walks nested maps and lists (a string key indexes a map, an int a
-// list); nil where the path leads nowhere.
-func dig(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil
-			}
-			v = m[k]
-		case int:
-			l, ok := v.([]any)
-			if !ok || k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
 }
 
 // perMillion is a sampling percentage (a YAML number) in millionths, as

@@ -172,7 +172,7 @@ func TestAdmissionGatewayConfig(t *testing.T) {
 		t.Errorf("HTTP filters %v: want the JWT filter before duet's ext_proc", f.httpFilters)
 	}
 	set := map[string]bool{}
-	walk(boot["staticResources"], func(m map[string]any) {
+	harness.Walk(boot["staticResources"], func(m map[string]any) {
 		if m["name"] != jwtFilter {
 			return
 		}

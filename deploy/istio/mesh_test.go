@@ -3,6 +3,7 @@ package istio
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/duet-router/duet/e2e/harness"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -211,7 +212,7 @@ func inboundPolicy(t *testing.T, boot obj, port int) portPolicy {
 			if match["transportProtocol"] != "tls" || ts == nil || get(t, ts, "typedConfig", "requireClientCertificate") != true {
 				p.Plaintext = true
 			}
-			walk(fc["filters"], func(m obj) {
+			harness.Walk(fc["filters"], func(m obj) {
 				// The HTTP RBAC filter on HTTP ports, the network one on TCP
 				// ports (NATS's client port).
 				if m["@type"] != "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC" &&
@@ -227,7 +228,7 @@ func inboundPolicy(t *testing.T, boot obj, port int) portPolicy {
 					if !appliesToPort(pol["permissions"], port) {
 						continue
 					}
-					walk(pol["principals"], func(m obj) {
+					harness.Walk(pol["principals"], func(m obj) {
 						if m["any"] == true {
 							admitted["*"] = true
 						}

@@ -209,7 +209,7 @@ func TestPoolsIstioGeneratedGatewayLoadsInEnvoy(t *testing.T) {
 		t.Error("no early header mutation: a client's x-duet-pool would reach duet and the routes")
 	}
 	byName := map[string]obj{}
-	walk(boot["staticResources"], func(m map[string]any) {
+	harness.Walk(boot["staticResources"], func(m map[string]any) {
 		if name, ok := m["name"].(string); ok && m["match"] != nil && m["route"] != nil {
 			byName[name] = m
 		}

@@ -2,6 +2,7 @@ package istio
 
 import (
 	"fmt"
+	"github.com/duet-router/duet/e2e/harness"
 	"net"
 	"net/url"
 	"os"
@@ -239,7 +240,7 @@ func replicaProblems(t *testing.T, boot obj) []string {
 		if c["type"] != "STRICT_DNS" || c["dnsLookupFamily"] != "ALL" {
 			problems = append(problems, fmt.Sprintf("%s: type %v, DNS lookup family %v; want every address of a name (STRICT_DNS, ALL)", name, c["type"], c["dnsLookupFamily"]))
 		}
-		walk(c["loadAssignment"], func(m obj) {
+		harness.Walk(c["loadAssignment"], func(m obj) {
 			sa, ok := m["socketAddress"].(obj)
 			if !ok {
 				return
@@ -276,7 +277,7 @@ func TestGatewayReachesEveryReplica(t *testing.T) {
 	}{
 		{"as shipped", nil, ""},
 		{"duet's cluster IP Service", func(c map[string]obj) {
-			walk(c["duet_extproc"]["load_assignment"], func(m obj) {
+			harness.Walk(c["duet_extproc"]["load_assignment"], func(m obj) {
 				if sa, ok := m["socket_address"].(obj); ok {
 					sa["address"] = "duet.inference.svc.cluster.local"
 				}

@@ -140,7 +140,7 @@ func writePEM(t *testing.T, path, kind string, der []byte) {
 // else of the TLS contexts changes.
 func withStaticSecrets(boot obj, ca *meshCA, id workload) error {
 	replaced := 0
-	walk(boot, func(m obj) {
+	harness.Walk(boot, func(m obj) {
 		if name := m["name"]; (name == "default" || name == "ROOTCA") && m["sdsConfig"] != nil {
 			delete(m, "sdsConfig")
 			replaced++
@@ -246,7 +246,7 @@ func startSidecar(ctx context.Context, t *testing.T, tools istioTools, dir, duet
 			m["destinationPort"] = ports[0]
 			chains++
 		}
-		walk(fc.(obj)["filters"], func(m obj) {
+		harness.Walk(fc.(obj)["filters"], func(m obj) {
 			if m["destinationPort"] == float64(9002) {
 				m["destinationPort"] = ports[0]
 				rules++

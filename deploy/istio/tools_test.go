@@ -280,21 +280,6 @@ func generateConfig(t *testing.T, tools istioTools, proxy []string, files ...str
 	return boot, strings.Join(removedLines, "\n")
 }
 
-// walk calls f on every map in the JSON tree.
-func walk(v any, f func(map[string]any)) {
-	switch n := v.(type) {
-	case map[string]any:
-		f(n)
-		for _, c := range n {
-			walk(c, f)
-		}
-	case []any:
-		for _, c := range n {
-			walk(c, f)
-		}
-	}
-}
-
 // gatewayFacts is what the test reads back from the generated configuration.
 type gatewayFacts struct {
 	clusters     map[string]bool
@@ -320,7 +305,7 @@ func readGateway(t *testing.T, boot map[string]any) gatewayFacts {
 			f.listenerBuf = b
 		}
 	}
-	walk(res["listeners"], func(m map[string]any) {
+	harness.Walk(res["listeners"], func(m map[string]any) {
 		if m["@type"] == "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" && f.httpFilters == nil {
 			for _, h := range asList(m["httpFilters"]) {
 				f.httpFilters = append(f.httpFilters, h.(map[string]any)["name"].(string))

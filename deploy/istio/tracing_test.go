@@ -352,7 +352,7 @@ func TestTracingOverlayInIstio(t *testing.T) {
 	boot, _ := generateGatewayConfig(t, tools, append([]string{filter, fixture}, slices.DeleteFunc(slices.Clone(manifests), func(m string) bool { return m == "envoyfilter.yaml" })...)...)
 	var hcms []obj
 	var logged [][]any
-	walk(boot, func(m map[string]any) {
+	harness.Walk(boot, func(m map[string]any) {
 		switch m["@type"] {
 		case "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager":
 			if m["requestIdExtension"] != nil {

@@ -62,8 +62,8 @@ func readAdmission(objs []object) (duetAdmission, error) {
 // from claims, header to claim.
 func claimHeaders(policy object) map[string]string {
 	out := map[string]string{}
-	for _, p := range list(get(policy, "spec", "jwt", "providers")) {
-		for _, c := range list(get(p, "claimToHeaders")) {
+	for _, p := range list(harness.Dig(policy, "spec", "jwt", "providers")) {
+		for _, c := range list(harness.Dig(p, "claimToHeaders")) {
 			out[str(c, "header")] = str(c, "claim")
 		}
 	}
@@ -73,8 +73,8 @@ func claimHeaders(policy object) map[string]string {
 // stripsDuetHeaders reports whether a listener's connection manager
 // removes every x-duet-* header before any filter runs.
 func stripsDuetHeaders(hcm any) bool {
-	for _, ext := range list(get(hcm, "earlyHeaderMutationExtensions")) {
-		for _, m := range list(get(ext, "typedConfig", "mutations")) {
+	for _, ext := range list(harness.Dig(hcm, "earlyHeaderMutationExtensions")) {
+		for _, m := range list(harness.Dig(ext, "typedConfig", "mutations")) {
 			if str(m, "removeOnMatch", "keyMatcher", "prefix") == "x-duet-" {
 				return true
 			}
@@ -103,7 +103,7 @@ func TestAdmissionManifests(t *testing.T) {
 	}
 	policy := adm[0]
 	ext := find(objs, "EnvoyExtensionPolicy", duetService)
-	if got, want := get(policy, "spec", "targetRefs"), get(ext, "spec", "targetRefs"); !reflectEqual(got, want) {
+	if got, want := harness.Dig(policy, "spec", "targetRefs"), harness.Dig(ext, "spec", "targetRefs"); !reflectEqual(got, want) {
 		t.Errorf("SecurityPolicy targets %v, want the route duet processes, %v", got, want)
 	}
 	a, err := readAdmission(objs)
@@ -116,7 +116,7 @@ func TestAdmissionManifests(t *testing.T) {
 		t.Error(p)
 	}
 	patched := false
-	walk(get(find(objs, "EnvoyPatchPolicy", duetService), "spec"), func(m map[string]any) {
+	harness.Walk(harness.Dig(find(objs, "EnvoyPatchPolicy", duetService), "spec"), func(m map[string]any) {
 		if km, ok := m["key_matcher"].(map[string]any); ok && km["prefix"] == "x-duet-" {
 			patched = true
 		}
@@ -164,12 +164,12 @@ func TestAdmissionTranslation(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range securityPolicies(t, dir) {
-		ancestors := list(get(p, "status", "ancestors"))
+		ancestors := list(harness.Dig(p, "status", "ancestors"))
 		if len(ancestors) == 0 {
 			t.Errorf("SecurityPolicy %s: no ancestor status", str(p, "metadata", "name"))
 		}
 		for _, an := range ancestors {
-			for _, c := range list(get(an, "conditions")) {
+			for _, c := range list(harness.Dig(an, "conditions")) {
 				if str(c, "status") != "True" {
 					t.Errorf("SecurityPolicy %s: %s=%s (%s) %s", str(p, "metadata", "name"), str(c, "type"), str(c, "status"), str(c, "reason"), str(c, "message"))
 				}
@@ -215,17 +215,17 @@ func admissionEffects(tr *translation, hold time.Duration, headers ...string) []
 	}
 	var listeners, routes []any
 	for _, dump := range tr.Xds {
-		for _, c := range list(get(dump, "configs")) {
+		for _, c := range list(harness.Dig(dump, "configs")) {
 			switch typ := str(c, "@type"); {
 			case strings.HasSuffix(typ, ".ListenersConfigDump"):
-				for _, l := range list(get(c, "dynamicListeners")) {
+				for _, l := range list(harness.Dig(c, "dynamicListeners")) {
 					if !strings.HasPrefix(str(l, "activeState", "listener", "name"), "envoy-gateway-proxy-ready-") {
-						listeners = append(listeners, get(l, "activeState", "listener"))
+						listeners = append(listeners, harness.Dig(l, "activeState", "listener"))
 					}
 				}
 			case strings.HasSuffix(typ, ".RoutesConfigDump"):
-				for _, r := range list(get(c, "dynamicRouteConfigs")) {
-					routes = append(routes, get(r, "routeConfig"))
+				for _, r := range list(harness.Dig(c, "dynamicRouteConfigs")) {
+					routes = append(routes, harness.Dig(r, "routeConfig"))
 				}
 			}
 		}
@@ -233,26 +233,26 @@ func admissionEffects(tr *translation, hold time.Duration, headers ...string) []
 	if len(listeners) != 1 {
 		return []string{fmt.Sprintf("%d listeners in the xDS, want 1", len(listeners))}
 	}
-	hcm := get(listeners[0], "defaultFilterChain", "filters", 0, "typedConfig")
+	hcm := harness.Dig(listeners[0], "defaultFilterChain", "filters", 0, "typedConfig")
 	need(stripsDuetHeaders(hcm), "early header mutation removing x-duet-* before any filter")
 	jwt, extProc := -1, -1
 	var names []string
 	set := map[string]bool{}
-	for i, f := range list(get(hcm, "httpFilters")) {
+	for i, f := range list(harness.Dig(hcm, "httpFilters")) {
 		name := str(f, "name")
 		names = append(names, name)
 		switch {
 		case name == jwtFilter && jwt < 0:
 			jwt = i
-			providers, _ := get(f, "typedConfig", "providers").(map[string]any)
+			providers, _ := harness.Dig(f, "typedConfig", "providers").(map[string]any)
 			for _, p := range providers {
-				for _, c := range list(get(p, "claimToHeaders")) {
+				for _, c := range list(harness.Dig(p, "claimToHeaders")) {
 					set[str(c, "headerName")] = true
 				}
 			}
 		case strings.HasPrefix(name, "envoy.filters.http.ext_proc/") && extProc < 0:
 			extProc = i
-			limit := seconds(get(f, "typedConfig", "maxMessageTimeout"))
+			limit := seconds(harness.Dig(f, "typedConfig", "maxMessageTimeout"))
 			need(limit >= hold, fmt.Sprintf("duet's ext_proc: max_message_timeout %v, want at least the longest admission wait limit and duet's margin, %v", limit, hold))
 		}
 	}
@@ -262,9 +262,9 @@ func admissionEffects(tr *translation, hold time.Duration, headers ...string) []
 	}
 	nroutes := 0
 	for _, rc := range routes {
-		for _, vh := range list(get(rc, "virtualHosts")) {
-			for _, r := range list(get(vh, "routes")) {
-				perFilter, _ := get(r, "typedPerFilterConfig").(map[string]any)
+		for _, vh := range list(harness.Dig(rc, "virtualHosts")) {
+			for _, r := range list(harness.Dig(vh, "routes")) {
+				perFilter, _ := harness.Dig(r, "typedPerFilterConfig").(map[string]any)
 				runsDuet := slices.ContainsFunc(slices.Collect(maps.Keys(perFilter)), func(k string) bool { return strings.HasPrefix(k, "envoy.filters.http.ext_proc/") })
 				if !runsDuet {
 					continue

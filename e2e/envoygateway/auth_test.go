@@ -50,7 +50,7 @@ func readGatewayTLS(objs []object) (gatewayTLS, error) {
 		if o["kind"] != "BackendTLSPolicy" {
 			continue
 		}
-		for _, ref := range list(get(o, "spec", "targetRefs")) {
+		for _, ref := range list(harness.Dig(o, "spec", "targetRefs")) {
 			if str(ref, "kind") == "Service" && str(ref, "name") == duetService && slices.Contains([]string{"", "grpc"}, str(ref, "sectionName")) {
 				policies = append(policies, o)
 			}
@@ -62,7 +62,7 @@ func readGatewayTLS(objs []object) (gatewayTLS, error) {
 	p := policies[0]
 	g.policy = str(p, "metadata", "name")
 	g.hostname = str(p, "spec", "validation", "hostname")
-	for _, ref := range list(get(p, "spec", "validation", "caCertificateRefs")) {
+	for _, ref := range list(harness.Dig(p, "spec", "validation", "caCertificateRefs")) {
 		g.caRefs = append(g.caRefs, caRef{str(ref, "kind"), str(ref, "name")})
 	}
 	if g.hostname == "" || len(g.caRefs) == 0 {
@@ -168,7 +168,7 @@ func staticSecrets(clusters []any, secrets map[string]any) ([]any, error) {
 		delete(m, "sdsConfig")
 		used[name] = true
 	}
-	walk(clusters, func(m map[string]any) {
+	harness.Walk(clusters, func(m map[string]any) {
 		for _, s := range list(m["tlsCertificateSdsSecretConfigs"]) {
 			ref(s)
 		}
@@ -221,13 +221,13 @@ func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillC
 			continue
 		}
 		tls := map[string]any{} // match name: UpstreamTlsContext
-		for _, m := range list(get(c, "transportSocketMatches")) {
+		for _, m := range list(harness.Dig(c, "transportSocketMatches")) {
 			if str(m, "transportSocket", "name") == "envoy.transport_sockets.tls" {
-				tls[str(m, "match", "name")] = get(m, "transportSocket", "typedConfig")
+				tls[str(m, "match", "name")] = harness.Dig(m, "transportSocket", "typedConfig")
 			}
 		}
 		endpoints := 0
-		walk(get(c, "loadAssignment"), func(m map[string]any) {
+		harness.Walk(harness.Dig(c, "loadAssignment"), func(m map[string]any) {
 			if _, ok := m["endpoint"]; !ok {
 				return
 			}
@@ -237,9 +237,9 @@ func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillC
 				missing = append(missing, what+"an endpoint without TLS")
 				return
 			}
-			common := get(ctx, "commonTlsContext")
-			san := get(common, "combinedValidationContext", "defaultValidationContext", "matchTypedSubjectAltNames", 0)
-			if len(list(get(common, "tlsCertificateSdsSecretConfigs"))) != 1 ||
+			common := harness.Dig(ctx, "commonTlsContext")
+			san := harness.Dig(common, "combinedValidationContext", "defaultValidationContext", "matchTypedSubjectAltNames", 0)
+			if len(list(harness.Dig(common, "tlsCertificateSdsSecretConfigs"))) != 1 ||
 				str(common, "combinedValidationContext", "validationContextSdsSecretConfig", "name") == "" ||
 				str(ctx, "sni") != hostname || str(san, "sanType") != "DNS" || str(san, "matcher", "exact") != hostname {
 				missing = append(missing, fmt.Sprintf("%sTLS with a client certificate, a CA, SNI %s and the DNS SAN %s (got %v)", what, hostname, hostname, ctx))
@@ -251,7 +251,7 @@ func authEffects(listener any, clusters []any, hostname, decodeCluster, prefillC
 	}
 	for _, name := range []string{decodeCluster, prefillCluster} {
 		c := byName[name]
-		if get(c, "transportSocket") != nil || get(c, "transportSocketMatches") != nil {
+		if harness.Dig(c, "transportSocket") != nil || harness.Dig(c, "transportSocketMatches") != nil {
 			missing = append(missing, "cluster "+name+": TLS to the engines, which serve plain HTTP")
 		}
 	}
@@ -309,17 +309,17 @@ func TestMissingCredentialsFailClosed(t *testing.T) {
 			routes := 0
 			for _, d := range tr.Xds {
 				var dumps []any // the gateway's routes (not the bootstrap's stats route)
-				for _, c := range list(get(d, "configs")) {
+				for _, c := range list(harness.Dig(d, "configs")) {
 					if strings.HasSuffix(str(c, "@type"), ".RoutesConfigDump") {
 						dumps = append(dumps, c)
 					}
 				}
-				walk(dumps, func(m map[string]any) {
+				harness.Walk(dumps, func(m map[string]any) {
 					if _, ok := m["match"]; !ok {
 						return
 					}
 					routes++
-					if get(m, "directResponse", "status") != float64(500) || get(m, "route") != nil {
+					if harness.Dig(m, "directResponse", "status") != float64(500) || harness.Dig(m, "route") != nil {
 						t.Errorf("route %s: %v, want a direct 500", str(m, "name"), m)
 					}
 				})

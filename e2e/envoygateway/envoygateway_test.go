@@ -547,7 +547,7 @@ func TestEnvoyGateway(t *testing.T) {
 			{"a hostname duet's certificate does not carry", func(objs []object, _ *harness.Credentials) {
 				for _, o := range objs {
 					if o["kind"] == "BackendTLSPolicy" {
-						get(o, "spec", "validation").(map[string]any)["hostname"] = "not-duet.example"
+						harness.Dig(o, "spec", "validation").(map[string]any)["hostname"] = "not-duet.example"
 					}
 				}
 			}, false, "", "fail_verify_san"},
@@ -690,7 +690,7 @@ func TestManifestLuaMatchesEnvoyPackage(t *testing.T) {
 		if o["kind"] != "EnvoyPatchPolicy" {
 			continue
 		}
-		walk(o, func(m map[string]any) {
+		harness.Walk(o, func(m map[string]any) {
 			if s := str(m, "inlineString"); s != "" {
 				sources = append(sources, s)
 			}

@@ -161,16 +161,16 @@ func poolsTranslationInput(objs, extra []object, pods map[string][]string) ([]by
 		return object{"group": "gateway.envoyproxy.io", "kind": "Backend", "name": name}
 	}
 	swapped := map[string]bool{}
-	for _, r := range list(get(route, "spec", "rules")) {
-		refs := list(get(r, "backendRefs"))
+	for _, r := range list(harness.Dig(route, "spec", "rules")) {
+		refs := list(harness.Dig(r, "backendRefs"))
 		for i, ref := range refs {
 			if name := str(ref, "name"); pods[name] != nil {
 				refs[i] = backend(name)
 				swapped[name] = true
 			}
 		}
-		for _, f := range list(get(r, "filters")) {
-			if m, ok := get(f, "requestMirror").(map[string]any); ok && pods[str(m, "backendRef", "name")] != nil {
+		for _, f := range list(harness.Dig(r, "filters")) {
+			if m, ok := harness.Dig(f, "requestMirror").(map[string]any); ok && pods[str(m, "backendRef", "name")] != nil {
 				swapped[str(m, "backendRef", "name")] = true
 				m["backendRef"] = backend(str(m, "backendRef", "name"))
 			}
@@ -191,7 +191,7 @@ func poolsTranslationInput(objs, extra []object, pods map[string][]string) ([]by
 		out = append(out, podBackend(name, pods[name]))
 	}
 	svc := find(objs, "Service", duetService)
-	spec, ok := get(svc, "spec").(map[string]any)
+	spec, ok := harness.Dig(svc, "spec").(map[string]any)
 	if !ok {
 		return nil, errors.New("no Service duet")
 	}
@@ -227,7 +227,7 @@ func poolPods(engines map[string][]string) (pods map[string][]string, remap map[
 // poolRouteHeader returns the pool a route matches on (the exact value of
 // its x-duet-pool header matcher), or "" for a route without one.
 func poolRouteHeader(r any) string {
-	for _, h := range list(get(r, "match", "headers")) {
+	for _, h := range list(harness.Dig(r, "match", "headers")) {
 		if str(h, "name") == poolHeader {
 			if v := str(h, "stringMatch", "exact"); v != "" {
 				return v
@@ -241,7 +241,7 @@ func poolRouteHeader(r any) string {
 // extProcOn reports whether a route runs duet's ext_proc filter: Envoy
 // Gateway disables it in the connection manager and enables it per route.
 func extProcOn(r any) bool {
-	for k := range mapOf(get(r, "typedPerFilterConfig")) {
+	for k := range mapOf(harness.Dig(r, "typedPerFilterConfig")) {
 		if strings.HasPrefix(k, "envoy.filters.http.ext_proc/") {
 			return true
 		}
@@ -278,8 +278,8 @@ func poolEffects(listener any, routes, clusters []any, pools []poolSpec) []strin
 	entries, lastPool, firstEntry := 0, -1, -1
 	i := 0
 	for _, rc := range routes {
-		for _, vh := range list(get(rc, "virtualHosts")) {
-			for _, r := range list(get(vh, "routes")) {
+		for _, vh := range list(harness.Dig(rc, "virtualHosts")) {
+			for _, r := range list(harness.Dig(vh, "routes")) {
 				name := str(r, "name")
 				need(extProcOn(r), "route "+name+": ext_proc enabled")
 				pool := poolRouteHeader(r)
@@ -288,7 +288,7 @@ func poolEffects(listener any, routes, clusters []any, pools []poolSpec) []strin
 					if firstEntry < 0 {
 						firstEntry = i
 					}
-					need(get(r, "directResponse", "status") == float64(http.StatusServiceUnavailable) && get(r, "route") == nil,
+					need(harness.Dig(r, "directResponse", "status") == float64(http.StatusServiceUnavailable) && harness.Dig(r, "route") == nil,
 						"entry route "+name+": a direct 503, no cluster")
 					i++
 					continue
@@ -304,10 +304,10 @@ func poolEffects(listener any, routes, clusters []any, pools []poolSpec) []strin
 				need(str(r, "route", "cluster") == p.Clusters.Decode, "route "+name+": cluster "+p.Clusters.Decode)
 				need(str(r, "route", "timeout") == "0s", "route "+name+": timeout 0s")
 				need(str(r, "route", "retryPolicy", "retryOn") == "connect-failure,reset-before-request", "route "+name+": retry on connect-failure,reset-before-request")
-				mirrors := list(get(r, "route", "requestMirrorPolicies"))
+				mirrors := list(harness.Dig(r, "route", "requestMirrorPolicies"))
 				if p.pd() {
 					need(len(mirrors) == 1 && str(mirrors[0], "clusterHeader") == "x-duet-mirror" && str(mirrors[0], "cluster") == "" &&
-						len(list(get(mirrors[0], "requestHeadersMutations"))) == 2,
+						len(list(harness.Dig(mirrors[0], "requestHeadersMutations"))) == 2,
 						"route "+name+" (PD pool "+pool+"): the one mirror by cluster_header x-duet-mirror with the prefill rank mutations")
 				} else {
 					need(len(mirrors) == 0, fmt.Sprintf("route %s (aggregated pool %s): no mirror, got %v", name, pool, mirrors))
@@ -335,13 +335,13 @@ func poolEffects(listener any, routes, clusters []any, pools []poolSpec) []strin
 		}
 		cl, ok := byName[p.Clusters.Decode]
 		need(ok, "cluster "+p.Clusters.Decode)
-		policy := get(cl, "loadBalancingPolicy", "policies", 0, "typedExtensionConfig")
+		policy := harness.Dig(cl, "loadBalancingPolicy", "policies", 0, "typedExtensionConfig")
 		need(str(policy, "name") == "envoy.load_balancing_policies.override_host" &&
 			str(policy, "typedConfig", "overrideHostSources", 0, "header") == "x-duet-decode-endpoint",
 			"cluster "+p.Clusters.Decode+": override_host on x-duet-decode-endpoint")
-		need(get(cl, "perConnectionBufferLimitBytes") == float64(32<<20), "cluster "+p.Clusters.Decode+": 32 MiB buffer limit")
-		need(get(cl, "circuitBreakers", "thresholds", 0, "maxRetries") == float64(1024), "cluster "+p.Clusters.Decode+": circuit breakers")
-		need(get(cl, "typedExtensionProtocolOptions") == nil, "cluster "+p.Clusters.Decode+": no body-rank filter (an aggregated pool's decode leg)")
+		need(harness.Dig(cl, "perConnectionBufferLimitBytes") == float64(32<<20), "cluster "+p.Clusters.Decode+": 32 MiB buffer limit")
+		need(harness.Dig(cl, "circuitBreakers", "thresholds", 0, "maxRetries") == float64(1024), "cluster "+p.Clusters.Decode+": circuit breakers")
+		need(harness.Dig(cl, "typedExtensionProtocolOptions") == nil, "cluster "+p.Clusters.Decode+": no body-rank filter (an aggregated pool's decode leg)")
 	}
 	for name := range byName {
 		if strings.HasPrefix(name, "httproute/") && !want[name] {
@@ -455,7 +455,7 @@ func TestPoolsManifests(t *testing.T) {
 			}
 			continue
 		case "EnvoyPatchPolicy/duet":
-			a, b := list(get(o, "spec", "jsonPatches")), list(get(s, "spec", "jsonPatches"))
+			a, b := list(harness.Dig(o, "spec", "jsonPatches")), list(harness.Dig(s, "spec", "jsonPatches"))
 			diff := 0
 			for i := range max(len(a), len(b)) {
 				if i >= len(a) || i >= len(b) || !reflect.DeepEqual(a[i], b[i]) {
@@ -480,7 +480,7 @@ func TestPoolsManifests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rules := list(get(find(objs, "HTTPRoute", "duet"), "spec", "rules"))
+	rules := list(harness.Dig(find(objs, "HTTPRoute", "duet"), "spec", "rules"))
 	for _, p := range pools {
 		var rule any
 		for i, r := range rules {
@@ -492,16 +492,16 @@ func TestPoolsManifests(t *testing.T) {
 			t.Errorf("pool %s: decode cluster %s is no rule of HTTPRoute duet", p.Name, p.Clusters.Decode)
 			continue
 		}
-		refs := list(get(rule, "backendRefs"))
+		refs := list(harness.Dig(rule, "backendRefs"))
 		if len(refs) != 1 || str(refs[0], "name") != p.Kubernetes.Decode.Service {
 			t.Errorf("pool %s: its rule sends to %v, want the pool's decode Service %s", p.Name, refs, p.Kubernetes.Decode.Service)
 		}
-		headers := list(get(rule, "matches", 0, "headers"))
-		if len(list(get(rule, "matches"))) != 1 || len(headers) != 1 || str(headers[0], "name") != poolHeader || str(headers[0], "value") != p.Name {
-			t.Errorf("pool %s: its rule matches %v, want %s: %s alone", p.Name, get(rule, "matches"), poolHeader, p.Name)
+		headers := list(harness.Dig(rule, "matches", 0, "headers"))
+		if len(list(harness.Dig(rule, "matches"))) != 1 || len(headers) != 1 || str(headers[0], "name") != poolHeader || str(headers[0], "value") != p.Name {
+			t.Errorf("pool %s: its rule matches %v, want %s: %s alone", p.Name, harness.Dig(rule, "matches"), poolHeader, p.Name)
 		}
 		var mirrors []string
-		for _, f := range list(get(rule, "filters")) {
+		for _, f := range list(harness.Dig(rule, "filters")) {
 			if m := str(f, "requestMirror", "backendRef", "name"); m != "" {
 				mirrors = append(mirrors, m)
 			}
@@ -554,14 +554,14 @@ func TestPoolsTranslation(t *testing.T) {
 		want   string
 	}{
 		{"the mirror on every route", func(objs []object) {
-			for _, p := range list(get(find(objs, "EnvoyPatchPolicy", "duet"), "spec", "jsonPatches")) {
+			for _, p := range list(harness.Dig(find(objs, "EnvoyPatchPolicy", "duet"), "spec", "jsonPatches")) {
 				if str(p, "operation", "path") == "/request_mirror_policies" {
-					get(p, "operation").(map[string]any)["jsonPath"] = "$.virtual_hosts[*].routes[*].route"
+					harness.Dig(p, "operation").(map[string]any)["jsonPath"] = "$.virtual_hosts[*].routes[*].route"
 				}
 			}
 		}, "(aggregated pool qwen): no mirror"},
 		{"no entry rule", func(objs []object) {
-			r := get(find(objs, "HTTPRoute", "duet"), "spec").(map[string]any)
+			r := harness.Dig(find(objs, "HTTPRoute", "duet"), "spec").(map[string]any)
 			rules := list(r["rules"])
 			r["rules"] = rules[:len(rules)-1]
 		}, "an entry route without x-duet-pool"},
@@ -633,7 +633,7 @@ func poolDuetConfig(objs []object, grpc, admin string, creds harness.Credentials
 		services, _ := m["kubernetes"].(map[string]any)
 		delete(m, "kubernetes")
 		for role, urls := range engines[str(m, "name")] {
-			dp, _ := get(services, role, "dp_size").(int)
+			dp, _ := harness.Dig(services, role, "dp_size").(int)
 			var eps []any
 			for _, u := range urls {
 				ep := map[string]any{"url": u}

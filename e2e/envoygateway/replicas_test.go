@@ -28,19 +28,19 @@ import (
 // listener dials duet to what dials it: "ext_proc", or the access log's
 // name. Field names are protojson's.
 func clustersToDuet(listener any) map[string]string {
-	hcm := get(listener, "defaultFilterChain", "filters", 0, "typedConfig")
+	hcm := harness.Dig(listener, "defaultFilterChain", "filters", 0, "typedConfig")
 	out := map[string]string{}
-	for _, f := range list(get(hcm, "httpFilters")) {
+	for _, f := range list(harness.Dig(hcm, "httpFilters")) {
 		if strings.HasPrefix(str(f, "name"), "envoy.filters.http.ext_proc/") {
 			out[str(f, "typedConfig", "grpcService", "envoyGrpc", "clusterName")] = "ext_proc"
 		}
 		if str(f, "name") == "envoy.filters.http.router" {
-			for _, a := range list(get(f, "typedConfig", "upstreamLog")) {
+			for _, a := range list(harness.Dig(f, "typedConfig", "upstreamLog")) {
 				out[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
 			}
 		}
 	}
-	for _, a := range list(get(hcm, "accessLog")) {
+	for _, a := range list(harness.Dig(hcm, "accessLog")) {
 		out[str(a, "typedConfig", "commonConfig", "grpcService", "envoyGrpc", "clusterName")] = str(a, "typedConfig", "commonConfig", "logName")
 	}
 	delete(out, "")
@@ -49,9 +49,9 @@ func clustersToDuet(listener any) map[string]string {
 
 // extProcFilter returns the listener's ext_proc filter configuration.
 func extProcFilter(listener any) any {
-	for _, f := range list(get(listener, "defaultFilterChain", "filters", 0, "typedConfig", "httpFilters")) {
+	for _, f := range list(harness.Dig(listener, "defaultFilterChain", "filters", 0, "typedConfig", "httpFilters")) {
 		if strings.HasPrefix(str(f, "name"), "envoy.filters.http.ext_proc/") {
-			return get(f, "typedConfig")
+			return harness.Dig(f, "typedConfig")
 		}
 	}
 	return nil
@@ -120,9 +120,9 @@ func clusterSettings(c any, key func(string) string) duetSettings {
 		for _, k := range path {
 			p = append(p, key(k))
 		}
-		return get(v, p...)
+		return harness.Dig(v, p...)
 	}
-	hc := get(g(c, "health_checks"), 0)
+	hc := harness.Dig(g(c, "health_checks"), 0)
 	od := g(c, "outlier_detection")
 	return duetSettings{
 		GRPCCheck: g(hc, "grpc_health_check") != nil,
@@ -141,10 +141,10 @@ func retryOf(rp any, key func(string) string) retrySettings {
 		for _, k := range path {
 			p = append(p, key(k))
 		}
-		return get(rp, p...)
+		return harness.Dig(rp, p...)
 	}
 	return retrySettings{
-		On: str(g("retry_on")), Retries: number(g("num_retries")), Predicate: str(get(g("retry_host_predicate"), 0), "name"),
+		On: str(g("retry_on")), Retries: number(g("num_retries")), Predicate: str(harness.Dig(g("retry_host_predicate"), 0), "name"),
 		HostSelectAttempts: number(g("host_selection_retry_max_attempts")),
 		BackOffBase:        seconds(g("retry_back_off", "base_interval")), BackOffMax: seconds(g("retry_back_off", "max_interval")),
 	}
@@ -182,12 +182,12 @@ func renderedSettings() (duetSettings, retrySettings, retrySettings, error) {
 		return duetSettings{}, retrySettings{}, retrySettings{}, err
 	}
 	var cluster, extProc, logs any
-	for _, c := range list(get(boot, "static_resources", "clusters")) {
+	for _, c := range list(harness.Dig(boot, "static_resources", "clusters")) {
 		if str(c, "name") == envoy.ClusterDuet {
 			cluster = c
 		}
 	}
-	walk(boot, func(m map[string]any) {
+	harness.Walk(boot, func(m map[string]any) {
 		if gs, ok := m["grpc_service"].(map[string]any); ok {
 			if _, isLog := m["log_name"]; isLog {
 				logs = gs["retry_policy"]
@@ -237,37 +237,37 @@ func replicaEffects(listener any, clusters []any, assignment map[string]any) []s
 		c := byName[name]
 		what := fmt.Sprintf("cluster %s (%s): ", name, user)
 		var addrs []string
-		walk(assignment[name], func(m map[string]any) {
+		harness.Walk(assignment[name], func(m map[string]any) {
 			if sa, ok := m["socketAddress"].(map[string]any); ok {
-				addrs = append(addrs, net.JoinHostPort(str(sa, "address"), fmt.Sprint(get(sa, "portValue"))))
+				addrs = append(addrs, net.JoinHostPort(str(sa, "address"), fmt.Sprint(harness.Dig(sa, "portValue"))))
 			}
 		})
 		need(str(c, "type") == "EDS" && slices.Equal(addrs, []string{service}), fmt.Sprintf("%sendpoints of duet's Service by EDS (got type %s, %v)", what, str(c, "type"), addrs))
 		got := clusterSettings(c, camel)
 		need(got == want, fmt.Sprintf("%shealth checks and ejection as duet's bootstrap has them:\n    got  %+v\n    want %+v", what, got, want))
-		for _, m := range list(get(c, "transportSocketMatches")) {
-			need(slices.Contains(list(get(m, "transportSocket", "typedConfig", "commonTlsContext", "alpnProtocols")), any("h2")),
+		for _, m := range list(harness.Dig(c, "transportSocketMatches")) {
+			need(slices.Contains(list(harness.Dig(m, "transportSocket", "typedConfig", "commonTlsContext", "alpnProtocols")), any("h2")),
 				what+"TLS offering ALPN h2 (for the health checks)")
 		}
 		if user == "ext_proc" {
-			need(get(c, "circuitBreakers", "thresholds", 0, "maxRetries") == get(c, "circuitBreakers", "thresholds", 0, "maxRequests"),
+			need(harness.Dig(c, "circuitBreakers", "thresholds", 0, "maxRetries") == harness.Dig(c, "circuitBreakers", "thresholds", 0, "maxRequests"),
 				what+"as many concurrent retries as streams (circuit breaker max_retries)")
 		}
 	}
-	if got := retryOf(get(extProcFilter(listener), "grpcService", "retryPolicy"), camel); got != wantExtProc {
+	if got := retryOf(harness.Dig(extProcFilter(listener), "grpcService", "retryPolicy"), camel); got != wantExtProc {
 		missing = append(missing, fmt.Sprintf("ext_proc: retries as duet's bootstrap has them:\n    got  %+v\n    want %+v", got, wantExtProc))
 	}
-	hcm := get(listener, "defaultFilterChain", "filters", 0, "typedConfig")
+	hcm := harness.Dig(listener, "defaultFilterChain", "filters", 0, "typedConfig")
 	var loggers []any
-	loggers = append(loggers, list(get(hcm, "accessLog"))...)
-	for _, f := range list(get(hcm, "httpFilters")) {
+	loggers = append(loggers, list(harness.Dig(hcm, "accessLog"))...)
+	for _, f := range list(harness.Dig(hcm, "httpFilters")) {
 		if str(f, "name") == "envoy.filters.http.router" {
-			loggers = append(loggers, list(get(f, "typedConfig", "upstreamLog"))...)
+			loggers = append(loggers, list(harness.Dig(f, "typedConfig", "upstreamLog"))...)
 		}
 	}
 	for _, a := range loggers {
-		cc := get(a, "typedConfig", "commonConfig")
-		if got := retryOf(get(cc, "grpcService", "retryPolicy"), camel); got != wantLogs {
+		cc := harness.Dig(a, "typedConfig", "commonConfig")
+		if got := retryOf(harness.Dig(cc, "grpcService", "retryPolicy"), camel); got != wantLogs {
 			missing = append(missing, fmt.Sprintf("access log %s: new streams retried as duet's bootstrap has them:\n    got  %+v\n    want %+v", str(cc, "logName"), got, wantLogs))
 		}
 	}
@@ -281,15 +281,15 @@ func replicaEffects(listener any, clusters []any, assignment map[string]any) []s
 // Service. It returns the number of clusters changed.
 func duetReplicas(clusters []any, service string, replicas []string) int {
 	changed := 0
-	walk(clusters, func(m map[string]any) {
+	harness.Walk(clusters, func(m map[string]any) {
 		eps, ok := m["lbEndpoints"].([]any)
 		if !ok {
 			return
 		}
 		var out []any
 		for _, ep := range eps {
-			sa, _ := get(ep, "endpoint", "address", "socketAddress").(map[string]any)
-			if sa == nil || net.JoinHostPort(str(sa, "address"), fmt.Sprint(get(sa, "portValue"))) != service {
+			sa, _ := harness.Dig(ep, "endpoint", "address", "socketAddress").(map[string]any)
+			if sa == nil || net.JoinHostPort(str(sa, "address"), fmt.Sprint(harness.Dig(sa, "portValue"))) != service {
 				out = append(out, ep)
 				continue
 			}
@@ -298,7 +298,7 @@ func duetReplicas(clusters []any, service string, replicas []string) int {
 				host, port, _ := net.SplitHostPort(r)
 				n, _ := strconv.Atoi(port)
 				cp := deepCopy(ep).(map[string]any)
-				a := get(cp, "endpoint", "address", "socketAddress").(map[string]any)
+				a := harness.Dig(cp, "endpoint", "address", "socketAddress").(map[string]any)
 				a["address"], a["portValue"] = host, n
 				out = append(out, cp)
 			}
@@ -554,7 +554,7 @@ func clustersOfBootstrap(t *testing.T, path string) []string {
 		t.Fatal(err)
 	}
 	var names []string
-	for name := range clustersToDuet(get(boot, "staticResources", "listeners", 0)) {
+	for name := range clustersToDuet(harness.Dig(boot, "staticResources", "listeners", 0)) {
 		names = append(names, name)
 	}
 	slices.Sort(names)

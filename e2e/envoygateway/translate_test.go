@@ -130,29 +130,8 @@ func find(objs []object, kind, name string) object {
 	return nil
 }
 
-// get walks nested maps and lists (a string key or an int index per step).
-func get(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil
-			}
-			v = m[k]
-		case int:
-			l, ok := v.([]any)
-			if !ok || k >= len(l) {
-				return nil
-			}
-			v = l[k]
-		}
-	}
-	return v
-}
-
 func str(v any, path ...any) string {
-	s, _ := get(v, path...).(string)
+	s, _ := harness.Dig(v, path...).(string)
 	return s
 }
 
@@ -205,7 +184,7 @@ func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, er
 	if route == nil {
 		return nil, errors.New("no HTTPRoute duet")
 	}
-	rules, _ := get(route, "spec", "rules").([]any)
+	rules, _ := harness.Dig(route, "spec", "rules").([]any)
 	if len(rules) == 0 {
 		return nil, errors.New("HTTPRoute duet has no rules")
 	}
@@ -214,16 +193,16 @@ func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, er
 	}
 	swapped := map[string]int{}
 	for _, r := range rules {
-		refs, _ := get(r, "backendRefs").([]any)
+		refs, _ := harness.Dig(r, "backendRefs").([]any)
 		for i, ref := range refs {
 			if name := str(ref, "name"); name == decodeService {
 				refs[i] = backend(name)
 				swapped[name]++
 			}
 		}
-		filters, _ := get(r, "filters").([]any)
+		filters, _ := harness.Dig(r, "filters").([]any)
 		for _, f := range filters {
-			if m, ok := get(f, "requestMirror").(map[string]any); ok && str(m, "backendRef", "name") == prefillService {
+			if m, ok := harness.Dig(f, "requestMirror").(map[string]any); ok && str(m, "backendRef", "name") == prefillService {
 				m["backendRef"] = backend(prefillService)
 				swapped[prefillService]++
 			}
@@ -233,7 +212,7 @@ func translationInput(objs, extra []object, addrs harness.Addresses) ([]byte, er
 		return nil, fmt.Errorf("HTTPRoute duet does not send to Service %s and mirror to Service %s", decodeService, prefillService)
 	}
 	svc := find(objs, "Service", duetService)
-	spec, ok := get(svc, "spec").(map[string]any)
+	spec, ok := harness.Dig(svc, "spec").(map[string]any)
 	if !ok {
 		return nil, errors.New("no Service duet")
 	}
@@ -404,25 +383,25 @@ func (tr *translation) problems() []string {
 			}
 		}
 	}
-	check("GatewayClass", get(tr.GatewayClass, "status", "conditions"))
+	check("GatewayClass", harness.Dig(tr.GatewayClass, "status", "conditions"))
 	// A Gateway's own conditions need a running data plane; its listeners'
 	// say whether the translation took them.
 	for _, g := range tr.Gateways {
-		listeners := list(get(g, "status", "listeners"))
+		listeners := list(harness.Dig(g, "status", "listeners"))
 		if len(listeners) == 0 {
 			out = append(out, "Gateway "+str(g, "metadata", "name")+": no listener status")
 		}
 		for _, l := range listeners {
-			check("Gateway "+str(g, "metadata", "name")+" listener "+str(l, "name"), get(l, "conditions"))
+			check("Gateway "+str(g, "metadata", "name")+" listener "+str(l, "name"), harness.Dig(l, "conditions"))
 		}
 	}
 	for _, r := range tr.HTTPRoutes {
-		parents, _ := get(r, "status", "parents").([]any)
+		parents, _ := harness.Dig(r, "status", "parents").([]any)
 		if len(parents) == 0 {
 			out = append(out, "HTTPRoute "+str(r, "metadata", "name")+": no parent status")
 		}
 		for _, p := range parents {
-			check("HTTPRoute "+str(r, "metadata", "name"), get(p, "conditions"))
+			check("HTTPRoute "+str(r, "metadata", "name"), harness.Dig(p, "conditions"))
 		}
 	}
 	for kind, list := range map[string][]object{
@@ -434,12 +413,12 @@ func (tr *translation) problems() []string {
 			out = append(out, "no "+kind)
 		}
 		for _, p := range list {
-			ancestors, _ := get(p, "status", "ancestors").([]any)
+			ancestors, _ := harness.Dig(p, "status", "ancestors").([]any)
 			if len(ancestors) == 0 {
 				out = append(out, kind+" "+str(p, "metadata", "name")+": no ancestor status")
 			}
 			for _, a := range ancestors {
-				check(kind+" "+str(p, "metadata", "name"), get(a, "conditions"))
+				check(kind+" "+str(p, "metadata", "name"), harness.Dig(a, "conditions"))
 			}
 		}
 	}
@@ -478,28 +457,28 @@ func (tr *translation) bootstrapChecked(addrs harness.Addresses, remap map[strin
 		dump = d
 	}
 	var listeners, routes, clusters, endpoints []any
-	configs, _ := get(dump, "configs").([]any)
+	configs, _ := harness.Dig(dump, "configs").([]any)
 	for _, c := range configs {
 		typ := str(c, "@type")
 		switch {
 		case strings.HasSuffix(typ, ".ListenersConfigDump"):
-			for _, l := range list(get(c, "dynamicListeners")) {
+			for _, l := range list(harness.Dig(c, "dynamicListeners")) {
 				// Envoy Gateway's own readiness listener is not the gateway's.
 				if !strings.HasPrefix(str(l, "activeState", "listener", "name"), "envoy-gateway-proxy-ready-") {
-					listeners = append(listeners, get(l, "activeState", "listener"))
+					listeners = append(listeners, harness.Dig(l, "activeState", "listener"))
 				}
 			}
 		case strings.HasSuffix(typ, ".RoutesConfigDump"):
-			for _, r := range list(get(c, "dynamicRouteConfigs")) {
-				routes = append(routes, get(r, "routeConfig"))
+			for _, r := range list(harness.Dig(c, "dynamicRouteConfigs")) {
+				routes = append(routes, harness.Dig(r, "routeConfig"))
 			}
 		case strings.HasSuffix(typ, ".ClustersConfigDump"):
-			for _, cl := range list(get(c, "dynamicActiveClusters")) {
-				clusters = append(clusters, get(cl, "cluster"))
+			for _, cl := range list(harness.Dig(c, "dynamicActiveClusters")) {
+				clusters = append(clusters, harness.Dig(cl, "cluster"))
 			}
 		case strings.HasSuffix(typ, ".EndpointsConfigDump"):
-			for _, e := range list(get(c, "dynamicEndpointConfigs")) {
-				endpoints = append(endpoints, get(e, "endpointConfig"))
+			for _, e := range list(harness.Dig(c, "dynamicEndpointConfigs")) {
+				endpoints = append(endpoints, harness.Dig(e, "endpointConfig"))
 			}
 		}
 	}
@@ -524,7 +503,7 @@ func (tr *translation) bootstrapChecked(addrs harness.Addresses, remap map[strin
 	lport, _ := strconv.Atoi(port)
 	listener["address"] = object{"socketAddress": object{"address": host, "portValue": lport}}
 	var inlineErr error
-	walk(listener, func(m map[string]any) {
+	harness.Walk(listener, func(m map[string]any) {
 		rds, ok := m["rds"].(map[string]any)
 		if !ok {
 			return
@@ -576,12 +555,12 @@ func (tr *translation) bootstrapChecked(addrs harness.Addresses, remap map[strin
 		return nil, fmt.Errorf("duet's Service is an endpoint of %d clusters, want 3 (ext_proc and the two access logs)", n)
 	}
 	var remapErr error
-	walk(clusters, func(m map[string]any) {
+	harness.Walk(clusters, func(m map[string]any) {
 		sa, ok := m["socketAddress"].(map[string]any)
 		if !ok {
 			return
 		}
-		addr := net.JoinHostPort(str(sa, "address"), fmt.Sprint(get(sa, "portValue")))
+		addr := net.JoinHostPort(str(sa, "address"), fmt.Sprint(harness.Dig(sa, "portValue")))
 		if to, ok := remap[addr]; ok {
 			h, p, _ := net.SplitHostPort(to)
 			n, _ := strconv.Atoi(p)
@@ -616,21 +595,6 @@ func list(v any) []any {
 	return l
 }
 
-// walk calls f on every map inside v, depth first.
-func walk(v any, f func(map[string]any)) {
-	switch x := v.(type) {
-	case map[string]any:
-		f(x)
-		for _, c := range x {
-			walk(c, f)
-		}
-	case []any:
-		for _, c := range x {
-			walk(c, f)
-		}
-	}
-}
-
 // patchEffects lists what the gateway's xDS lacks of duet's Envoy contract
 // (docs/envoy-contract.md), whichever resource of deploy/envoy-gateway
 // configures it. egctl reports no EnvoyPatchPolicy status, so a JSON patch
@@ -644,13 +608,13 @@ func patchEffects(listener any, routes, clusters []any, decodeCluster, prefillCl
 	}
 	nroutes := 0
 	for _, rc := range routes {
-		for _, vh := range list(get(rc, "virtualHosts")) {
-			for _, r := range list(get(vh, "routes")) {
+		for _, vh := range list(harness.Dig(rc, "virtualHosts")) {
+			for _, r := range list(harness.Dig(vh, "routes")) {
 				nroutes++
 				name := str(r, "name")
-				mirrors := list(get(r, "route", "requestMirrorPolicies"))
+				mirrors := list(harness.Dig(r, "route", "requestMirrorPolicies"))
 				need(len(mirrors) == 1 && str(mirrors[0], "clusterHeader") == "x-duet-mirror" && str(mirrors[0], "cluster") == "" &&
-					len(list(get(mirrors[0], "requestHeadersMutations"))) == 2,
+					len(list(harness.Dig(mirrors[0], "requestHeadersMutations"))) == 2,
 					"route "+name+": the one mirror by cluster_header x-duet-mirror with the prefill rank mutations")
 				need(str(r, "route", "cluster") == decodeCluster, "route "+name+": cluster "+decodeCluster)
 				need(str(r, "route", "timeout") == "0s", "route "+name+": timeout 0s")
@@ -671,19 +635,19 @@ func listenerEffects(listener any) []string {
 			missing = append(missing, what)
 		}
 	}
-	hcm := get(listener, "defaultFilterChain", "filters", 0, "typedConfig")
+	hcm := harness.Dig(listener, "defaultFilterChain", "filters", 0, "typedConfig")
 	stripsPrefix, stripsRank := false, false
-	for _, ext := range list(get(hcm, "earlyHeaderMutationExtensions")) {
-		for _, m := range list(get(ext, "typedConfig", "mutations")) {
+	for _, ext := range list(harness.Dig(hcm, "earlyHeaderMutationExtensions")) {
+		for _, m := range list(harness.Dig(ext, "typedConfig", "mutations")) {
 			stripsPrefix = stripsPrefix || str(m, "removeOnMatch", "keyMatcher", "prefix") == "x-duet-"
 			stripsRank = stripsRank || str(m, "remove") == "x-data-parallel-rank"
 		}
 	}
 	need(stripsPrefix && stripsRank, "early header mutation removing x-duet-* and x-data-parallel-rank")
-	need(len(list(get(hcm, "localReplyConfig", "mappers"))) == 3, "local_reply_config with duet's three mappers")
+	need(len(list(harness.Dig(hcm, "localReplyConfig", "mappers"))) == 3, "local_reply_config with duet's three mappers")
 	var names []string
 	var router any
-	for _, f := range list(get(hcm, "httpFilters")) {
+	for _, f := range list(harness.Dig(hcm, "httpFilters")) {
 		names = append(names, str(f, "name"))
 		if str(f, "name") == "envoy.filters.http.router" {
 			router = f
@@ -696,16 +660,16 @@ func listenerEffects(listener any) []string {
 	for _, l := range []struct {
 		name string
 		logs []any
-	}{{"duet_downstream", list(get(hcm, "accessLog"))}, {"duet_upstream", list(get(router, "typedConfig", "upstreamLog"))}} {
+	}{{"duet_downstream", list(harness.Dig(hcm, "accessLog"))}, {"duet_upstream", list(harness.Dig(router, "typedConfig", "upstreamLog"))}} {
 		found := false
 		for _, a := range l.logs {
 			if str(a, "typedConfig", "commonConfig", "logName") == l.name {
-				found = get(a, "typedConfig", "commonConfig", "bufferSizeBytes") == float64(0)
+				found = harness.Dig(a, "typedConfig", "commonConfig", "bufferSizeBytes") == float64(0)
 			}
 		}
 		need(found, "access log "+l.name+" with buffer_size_bytes 0")
 	}
-	need(get(router, "typedConfig", "upstreamLogOptions") == nil, "router without upstream_log_options (no entry when a leg starts)")
+	need(harness.Dig(router, "typedConfig", "upstreamLogOptions") == nil, "router without upstream_log_options (no entry when a leg starts)")
 	return missing
 }
 
@@ -727,14 +691,14 @@ func engineClusterEffects(clusters []any, decodeCluster, prefillCluster string) 
 	for _, c := range []struct{ name, header string }{{decodeCluster, "x-duet-decode-endpoint"}, {prefillCluster, "x-duet-prefill-endpoint"}} {
 		cl, ok := byName[c.name]
 		need(ok, "cluster "+c.name)
-		policy := get(cl, "loadBalancingPolicy", "policies", 0, "typedExtensionConfig")
+		policy := harness.Dig(cl, "loadBalancingPolicy", "policies", 0, "typedExtensionConfig")
 		need(str(policy, "name") == "envoy.load_balancing_policies.override_host" &&
 			str(policy, "typedConfig", "overrideHostSources", 0, "header") == c.header,
 			"cluster "+c.name+": override_host on "+c.header)
-		need(get(cl, "perConnectionBufferLimitBytes") == float64(32<<20), "cluster "+c.name+": 32 MiB buffer limit")
-		need(get(cl, "circuitBreakers", "thresholds", 0, "maxRetries") == float64(1024), "cluster "+c.name+": circuit breakers")
+		need(harness.Dig(cl, "perConnectionBufferLimitBytes") == float64(32<<20), "cluster "+c.name+": 32 MiB buffer limit")
+		need(harness.Dig(cl, "circuitBreakers", "thresholds", 0, "maxRetries") == float64(1024), "cluster "+c.name+": circuit breakers")
 	}
-	filters := list(get(byName[decodeCluster], "typedExtensionProtocolOptions", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "httpFilters"))
+	filters := list(harness.Dig(byName[decodeCluster], "typedExtensionProtocolOptions", "envoy.extensions.upstreams.http.v3.HttpProtocolOptions", "httpFilters"))
 	need(len(filters) == 2 && str(filters[0], "name") == "envoy.filters.http.lua", "cluster "+decodeCluster+": the body-rank Lua upstream filter")
 	return missing
 }
