@@ -130,6 +130,23 @@ pools:
 	return st
 }
 
+// chat posts body to /v1/chat/completions through Envoy with x-request-id
+// id and the headers hdr, and fails the test if no response comes.
+func (st *poolsStack) chat(t *testing.T, ctx context.Context, id string, body []byte, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	h := map[string]string{"x-request-id": id}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, body)
+	if err != nil {
+		t.Fatalf("request %s: %v", id, err)
+	}
+	return resp, body
+}
+
 // modelChat is a chat body for model.
 func modelChat(model string, stream bool) []byte {
 	return []byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"Which pool am I in?"}],"max_tokens":4,"stream":%v,"stream_options":{"include_usage":%v}}`,
@@ -149,17 +166,7 @@ func TestPools(t *testing.T) {
 	st := startPoolsStack(t, ctx)
 	post := func(id string, body []byte, hdr map[string]string) (*http.Response, []byte) {
 		t.Helper()
-		h := map[string]string{"x-request-id": id}
-		for k, v := range hdr {
-			h[k] = v
-		}
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, body)
-		if err != nil {
-			t.Fatalf("request %s: %v", id, err)
-		}
-		return resp, body
+		return st.chat(t, ctx, id, body, hdr)
 	}
 	aggAddrs := []string{st.agg[0].Address, st.agg[1].Address}
 	everySim := append([]*harness.Sim{st.prefill, st.decode}, st.agg...)

@@ -94,17 +94,7 @@ func TestTracing(t *testing.T) {
 	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 100}\n", j.OTLPAddr))
 	send := func(id string, body []byte, hdr map[string]string) (*http.Response, []byte) {
 		t.Helper()
-		h := map[string]string{"x-request-id": id}
-		for k, v := range hdr {
-			h[k] = v
-		}
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, body)
-		if err != nil {
-			t.Fatalf("request %s: %v", id, err)
-		}
-		return resp, body
+		return st.chat(t, ctx, id, body, hdr)
 	}
 	// lastRecord is the newest request an engine received.
 	lastRecord := func(sim *harness.Sim) harness.Record {
@@ -264,11 +254,8 @@ func TestTraceUI(t *testing.T) {
 	}
 	defer j.Stop(5 * time.Second)
 	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 100}\n", j.OTLPAddr))
-	rctx, rcancel := context.WithTimeout(ctx, requestTimeout)
-	defer rcancel()
-	resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", map[string]string{"x-request-id": requestID(t, 0)}, modelChat(pdModel, true))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("request: %v %v %s", err, resp, body)
+	if resp, body := st.chat(t, ctx, requestID(t, 0), modelChat(pdModel, true), nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("request: %d %s", resp.StatusCode, body)
 	}
 	recs, err := st.decode.Requests(ctx)
 	if err != nil || len(recs) == 0 {
@@ -352,15 +339,12 @@ func TestTracingFollowsClientDecision(t *testing.T) {
 	st := startPoolsStackWith(t, ctx, fmt.Sprintf("otlp: {endpoint: %q, sampling_percent: 0}\n", j.OTLPAddr))
 	send := func(i int, traceparent string) harness.Record {
 		t.Helper()
-		h := map[string]string{"x-request-id": requestID(t, i)}
+		var h map[string]string
 		if traceparent != "" {
-			h["traceparent"] = traceparent
+			h = map[string]string{"traceparent": traceparent}
 		}
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		resp, body, err := harness.Send(rctx, st.envoyURL, http.MethodPost, "/v1/chat/completions", h, modelChat(pdModel, false))
-		if err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: %v %v %s", i, err, resp, body)
+		if resp, body := st.chat(t, ctx, requestID(t, i), modelChat(pdModel, false), h); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
 		}
 		recs, err := st.decode.Requests(ctx)
 		if err != nil || len(recs) == 0 {

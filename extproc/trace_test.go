@@ -10,13 +10,13 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/duet-router/duet/envoy/contract"
+	"github.com/duet-router/duet/extproc/internal/spantest"
 	"github.com/duet-router/duet/scheduler"
 )
 
@@ -49,13 +49,7 @@ func withTraceParent(traceparent string) context.Context {
 }
 
 // spanAttrs returns a span's attributes, each as its value's String.
-func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
-	out := map[string]string{}
-	for _, kv := range s.Attributes() {
-		out[string(kv.Key)] = kv.Value.String()
-	}
-	return out
-}
+func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string { return spantest.Attrs(s.Attributes()) }
 
 // explained is what a least_cost scheduler says of pdPick.
 var explained = scheduler.DecisionStatus{
@@ -206,24 +200,7 @@ func TestDecisionSpans(t *testing.T) {
 			if s.SpanContext().TraceID().String() != parentTraceID || !s.SpanContext().IsSampled() {
 				t.Errorf("span context %v, want sampled in trace %s", s.SpanContext(), parentTraceID)
 			}
-			attrs := spanAttrs(s)
-			for k, v := range tt.want {
-				if attrs[k] != v {
-					t.Errorf("%s = %q, want %q", k, attrs[k], v)
-				}
-			}
-			for _, k := range tt.absent {
-				if v, ok := attrs[k]; ok {
-					t.Errorf("%s = %q, want it absent", k, v)
-				}
-			}
-			wantCode := codes.Unset
-			if tt.wantErr != "" {
-				wantCode = codes.Error
-			}
-			if st := s.Status(); st.Code != wantCode || st.Description != tt.wantErr {
-				t.Errorf("status %v %q, want %v %q", st.Code, st.Description, wantCode, tt.wantErr)
-			}
+			attrs := spantest.Check(t, s, tt.want, tt.absent, tt.wantErr)
 			if tt.check != nil {
 				tt.check(t, attrs, resp)
 			}

@@ -129,6 +129,13 @@ func editedEnvoyFilter(t *testing.T, edit func(clusters map[string]obj)) string 
 		}
 	}
 	edit(clusters)
+	return writeEnvoyFilter(t, ef)
+}
+
+// writeEnvoyFilter writes an edited EnvoyFilter as envoyfilter.yaml in a
+// temporary directory of t's and returns its path.
+func writeEnvoyFilter(t *testing.T, ef any) string {
+	t.Helper()
 	out, err := yaml.Marshal(ef)
 	if err != nil {
 		t.Fatal(err)

@@ -169,15 +169,7 @@ func tracingOverlay(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("%s: %v", tracingKustomization, err)
 	}
-	out, err := yaml.Marshal(patched)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "envoyfilter.yaml")
-	if err := os.WriteFile(path, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return writeEnvoyFilter(t, patched)
 }
 
 // tracingProvider returns the OpenTelemetry provider of mesh.yaml (its one

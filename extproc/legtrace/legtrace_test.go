@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/duet-router/duet/extproc/accesslog"
+	"github.com/duet-router/duet/extproc/internal/spantest"
 	"github.com/duet-router/duet/extproc/legs"
 	"github.com/duet-router/duet/extproc/legtrace"
 	"github.com/duet-router/duet/scheduler"
@@ -41,22 +41,10 @@ type sinkFunc func(context.Context, accesslog.Completion)
 func (f sinkFunc) Complete(ctx context.Context, c accesslog.Completion) { f(ctx, c) }
 
 // spanAttrs returns a span's attributes as their values' String.
-func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
-	out := map[string]string{}
-	for _, kv := range s.Attributes() {
-		out[string(kv.Key)] = kv.Value.String()
-	}
-	return out
-}
+func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string { return spantest.Attrs(s.Attributes()) }
 
 // eventAttrs returns an event's attributes as their values' String.
-func eventAttrs(e sdktrace.Event) map[string]string {
-	out := map[string]string{}
-	for _, kv := range e.Attributes {
-		out[string(kv.Key)] = kv.Value.String()
-	}
-	return out
-}
+func eventAttrs(e sdktrace.Event) map[string]string { return spantest.Attrs(e.Attributes) }
 
 // TestLegSpans checks which entries get a span, its parent, attributes and
 // status, and that the next sink sees every entry, with the span in its
@@ -135,24 +123,7 @@ func TestLegSpans(t *testing.T) {
 				t.Errorf("span %q with parent %v/%v, want %s under %s/%s", sp.Name(), sp.Parent().TraceID(), sp.Parent().SpanID(),
 					legtrace.SpanLeg, legTraceID, legSpanID)
 			}
-			got := spanAttrs(sp)
-			for k, v := range tt.want {
-				if got[k] != v {
-					t.Errorf("%s = %q, want %q", k, got[k], v)
-				}
-			}
-			for _, k := range tt.absent {
-				if v, ok := got[k]; ok {
-					t.Errorf("%s = %q, want it absent", k, v)
-				}
-			}
-			wantCode := codes.Unset
-			if tt.wantErr != "" {
-				wantCode = codes.Error
-			}
-			if st := sp.Status(); st.Code != wantCode || st.Description != tt.wantErr {
-				t.Errorf("status %v %q, want %v %q", st.Code, st.Description, wantCode, tt.wantErr)
-			}
+			spantest.Check(t, sp, tt.want, tt.absent, tt.wantErr)
 		})
 	}
 }
