@@ -48,9 +48,6 @@ func withTraceParent(traceparent string) context.Context {
 	return metadata.AppendToOutgoingContext(context.Background(), "traceparent", traceparent)
 }
 
-// spanAttrs returns a span's attributes, each as its value's String.
-func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string { return spantest.Attrs(s.Attributes()) }
-
 // explained is what a least_cost scheduler says of pdPick.
 var explained = scheduler.DecisionStatus{
 	Prefill: &scheduler.ChoiceStatus{Policy: "least_cost", Candidates: 4, LoadTokens: 300, Prefix: 0.5, CachedTokens: 64, Tokens: 128,

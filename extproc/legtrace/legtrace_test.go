@@ -40,9 +40,6 @@ type sinkFunc func(context.Context, accesslog.Completion)
 
 func (f sinkFunc) Complete(ctx context.Context, c accesslog.Completion) { f(ctx, c) }
 
-// spanAttrs returns a span's attributes as their values' String.
-func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string { return spantest.Attrs(s.Attributes()) }
-
 // eventAttrs returns an event's attributes as their values' String.
 func eventAttrs(e sdktrace.Event) map[string]string { return spantest.Attrs(e.Attributes) }
 
