@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -15,12 +14,9 @@ import (
 // readyz returns duet's /readyz answer.
 func readyz(t *testing.T, s *harness.Stack) (int, string) {
 	t.Helper()
-	resp, err := httpClient.Get(s.DuetAdminURL + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	ctx, cancel := context.WithTimeout(t.Context(), requestTimeout)
+	defer cancel()
+	resp, b, err := harness.Send(ctx, s.DuetAdminURL, http.MethodGet, "/readyz", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,19 +29,15 @@ const (
 	ClusterOTLP = "duet_otlp"
 )
 
-// HeaderTraceParent is the W3C trace context header. With Params.Tracing
-// every access-log entry logs it besides LoggedRequestHeaders: on an
-// upstream entry it is that leg's own span, which duet's span about the
-// leg's outcome joins.
-const HeaderTraceParent = "traceparent"
-
 // LoggedRequestHeaders are the request headers every ALS entry carries:
 // duet's request id (the join key), the client's, and the leg's DP rank.
 // Nothing else: every header is a map entry that duet decodes on every
 // entry, three per PD request (an upstream entry with five headers took
 // 8.5 µs to decode, with three 6.5 µs; BenchmarkDecodeEntry in
 // extproc/accesslog), and the endpoint duet chose for a leg is on its
-// entry already (the upstream address).
+// entry already (the upstream address). With Params.Tracing every entry
+// also logs contract.HeaderTraceParent: on an upstream entry, that leg's
+// own span, which duet's span of the leg's end joins.
 var LoggedRequestHeaders = []string{contract.HeaderDuetRequestID, contract.HeaderRequestID, contract.HeaderDPRank}
 
 // Address is a host (IP or DNS name) and port.
@@ -222,7 +218,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"grpcLog": func(indent, name string, d templateData) grpcLog {
 		headers := LoggedRequestHeaders
 		if d.Tracing != nil {
-			headers = append(headers[:len(headers):len(headers)], HeaderTraceParent)
+			headers = append(headers[:len(headers):len(headers)], contract.HeaderTraceParent)
 		}
 		return grpcLog{Indent: indent, Name: name, Cluster: d.ClusterFeedback, Headers: headers, Token: d.DuetToken}
 	},

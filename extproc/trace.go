@@ -110,9 +110,9 @@ type decisionTrace struct {
 	model, message string
 	// explain is the scheduler's account of the pick (Request.Explain).
 	explain scheduler.DecisionStatus
-	// decision is the pick's result; decided once the pick succeeded.
+	// decision is the pick's result; its Decode.Endpoint is nil until the
+	// pick succeeded.
 	decision     scheduler.Decision
-	decided      bool
 	promptTokens int64
 	// admission, when admitted is set: the request's class, tenant and
 	// time in the queue.
@@ -168,7 +168,7 @@ func (t *decisionTrace) setAdmission(class, tenant string, queued bool, waited t
 // setDecision records the pick's targets.
 func (t *decisionTrace) setDecision(d scheduler.Decision, promptTokens int64) {
 	if t != nil {
-		t.decision, t.decided, t.promptTokens = d, true, promptTokens
+		t.decision, t.promptTokens = d, promptTokens
 	}
 }
 
@@ -212,7 +212,7 @@ func (t *decisionTrace) end(req *request, resp *extprocv3.ProcessingResponse) {
 	if t.promptTokens > 0 {
 		attrs = append(attrs, attribute.Int64(attrPromptTokens, t.promptTokens))
 	}
-	if t.decided {
+	if t.decision.Decode.Endpoint != nil {
 		if t.decision.Prefill != nil {
 			attrs = appendChoice(attrs, prefillKeys, *t.decision.Prefill, t.explain.Prefill)
 		}

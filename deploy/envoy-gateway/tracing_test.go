@@ -24,6 +24,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
 const (
@@ -138,7 +139,7 @@ func service(name, namespace string, port int, ip string) obj {
 // 1. With policies.yaml translated too, the id sampled by is the one a
 // client sent, when it sent one (PreserveOrGenerate), as the docs say.
 func TestTracingPatch(t *testing.T) {
-	want := append(slices.Clone(envoy.LoggedRequestHeaders), envoy.HeaderTraceParent)
+	want := append(slices.Clone(envoy.LoggedRequestHeaders), contract.HeaderTraceParent)
 	docs := readDocs(t, "gateway.yaml")
 	ep := find(docs, "EnvoyProxy")
 	if ep == nil {
@@ -281,8 +282,8 @@ func TestTracingPatch(t *testing.T) {
 		t.Errorf("%d gRPC access loggers in the translation, want 2", len(logged))
 	}
 	for _, h := range logged {
-		if !slices.Contains(h, any(envoy.HeaderTraceParent)) {
-			t.Errorf("a gRPC access logger logs %v, without %s", h, envoy.HeaderTraceParent)
+		if !slices.Contains(h, any(contract.HeaderTraceParent)) {
+			t.Errorf("a gRPC access logger logs %v, without %s", h, contract.HeaderTraceParent)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/envoy/contract"
 )
 
 // The tracing example (tracing/): a kustomize overlay of deploy/istio
@@ -371,8 +372,8 @@ func TestTracingOverlayInIstio(t *testing.T) {
 		t.Errorf("%d gRPC access loggers, want duet's two", len(logged))
 	}
 	for _, h := range logged {
-		if !slices.Contains(h, any(envoy.HeaderTraceParent)) {
-			t.Errorf("a gRPC access logger logs %v, without %s", h, envoy.HeaderTraceParent)
+		if !slices.Contains(h, any(contract.HeaderTraceParent)) {
+			t.Errorf("a gRPC access logger logs %v, without %s", h, contract.HeaderTraceParent)
 		}
 	}
 	envoyTools, err := harness.FindTools()

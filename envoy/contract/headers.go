@@ -75,3 +75,10 @@ const (
 	ClusterDecode  = "duet_decode"
 	ClusterPrefill = "duet_prefill"
 )
+
+// HeaderTraceParent is W3C Trace Context's header. It is no routing
+// header (Envoy passes a client's on, and its tracer continues that
+// trace): with duet's otlp section, Envoy's tracer sets it on each leg's
+// request, naming that leg's span, and every access-log entry logs it, so
+// that duet's span of the leg's end joins the leg's span.
+const HeaderTraceParent = "traceparent"

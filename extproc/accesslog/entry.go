@@ -19,11 +19,6 @@ const (
 	metadataPrefill = "prefill"
 )
 
-// headerTraceParent is W3C Trace Context's header, which Envoy's
-// OpenTelemetry tracer sets on the requests it traces
-// (Completion.TraceParent).
-const headerTraceParent = "traceparent"
-
 // Clusters names the engine pools' clusters in Envoy's configuration: an
 // upstream entry's cluster tells its leg.
 type Clusters struct {
@@ -78,7 +73,7 @@ func (cs ClusterSet) completion(logName string, e *accesslogdatav3.HTTPAccessLog
 	headers := e.GetRequest().GetRequestHeaders()
 	c.RequestID = headers[contract.HeaderDuetRequestID]
 	c.ClientRequestID = headers[contract.HeaderRequestID]
-	c.TraceParent = headers[headerTraceParent]
+	c.TraceParent = headers[contract.HeaderTraceParent]
 	if c.ClientRequestID == "" {
 		c.ClientRequestID = e.GetRequest().GetRequestId()
 	}

@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/extproc/accesslog"
 	"github.com/duet-router/duet/scheduler"
 )
@@ -73,7 +74,6 @@ const (
 	attrEjectionReason   = "duet.ejection.reason"
 	attrEjectionFor      = "duet.ejection.duration_ms"
 	attrEjectionAborts   = "duet.ejection.aborts_partners"
-	headerTraceParent    = "traceparent"
 )
 
 // sink records a SpanLeg span around next's handling of each traced entry.
@@ -123,7 +123,7 @@ type carrier string
 
 // Get implements propagation.TextMapCarrier.
 func (c carrier) Get(key string) string {
-	if key == headerTraceParent {
+	if key == contract.HeaderTraceParent {
 		return string(c)
 	}
 	return ""
@@ -133,7 +133,7 @@ func (c carrier) Get(key string) string {
 func (carrier) Set(string, string) {}
 
 // Keys implements propagation.TextMapCarrier.
-func (carrier) Keys() []string { return []string{headerTraceParent} }
+func (carrier) Keys() []string { return []string{contract.HeaderTraceParent} }
 
 // outcome classifies a leg as duet does for feedback and health:
 // OutcomeUnreachable (no connection to the engine), OutcomeFailed or
