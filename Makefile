@@ -199,6 +199,16 @@ $(JAEGER_BIN): $(JAEGER_MODULE)/go.mod $(JAEGER_MODULE)/go.sum
 .PHONY: jaeger
 jaeger: $(JAEGER_BIN)
 
+# docs/tracing.png: a PD request's trace in Jaeger's own UI, opened in
+# headless Chromium (e2e/traceui_test.go, build tag traceui). Jaeger's Go
+# module carries no UI, so JAEGER_UI must name the built assets of
+# jaeger-ui (docs/tracing.md, "The screenshot"); not part of `make test`.
+.PHONY: trace-screenshot
+trace-screenshot: build envoy jaeger
+	@test -n "$(JAEGER_UI)" || { echo "set JAEGER_UI to the built Jaeger UI assets (docs/tracing.md, \"The screenshot\")" >&2; exit 2; }
+	DUET_JAEGER_UI=$(abspath $(JAEGER_UI)) $(GO) test -tags traceui -count=1 -run '^TestTraceUI$$' -v ./e2e
+	cp .artifacts/trace.png docs/tracing.png
+
 # Istio tools for deploy/istio's offline checks (docs/deploy/istio.md):
 # istioctl and duet-istio-check, built from the istio.io/istio version pinned
 # in deploy/istio/check/go.mod (a module of its own: Istio is no dependency
