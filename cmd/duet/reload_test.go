@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -277,4 +279,42 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("serve returned %v", err)
 	}
+}
+
+// A rejected reload is an operational event: duet's logger writes it as
+// one error line with the reason and no Go stack trace (issue 37).
+func TestRejectedReloadLogsNoStack(t *testing.T) {
+	var buf bytes.Buffer
+	toBuf := zap.WrapCore(func(zapcore.Core) zapcore.Core {
+		return zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zapcore.InfoLevel)
+	})
+	log, err := newLogger("info", toBuf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := writeConfig(t, baseConfig)
+	running := mustParse(t, baseConfig)
+	set := &fakeSetter{pd: running.PoolList()[0].PD()}
+	r := newReloader(path, running, map[string]endpointSetter{"default": set}, log, nil)
+	if err := os.WriteFile(path, []byte(strings.Replace(baseConfig, "dp_size: 2", "dp_size: -2", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.reload(context.Background()); got != reloadInvalid {
+		t.Fatalf("reload = %q, want %q", got, reloadInvalid)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines, want 1:\n%s", len(lines), buf.String())
+	}
+	var entry map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &entry); err != nil {
+		t.Fatalf("log line %q: %v", lines[0], err)
+	}
+	if entry["level"] != "error" || !strings.Contains(fmt.Sprint(entry["error"]), "dp_size") {
+		t.Errorf("log line %s, want an error naming dp_size", lines[0])
+	}
+	if st, ok := entry["stacktrace"]; ok {
+		t.Errorf("the rejected reload's log line carries a stack trace:\n%v", st)
+	}
+	t.Logf("%s", lines[0])
 }

@@ -480,7 +480,11 @@ func policySpec(p config.PolicySpec) scheduler.PolicySpec {
 	}
 }
 
-func newLogger(level string) (*zap.Logger, error) {
+// newLogger returns duet's JSON logger at level, with opts applied last.
+// Only DPanic and above carry a stack trace: an error-level line reports
+// an operational event (a rejected reload, an unreachable engine), whose
+// cause is its message and error field, never a fault of duet's code.
+func newLogger(level string, opts ...zap.Option) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("log_level: %w", err)
@@ -488,7 +492,7 @@ func newLogger(level string) (*zap.Logger, error) {
 	zc := zap.NewProductionConfig()
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	zc.Sampling = nil
-	log, err := zc.Build()
+	log, err := zc.Build(append([]zap.Option{zap.AddStacktrace(zapcore.DPanicLevel)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("build logger: %w", err)
 	}
