@@ -21,6 +21,9 @@ type tokenizerConfig struct {
 	PadToken       specialToken    `json:"pad_token"`
 	ClsToken       specialToken    `json:"cls_token"`
 	MaskToken      specialToken    `json:"mask_token"`
+	// Model is a tokenizer.json's section, never a tokenizer_config.json
+	// key: read to tell a tokenizer.json given in the config's place.
+	Model json.RawMessage `json:"model"`
 }
 
 // specialToken is a special token written as a string or as an AddedToken
@@ -95,6 +98,9 @@ func readConfig(path string) (*tokenizerConfig, error) {
 	var c tokenizerConfig
 	if err := json.Unmarshal(data, &c); err != nil {
 		return nil, fmt.Errorf("tokenizer config %s: not a tokenizer_config.json: %w", path, err)
+	}
+	if !isNull(c.Model) {
+		return nil, fmt.Errorf("tokenizer config %s: %w", path, errTokenizerFile)
 	}
 	return &c, nil
 }

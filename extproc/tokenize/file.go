@@ -17,6 +17,18 @@ type tokenizerFile struct {
 	PreTokenizer  json.RawMessage  `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage  `json:"post_processor"`
 	Model         modelSpec        `json:"model"`
+	// Keys of a tokenizer_config.json, never of a tokenizer.json: read to
+	// tell a config file given in the tokenizer file's place.
+	TokenizerClass     json.RawMessage `json:"tokenizer_class"`
+	ChatTemplate       json.RawMessage `json:"chat_template"`
+	AddedTokensDecoder json.RawMessage `json:"added_tokens_decoder"`
+}
+
+// looksLikeConfig reports a tokenizer_config.json: no model section, and
+// a key that only a tokenizer_config.json has.
+func (f *tokenizerFile) looksLikeConfig() bool {
+	noModel := f.Model.Type == "" && f.Model.Vocab == nil && f.Model.Merges == nil
+	return noModel && (!isNull(f.TokenizerClass) || !isNull(f.ChatTemplate) || !isNull(f.AddedTokensDecoder))
 }
 
 // addedTokenSpec is one entry of added_tokens.
@@ -94,6 +106,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("not a tokenizer.json: %w", err)
 	}
+	if f.looksLikeConfig() {
+		return nil, errConfigFile
+	}
 	t := &Tokenizer{}
 	var err error
 	if t.normalizer, err = parseNormalizer(f.Normalizer); err != nil {
@@ -124,3 +139,9 @@ func isNull(raw json.RawMessage) bool {
 
 // errUnsupported marks a construct the package refuses.
 var errUnsupported = errors.New("not supported")
+
+// errConfigFile is Parse's error for a tokenizer_config.json.
+var errConfigFile = errors.New("looks like tokenizer_config.json (the chat template and special tokens), not tokenizer.json (the vocabulary and merges)")
+
+// errTokenizerFile is readConfig's error for a tokenizer.json.
+var errTokenizerFile = errors.New("looks like tokenizer.json (the vocabulary and merges), not tokenizer_config.json (the chat template and special tokens)")

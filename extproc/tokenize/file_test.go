@@ -2,6 +2,8 @@ package tokenize
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,6 +40,7 @@ func TestParseRefuses(t *testing.T) {
 		{"lowercase", `{"normalizer":{"type":"Lowercase"},"pre_tokenizer":` + byteLevel + `,"model":` + model + `}`, `type "Lowercase"`},
 		{"split merged with previous", `{"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"a"},"behavior":"MergedWithPrevious"},` + byteLevel + `]},"model":` + model + `}`, "MergedWithPrevious"},
 		{"not json", `{"model":`, "not a tokenizer.json"},
+		{"tokenizer_config.json", `{"tokenizer_class":"Qwen2Tokenizer","chat_template":"{{ messages }}","added_tokens_decoder":{}}`, "looks like tokenizer_config.json"},
 	} {
 		_, err := Parse([]byte(tc.file))
 		switch {
@@ -45,7 +48,7 @@ func TestParseRefuses(t *testing.T) {
 			t.Errorf("%s: %v", tc.name, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: got %v, want an error naming %q", tc.name, err, tc.want)
-		case tc.want != "" && tc.name != "not json" && tc.name != "missing byte" && !errors.Is(err, errUnsupported) && tc.name != "no byte level":
+		case tc.want != "" && tc.name != "not json" && tc.name != "missing byte" && tc.name != "tokenizer_config.json" && !errors.Is(err, errUnsupported) && tc.name != "no byte level":
 			t.Errorf("%s: %v is not marked unsupported", tc.name, err)
 		}
 	}
@@ -99,5 +102,50 @@ func TestByteLevelAlphabet(t *testing.T) {
 		if _, ok := charByte(r); ok != seen[r] {
 			t.Errorf("character %q: in the alphabet %v, want %v", r, ok, seen[r])
 		}
+	}
+}
+
+// TestLoadModelSwappedFiles: a tokenizer_config.json given as the tokenizer
+// file, or a tokenizer.json as the config file, is refused with both keys
+// named and which file each wants, and a full swap is called one (issue
+// 37); not a pre-tokenizer the package does not support.
+func TestLoadModelSwappedFiles(t *testing.T) {
+	dir := t.TempDir()
+	tokJSON := filepath.Join(dir, "tokenizer.json")
+	cfgJSON := filepath.Join(dir, "tokenizer_config.json")
+	files := map[string]string{
+		tokJSON: `{"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":false},"model":{"type":"BPE","vocab":{` + byteVocab() + `},"merges":[]}}`,
+		cfgJSON: `{"tokenizer_class":"Qwen2Tokenizer","added_tokens_decoder":{"151643":{"content":"<|endoftext|>","special":true}},` +
+			`"chat_template":"{% for m in messages %}{{ m.content }}{% endfor %}","eos_token":"<|endoftext|>"}`,
+	}
+	for path, text := range files {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantsFile := "tokenizer.file wants tokenizer.json (the vocabulary and merges) and tokenizer.config wants tokenizer_config.json"
+	for _, tc := range []struct {
+		name, file, config string
+		want               string // the whole message; "" loads
+	}{
+		{name: "right", file: tokJSON, config: cfgJSON},
+		{name: "config as file", file: cfgJSON, config: cfgJSON,
+			want: "tokenizer.file: " + cfgJSON + " looks like tokenizer_config.json (the chat template and special tokens); " + wantsFile},
+		{name: "swapped", file: cfgJSON, config: tokJSON,
+			want: "tokenizer.file: " + cfgJSON + " looks like tokenizer_config.json (the chat template and special tokens); " + wantsFile +
+				"; tokenizer.config names " + tokJSON + ", which looks like tokenizer.json: the two are swapped"},
+		{name: "file as config", file: tokJSON, config: tokJSON,
+			want: "tokenizer.config: " + tokJSON + " looks like tokenizer.json (the vocabulary and merges); " +
+				"tokenizer.config wants tokenizer_config.json (the chat template and special tokens) and tokenizer.file wants tokenizer.json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadModel(tc.file, tc.config, "")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want != "" && (err == nil || err.Error() != tc.want):
+				t.Fatalf("LoadModel(%s, %s) = %v\nwant %s", filepath.Base(tc.file), filepath.Base(tc.config), err, tc.want)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -29,13 +30,23 @@ var llamaClasses = []string{
 
 // LoadModel reads a model's tokenizer.json and tokenizer_config.json. A
 // chat template file (chat_template.jinja, as newer models ship it), when
-// given, replaces the config's template. Every error names its file.
+// given, replaces the config's template. Every error names its file; a
+// tokenizer_config.json given as the tokenizer file, or a tokenizer.json
+// as the config file, is an error that names the configuration keys of
+// both (tokenizer.file and tokenizer.config) and which file each wants.
 func LoadModel(tokenizerFile, configFile, chatTemplateFile string) (*Model, error) {
 	tok, err := Load(tokenizerFile)
+	if errors.Is(err, errConfigFile) {
+		return nil, swappedError(tokenizerFile, configFile)
+	}
 	if err != nil {
 		return nil, err
 	}
 	cfg, err := readConfig(configFile)
+	if errors.Is(err, errTokenizerFile) {
+		return nil, fmt.Errorf("tokenizer.config: %s looks like tokenizer.json (the vocabulary and merges); "+
+			"tokenizer.config wants tokenizer_config.json (the chat template and special tokens) and tokenizer.file wants tokenizer.json", configFile)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -108,4 +119,16 @@ func (m *Model) EncodeChat(dst []int64, req ChatRequest) ([]int64, string, error
 		return dst, "", err
 	}
 	return m.Tokenizer.Encode(dst, text, false), text, nil
+}
+
+// swappedError is LoadModel's error for a tokenizer_config.json given as
+// the tokenizer file; it says whether the config file is the tokenizer.json,
+// that is whether the two are swapped.
+func swappedError(tokenizerFile, configFile string) error {
+	msg := fmt.Sprintf("tokenizer.file: %s looks like tokenizer_config.json (the chat template and special tokens); "+
+		"tokenizer.file wants tokenizer.json (the vocabulary and merges) and tokenizer.config wants tokenizer_config.json", tokenizerFile)
+	if _, err := readConfig(configFile); errors.Is(err, errTokenizerFile) {
+		msg += fmt.Sprintf("; tokenizer.config names %s, which looks like tokenizer.json: the two are swapped", configFile)
+	}
+	return errors.New(msg)
 }
