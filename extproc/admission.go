@@ -111,9 +111,9 @@ func (s *Server) refuseAdmission(req *request, err error, queued bool) *extprocv
 	case errors.Is(ref.Reason, admit.ErrQueueFull):
 		e.Message = fmt.Sprintf("the engines of pool %s are saturated and duet's queue is full for class %s; retry after %ds", req.pool, ref.Class, retrySeconds(ref.RetryAfter))
 	case errors.Is(ref.Reason, admit.ErrShed):
-		e.Message = fmt.Sprintf("the engines of pool %s are saturated; this class %s request gave its place in the queue to a higher class after %v; retry after %ds", req.pool, ref.Class, ref.Waited.Round(time.Millisecond), retrySeconds(ref.RetryAfter))
+		e.Message = fmt.Sprintf("the engines of pool %s are saturated; this request (class %s) gave its place in the queue to a higher class after %v; retry after %ds", req.pool, ref.Class, ref.Waited.Round(time.Millisecond), retrySeconds(ref.RetryAfter))
 	default:
-		e.Message = fmt.Sprintf("the engines of pool %s are saturated and this class %s request cannot start within its wait limit; retry after %ds", req.pool, ref.Class, retrySeconds(ref.RetryAfter))
+		e.Message = fmt.Sprintf("the engines of pool %s are saturated and this request (class %s) cannot start within its wait limit; retry after %ds", req.pool, ref.Class, retrySeconds(ref.RetryAfter))
 	}
 	s.count(req, outcome)
 	req.trace.setMessage(e.Message)

@@ -153,7 +153,7 @@ func TestAdmissionRefuses(t *testing.T) {
 		t.Errorf("body %s", im.GetBody())
 	}
 	// docs/troubleshooting.md quotes this message.
-	if msg, want := e.Get("message").String(), "the engines of pool p are saturated and this class batch request cannot start within its wait limit; retry after 1s"; msg != want {
+	if msg, want := e.Get("message").String(), "the engines of pool p are saturated and this request (class batch) cannot start within its wait limit; retry after 1s"; msg != want {
 		t.Errorf("message %q, want %q", msg, want)
 	}
 	if im.GetDetails() != "duet_admission_wait_limit" {
