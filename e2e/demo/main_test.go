@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,9 +23,13 @@ import (
 // a stand-in for the stack, for TestDemoInterrupted.
 const childEnv = "DUET_DEMO_TEST_CHILD"
 
+// statusEnv names a file where the child writes its exit status, for
+// TestMakeDemoInterrupted (make does not report a status 0).
+const statusEnv = "DUET_DEMO_TEST_STATUS"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
-		os.Exit(demo(os.Stdout, os.Stderr, false, func(ctx context.Context, dir string) error {
+		code := demo(os.Stdout, os.Stderr, false, func(ctx context.Context, dir string) error {
 			if err := os.WriteFile(filepath.Join(dir, "admin-token"), []byte("secret"), 0o600); err != nil {
 				return err
 			}
@@ -32,7 +37,14 @@ func TestMain(m *testing.M) {
 			<-ctx.Done()
 			// What the stack's calls return once interrupted.
 			return fmt.Errorf("chat: %w", ctx.Err())
-		}))
+		})
+		if path := os.Getenv(statusEnv); path != "" {
+			if err := os.WriteFile(path, []byte(strconv.Itoa(code)), 0o644); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				code = 1
+			}
+		}
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }
