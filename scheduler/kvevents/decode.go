@@ -69,6 +69,15 @@ type Batch struct {
 	// when the batch does not say.
 	DPRank  int
 	HasRank bool
+	// Replayed is set by the Subscriber, never decoded: the batch came
+	// from the publisher's replay socket, not live. It is history: how
+	// old it is says nothing of how late the live stream runs.
+	Replayed bool
+	// Current is set by the Subscriber on the last batch of a replay that
+	// ran to the publisher's end marker with no live batch to follow: the
+	// publisher held nothing newer when it answered, so the view is as
+	// current as the engine's cache, however long the engine has been idle.
+	Current bool
 }
 
 // ErrMalformed marks a payload that is not a batch.

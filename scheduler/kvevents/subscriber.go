@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,9 @@ type Subscriber struct {
 	// dedupe skips live batches a catch-up replay covered, until the
 	// first newer one.
 	dedupe bool
+	// unreachable: the last session could not connect (its failure was
+	// logged; the next ones are not, until one connects).
+	unreachable bool
 
 	batches, events, malformed, gaps, replayed, resets atomic.Uint64
 	lastBatch                                          atomic.Int64
@@ -79,18 +83,30 @@ func (s *Subscriber) Stats() Stats {
 	return st
 }
 
-// Run subscribes until ctx ends.
+// Run subscribes until ctx ends. It logs once per change of the
+// connection's state: when a connected session ends, when the publisher
+// cannot be reached (not again while it stays so), and when it connects
+// again; the retries in between log at debug level.
 func (s *Subscriber) Run(ctx context.Context) {
 	backoff := s.RetryMin
 	for ctx.Err() == nil {
-		received, err := s.session(ctx)
+		connected, received, err := s.session(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if received {
 			backoff = s.RetryMin
 		}
-		s.log.Info("KV event subscription ended; reconnecting", zap.Error(err), zap.Duration("after", backoff))
+		switch {
+		case connected:
+			s.log.Info("KV event subscription ended; reconnecting", zap.Error(err), zap.Duration("after", backoff))
+		case !s.unreachable:
+			s.unreachable = true
+			s.log.Info("KV event publisher not reachable; retrying with backoff, logged again when it connects",
+				zap.Error(err), zap.Duration("retry_max", s.RetryMax))
+		default:
+			s.log.Debug("KV event publisher still not reachable", zap.Error(err), zap.Duration("after", backoff))
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -100,18 +116,22 @@ func (s *Subscriber) Run(ctx context.Context) {
 	}
 }
 
-// session connects once and receives until the socket fails; received
-// reports whether any message arrived.
-func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
+// session connects once and receives until the socket fails; connected
+// reports whether it connected, received whether any message arrived.
+func (s *Subscriber) session(ctx context.Context) (connected, received bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(s.RetryMin), zmq4.WithAutomaticReconnect(true))
 	defer sub.Close()
 	if err := sub.Dial(s.src.Endpoint); err != nil {
-		return false, fmt.Errorf("dial %s: %w", s.src.Endpoint, err)
+		return false, false, fmt.Errorf("dial %s: %w", s.src.Endpoint, err)
+	}
+	if s.unreachable {
+		s.unreachable = false
+		s.log.Info("KV event publisher reachable: subscribed")
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
-		return false, fmt.Errorf("subscribe: %w", err)
+		return true, false, fmt.Errorf("subscribe: %w", err)
 	}
 	if !s.haveSeq {
 		s.catchUp(ctx)
@@ -119,7 +139,7 @@ func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			return received, err
+			return true, received, err
 		}
 		received = true
 		s.handle(ctx, msg.Frames)
@@ -128,28 +148,37 @@ func (s *Subscriber) session(ctx context.Context) (received bool, err error) {
 
 // catchUp, on a new subscription, asks the publisher's replay socket for
 // everything it holds from sequence 0, so that a rank whose engine
-// publishes nothing for a while (an idle engine) has a whole view at once
-// rather than at its next batch. Live batches the replay already covered
-// are then skipped (dedupe). Without a replay socket, or when the
-// publisher no longer holds its first batch, nothing happens here: the
-// first live batch starts the view.
+// publishes nothing for a while (an idle engine) has a view at once
+// rather than at its next batch: whole when the publisher still holds its
+// first batch, else from the oldest batch it holds (the view then warms
+// up). The replay's last batch is the publisher's newest (Batch.Current),
+// however old: history, not lag. Live batches the replay already covered
+// are then skipped (dedupe). Without a replay socket, when the publisher
+// holds nothing, or when the replay fails (logged), the first live batch
+// starts the view.
 func (s *Subscriber) catchUp(ctx context.Context) {
 	if s.src.Replay == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.ReplayTimeout)
+	rctx, cancel := context.WithTimeout(ctx, s.ReplayTimeout)
 	defer cancel()
-	got, err := fetchReplay(ctx, s.src.Replay, 0, endSeq)
-	if err != nil || len(got) == 0 {
+	got, err := fetchReplay(rctx, s.src.Replay, 0, endSeq)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return
+	case err != nil:
+		s.log.Warn("KV event replay on subscribing failed; the rank's view starts at its next live batch",
+			zap.String("replay", s.src.Replay), zap.Error(err))
+		return
+	case len(got) == 0:
+		s.log.Info("KV event replay on subscribing: the publisher holds no batch; the rank's view starts at its first",
+			zap.String("replay", s.src.Replay))
 		return
 	}
 	s.reset("subscribed")
-	for _, r := range got {
-		s.apply(r.seq, r.batch)
-	}
-	s.replayed.Add(uint64(len(got)))
+	s.applyReplayed(got, true)
 	s.dedupe = true
-	s.log.Info("KV events replayed from the publisher's first batch on subscribing", zap.Int("batches", len(got)))
+	s.log.Info("KV events replayed on subscribing", zap.Uint64("from", got[0].seq), zap.Int("batches", len(got)))
 }
 
 // endSeq is the replay's end marker (-1).
@@ -201,6 +230,17 @@ func (s *Subscriber) reset(reason string) {
 	s.h.Reset(reason)
 }
 
+// applyReplayed hands on, in order, batches a replay returned, marked as
+// such; current marks the last as the publisher's newest (Batch.Current).
+func (s *Subscriber) applyReplayed(got []replayed, current bool) {
+	for i, r := range got {
+		r.batch.Replayed = true
+		r.batch.Current = current && i == len(got)-1
+		s.apply(r.seq, r.batch)
+	}
+	s.replayed.Add(uint64(len(got)))
+}
+
 // apply hands one batch on.
 func (s *Subscriber) apply(seq uint64, b Batch) {
 	s.seq, s.haveSeq = seq, true
@@ -235,17 +275,18 @@ func (s *Subscriber) replay(ctx context.Context, from, until uint64) bool {
 	ctx, cancel := context.WithTimeout(ctx, s.ReplayTimeout)
 	defer cancel()
 	got, err := fetchReplay(ctx, s.src.Replay, from, until)
-	if err == nil && len(got) != int(until-from) {
+	switch {
+	case err != nil:
+	case len(got) > 0 && got[0].seq != from:
+		err = fmt.Errorf("the publisher no longer holds batch %d (its oldest is %d)", from, got[0].seq)
+	case len(got) != int(until-from):
 		err = fmt.Errorf("the publisher returned %d of the %d batches", len(got), until-from)
 	}
 	if err != nil {
 		s.log.Warn("KV event replay failed", zap.Uint64("from", from), zap.Uint64("until", until), zap.Error(err))
 		return false
 	}
-	for _, r := range got {
-		s.apply(r.seq, r.batch)
-	}
-	s.replayed.Add(uint64(len(got)))
+	s.applyReplayed(got, false)
 	return true
 }
 
@@ -258,9 +299,12 @@ type replayed struct {
 // errReplay marks a replay answer that breaks the protocol.
 var errReplay = errors.New("bad replay answer")
 
-// fetchReplay sends ["", from] to a ROUTER and reads ["", topic, seq,
-// payload] answers until the end marker, keeping those before until, in
-// order and without holes.
+// fetchReplay sends ["", from] to a ROUTER and reads its answers until
+// the end marker (sequence -1), keeping those before until: a contiguous
+// run from the first batch at or after from, which may start later when
+// the publisher no longer holds from (the caller decides). Both shapes of
+// answer are read: ["", topic, seq, payload] (SGLang 0.5.23) and ["",
+// seq, payload] (vLLM and older SGLang).
 func fetchReplay(ctx context.Context, endpoint string, from, until uint64) ([]replayed, error) {
 	dealer := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(1))
 	defer dealer.Close()
@@ -269,34 +313,61 @@ func fetchReplay(ctx context.Context, endpoint string, from, until uint64) ([]re
 	}
 	start := binary.BigEndian.AppendUint64(nil, from)
 	if err := dealer.Send(zmq4.NewMsgFrom([]byte{}, start)); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("send the replay request: %w", err)
 	}
 	var out []replayed
 	next := from
 	for {
 		msg, err := dealer.Recv()
 		if err != nil {
+			return nil, fmt.Errorf("receive the replay: %w", err)
+		}
+		seq, payload, err := parseReplay(msg.Frames)
+		if err != nil {
 			return nil, err
 		}
-		f := msg.Frames
-		if len(f) != 4 || len(f[0]) != 0 || len(f[2]) != 8 {
-			return nil, fmt.Errorf("%w: %d frames", errReplay, len(f))
-		}
-		seq := binary.BigEndian.Uint64(f[2])
 		if seq == endSeq {
 			return out, nil
 		}
 		if seq < next || seq >= until {
 			continue
 		}
-		if seq != next {
+		if len(out) > 0 && seq != next {
 			return nil, fmt.Errorf("%w: batch %d where %d was due", errReplay, seq, next)
 		}
-		b, err := DecodeBatch(f[3])
+		b, err := DecodeBatch(payload)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("replayed batch %d: %w", seq, err)
 		}
 		out = append(out, replayed{seq: seq, batch: b})
-		next++
+		next = seq + 1
 	}
+}
+
+// parseReplay reads one replay answer as a DEALER receives it: ["",
+// topic, seq, payload] or ["", seq, payload], seq 8 bytes big-endian.
+func parseReplay(f [][]byte) (seq uint64, payload []byte, err error) {
+	var seqFrame []byte
+	switch {
+	case len(f) == 4 && len(f[0]) == 0:
+		seqFrame, payload = f[2], f[3]
+	case len(f) == 3 && len(f[0]) == 0:
+		seqFrame, payload = f[1], f[2]
+	default:
+		return 0, nil, fmt.Errorf("%w: %d frames (%s); want [\"\", topic, seq, payload] or [\"\", seq, payload]",
+			errReplay, len(f), frameSizes(f))
+	}
+	if len(seqFrame) != 8 {
+		return 0, nil, fmt.Errorf("%w: a sequence frame of %d bytes, want 8", errReplay, len(seqFrame))
+	}
+	return binary.BigEndian.Uint64(seqFrame), payload, nil
+}
+
+// frameSizes describes frames by their sizes, for errors.
+func frameSizes(f [][]byte) string {
+	sizes := make([]string, len(f))
+	for i, b := range f {
+		sizes[i] = fmt.Sprintf("%d bytes", len(b))
+	}
+	return strings.Join(sizes, ", ")
 }

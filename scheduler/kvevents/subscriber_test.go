@@ -2,8 +2,10 @@ package kvevents
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -19,6 +21,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // recorder is a Handler that records what it was given.
@@ -89,13 +92,54 @@ type publisher struct {
 	mu     sync.Mutex
 	buffer map[uint64][]byte
 	seq    uint64
+	// shape is the replay answers': shapeSGLang (the zero value) or
+	// shapeVLLM.
+	shape replayShape
+	// ts is the timestamp of the batches published (1.0 unless set).
+	ts float64
+	// garbage makes the replay answer with payloads that are not batches.
+	garbage bool
+}
+
+// replayShape is how a publisher frames its replay answers.
+type replayShape int
+
+const (
+	// shapeSGLang: ["", topic, seq, payload], as SGLang 0.5.23 answers.
+	shapeSGLang replayShape = iota
+	// shapeVLLM: ["", seq, payload], as vLLM and older SGLang answer.
+	shapeVLLM
+)
+
+// String names the shape, for subtests.
+func (s replayShape) String() string {
+	if s == shapeVLLM {
+		return "vllm"
+	}
+	return "sglang"
+}
+
+// frames returns a replay answer of seq and payload to the DEALER id, in
+// shape s.
+func (s replayShape) frames(id []byte, seq uint64, payload []byte) zmq4.Msg {
+	seqFrame := binary.BigEndian.AppendUint64(nil, seq)
+	if s == shapeVLLM {
+		return zmq4.NewMsgFrom(id, []byte{}, seqFrame, payload)
+	}
+	return zmq4.NewMsgFrom(id, []byte{}, []byte{}, seqFrame, payload)
 }
 
 // startPublisher binds a PUB on pubPort, and a ROUTER on replayPort when
 // it is not 0.
 func startPublisher(t *testing.T, ctx context.Context, pubPort, replayPort int) *publisher {
 	t.Helper()
-	p := &publisher{t: t, pub: zmq4.NewPub(ctx, zmq4.WithLogger(quiet)), buffer: map[uint64][]byte{}}
+	return startShapedPublisher(t, ctx, pubPort, replayPort, shapeSGLang)
+}
+
+// startShapedPublisher is startPublisher with replay answers in shape.
+func startShapedPublisher(t *testing.T, ctx context.Context, pubPort, replayPort int, shape replayShape) *publisher {
+	t.Helper()
+	p := &publisher{t: t, pub: zmq4.NewPub(ctx, zmq4.WithLogger(quiet)), buffer: map[uint64][]byte{}, shape: shape, ts: 1}
 	if err := p.pub.Listen(fmt.Sprintf("tcp://127.0.0.1:%d", pubPort)); err != nil {
 		t.Fatal(err)
 	}
@@ -131,17 +175,28 @@ func (p *publisher) serveReplay(router zmq4.Socket) {
 		}
 		slices.Sort(seqs)
 		for _, s := range seqs {
-			_ = router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, binary.BigEndian.AppendUint64(nil, s), p.buffer[s]))
+			payload := p.buffer[s]
+			if p.garbage {
+				payload = []byte("garbage")
+			}
+			_ = router.Send(p.shape.frames(id, s, payload))
 		}
 		p.mu.Unlock()
-		_ = router.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, binary.BigEndian.AppendUint64(nil, endSeq), []byte{}))
+		_ = router.Send(p.shape.frames(id, endSeq, []byte{}))
 	}
 }
 
-// batch encodes a batch of one BlockStored event with hash h.
+// batch encodes a batch of one BlockStored event with hash h, stamped
+// 1.0 (1970).
 func batch(t *testing.T, h int64) []byte {
 	t.Helper()
-	b, err := msgpack.Marshal([]any{1.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []int64{h},
+	return batchAt(t, h, 1)
+}
+
+// batchAt is batch stamped ts.
+func batchAt(t *testing.T, h int64, ts float64) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal([]any{ts, []any{map[string]any{"type": "BlockStored", "block_hashes": []int64{h},
 		"parent_block_hash": nil, "token_ids": []int{1, 2}, "block_size": 2, "lora_id": nil}}, 0})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +210,7 @@ func (p *publisher) publish(skip bool) {
 	p.mu.Lock()
 	seq := p.seq
 	p.seq++
-	payload := batch(p.t, int64(seq))
+	payload := batchAt(p.t, int64(seq), p.ts)
 	p.buffer[seq] = payload
 	p.mu.Unlock()
 	if skip {
@@ -296,15 +351,26 @@ func TestSubscriberReconnects(t *testing.T) {
 // SGLang's framing and replay protocol (testdata/publisher.py): batches
 // arrive in order, and two withheld from the PUB socket come back by
 // replay.
+//
+// It runs with both shapes of replay answer: SGLang 0.5.23's ["", topic,
+// seq, payload] and vLLM's (and older SGLang's) ["", seq, payload].
 func TestSubscriberAgainstPyZMQ(t *testing.T) {
 	python := os.Getenv("DUET_PYTHON")
 	if python == "" {
 		t.Skip("DUET_PYTHON is not set: run through make (make unit, make test), which installs pyzmq and msgspec in .venv")
 	}
+	for _, shape := range []replayShape{shapeSGLang, shapeVLLM} {
+		t.Run(shape.String(), func(t *testing.T) { testAgainstPyZMQ(t, python, shape) })
+	}
+}
+
+// testAgainstPyZMQ is TestSubscriberAgainstPyZMQ with replay answers in
+// shape.
+func testAgainstPyZMQ(t *testing.T, python string, shape replayShape) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pubPort, replayPort := freePort(t), freePort(t)
-	cmd := exec.CommandContext(ctx, python, "testdata/publisher.py", fmt.Sprint(pubPort), fmt.Sprint(replayPort))
+	cmd := exec.CommandContext(ctx, python, "testdata/publisher.py", fmt.Sprint(pubPort), fmt.Sprint(replayPort), shape.String())
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -378,11 +444,20 @@ func TestSubscriberAgainstPyZMQ(t *testing.T) {
 // publisher with a replay socket gets everything the publisher holds from
 // sequence 0 at once, before any new batch (an idle engine publishes
 // nothing), and then skips the live batches the replay covered.
+// Both shapes of replay answer are read.
 func TestSubscriberCatchesUpOnSubscribing(t *testing.T) {
+	for _, shape := range []replayShape{shapeSGLang, shapeVLLM} {
+		t.Run(shape.String(), func(t *testing.T) { testCatchUp(t, shape) })
+	}
+}
+
+// testCatchUp is TestSubscriberCatchesUpOnSubscribing with replay answers
+// in shape.
+func testCatchUp(t *testing.T, shape replayShape) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pubPort, replayPort := freePort(t), freePort(t)
-	p := startPublisher(t, ctx, pubPort, replayPort)
+	p := startShapedPublisher(t, ctx, pubPort, replayPort, shape)
 	for range 3 {
 		p.publish(true) // published before anyone subscribed
 	}
@@ -410,5 +485,105 @@ func TestSubscriberCatchesUpOnSubscribing(t *testing.T) {
 	}
 	if len(seqs) <= 3 || len(resets) != 1 {
 		t.Fatalf("seqs %v, resets %q: want live batches after the catch-up and one reset", seqs, resets)
+	}
+}
+
+// TestParseReplay reads replay answers as a DEALER receives them, in
+// SGLang 0.5.23's shape and in vLLM's (and older SGLang's), end markers
+// included, and names what is wrong with anything else.
+func TestParseReplay(t *testing.T) {
+	seq := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	payload := []byte{0x92, 0xcb}
+	tests := []struct {
+		name        string
+		frames      [][]byte
+		wantSeq     uint64
+		wantPayload []byte
+		wantErr     string
+	}{
+		{name: "sglang", frames: [][]byte{{}, []byte("kv"), seq(7), payload}, wantSeq: 7, wantPayload: payload},
+		{name: "sglang end", frames: [][]byte{{}, {}, seq(endSeq), {}}, wantSeq: endSeq, wantPayload: []byte{}},
+		{name: "vllm", frames: [][]byte{{}, seq(7), payload}, wantSeq: 7, wantPayload: payload},
+		{name: "vllm end", frames: [][]byte{{}, seq(endSeq), {}}, wantSeq: endSeq, wantPayload: []byte{}},
+		{name: "no delimiter", frames: [][]byte{seq(7), payload}, wantErr: "2 frames (8 bytes, 2 bytes)"},
+		{name: "delimiter not empty", frames: [][]byte{{1}, seq(7), payload}, wantErr: "3 frames"},
+		{name: "short sequence", frames: [][]byte{{}, {0, 7}, payload}, wantErr: "a sequence frame of 2 bytes"},
+		{name: "five frames", frames: [][]byte{{}, {}, {}, seq(7), payload}, wantErr: "5 frames"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, p, err := parseReplay(tc.frames)
+			if tc.wantErr != "" {
+				if !errors.Is(err, errReplay) || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tc.wantSeq || !bytes.Equal(p, tc.wantPayload) {
+				t.Fatalf("parseReplay = %d, %x, %v; want %d, %x", got, p, err, tc.wantSeq, tc.wantPayload)
+			}
+		})
+	}
+}
+
+// TestSubscriberWarnsOnBadReplay: a replay on subscribing whose batches do
+// not decode is logged as a warning (it was dropped without a word), and
+// the rank's view starts at its next live batch.
+func TestSubscriberWarnsOnBadReplay(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubPort, replayPort := freePort(t), freePort(t)
+	p := startPublisher(t, ctx, pubPort, replayPort)
+	p.garbage = true
+	p.publish(true)
+	core, logs := observer.New(zap.InfoLevel)
+	rec := &recorder{}
+	s := NewSubscriber(Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pubPort), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)},
+		rec, zap.New(core))
+	s.RetryMin = 20 * time.Millisecond
+	go s.Run(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && logs.FilterMessageSnippet("replay on subscribing failed").Len() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	warned := logs.FilterMessageSnippet("KV event replay on subscribing failed").FilterLevelExact(zap.WarnLevel).All()
+	if len(warned) != 1 || !strings.Contains(fmt.Sprint(warned[0].ContextMap()["error"]), "replayed batch 0") {
+		t.Fatalf("logs %v: want one warning naming the batch that did not decode", logs.All())
+	}
+	if seqs, _ := rec.snapshot(); len(seqs) != 0 {
+		t.Fatalf("applied %v from a garbage replay", seqs)
+	}
+}
+
+// TestSubscriberLogsUnreachableOnce: a publisher that cannot be reached is
+// logged once, however many times the subscriber retries, and its
+// recovery once (it was logged at info level on every retry, every ~6 s
+// with the default backoff, forever).
+func TestSubscriberLogsUnreachableOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	port := freePort(t)
+	core, logs := observer.New(zap.InfoLevel)
+	rec := &recorder{}
+	s := NewSubscriber(Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)}, rec, zap.New(core))
+	s.RetryMin, s.RetryMax = time.Millisecond, 5*time.Millisecond
+	go s.Run(ctx)
+	// Each session dials with 10 retries of RetryMin: a session fails
+	// every ~20 ms, so 500 ms hold many.
+	time.Sleep(500 * time.Millisecond)
+	if got := logs.FilterMessage("KV event publisher not reachable; retrying with backoff, logged again when it connects").Len(); got != 1 || logs.Len() != 1 {
+		t.Fatalf("logs %v: want one line saying the publisher is not reachable", logs.All())
+	}
+	p := startPublisher(t, ctx, port, 0)
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		p.publish(false)
+		time.Sleep(20 * time.Millisecond)
+		if seqs, _ := rec.snapshot(); len(seqs) > 0 {
+			break
+		}
+	}
+	if got := logs.FilterMessage("KV event publisher reachable: subscribed").Len(); got != 1 {
+		t.Fatalf("logs %v: want the recovery logged once", logs.All())
 	}
 }

@@ -139,14 +139,19 @@ type rank[K comparable] struct {
 	complete atomic.Bool
 	// warmSince is when the view last started (Unix nanoseconds).
 	warmSince atomic.Int64
-	// lagging: the last batch arrived later than MaxLag; down: the last
-	// probe of the event port failed.
+	// lagging: the last live batch arrived later than MaxLag (replayed
+	// batches leave it as it is, and a replay that reaches the publisher's
+	// newest batch clears it); down: the last probe of the event port
+	// failed.
 	lagging, down atomic.Bool
+	// downSince is when the port was found unreachable (Unix nanoseconds).
+	downSince atomic.Int64
 	// lastTS is the last batch's engine timestamp (float64 bits).
 	lastTS atomic.Uint64
 	// lastState is the state last logged, for transitions.
 	lastState atomic.Int32
-	// fallbacks counts transitions into StateFallback, by reason.
+	// fallbacks counts, by reason, the times the rank was found
+	// unreachable or started to lag.
 	fallbacks [numFallbackReasons]atomic.Uint64
 }
 
@@ -270,18 +275,32 @@ func (t *Tracker[K]) probe(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if err != nil {
-				if !r.down.Swap(true) {
-					r.t.log.Warn("KV event port unreachable: the rank falls back to the prefix estimate",
-						zap.String("target", r.target.Name), zap.Error(err))
-				}
-			} else if r.down.Swap(false) {
-				r.t.log.Info("KV event port reachable again", zap.String("target", r.target.Name))
-			}
+			r.setDown(err)
 			r.observe()
 		})
 	}
 	wg.Wait()
+}
+
+// setDown records a probe's outcome (err nil: the port answered). Each
+// change is logged once, and each time the port is found unreachable
+// counts a fallback, whether or not the rank had been reachable (or live)
+// before: a port that never answers counts once.
+func (r *rank[K]) setDown(err error) {
+	now := r.t.now()
+	if err != nil {
+		if !r.down.Swap(true) {
+			r.downSince.Store(now.UnixNano())
+			r.fallbacks[fallbackUnreachable].Add(1)
+			r.t.log.Warn("KV event port unreachable: the rank uses the prefix estimate until it answers (logged again when it does)",
+				zap.String("target", r.target.Name), zap.String("endpoint", r.target.Source.Endpoint), zap.Error(err))
+		}
+		return
+	}
+	if r.down.Swap(false) {
+		r.t.log.Info("KV event port reachable again", zap.String("target", r.target.Name),
+			zap.Duration("unreachable_for", now.Sub(time.Unix(0, r.downSince.Load()))))
+	}
 }
 
 // dial opens and closes a TCP connection to a tcp:// endpoint.
@@ -361,18 +380,37 @@ func (r *rank[K]) Apply(seq uint64, b Batch) {
 		}
 	}
 	r.lastTS.Store(math.Float64bits(b.TS))
-	if r.t.cfg.MaxLag > 0 && b.TS > 0 {
-		lag := r.t.now().Sub(time.Unix(0, int64(b.TS*1e9)))
-		was := r.lagging.Swap(lag > r.t.cfg.MaxLag)
-		switch {
-		case lag > r.t.cfg.MaxLag && !was:
-			r.t.log.Warn("KV events lag: the rank falls back to the prefix estimate",
-				zap.String("target", r.target.Name), zap.Duration("lag", lag), zap.Duration("max_lag", r.t.cfg.MaxLag))
-		case lag <= r.t.cfg.MaxLag && was:
-			r.t.log.Info("KV events caught up", zap.String("target", r.target.Name), zap.Duration("lag", lag))
+	switch {
+	case b.Current:
+		// The publisher's newest batch, fetched just now: the view is
+		// current, however long ago the engine stamped it (an idle
+		// engine's last batch).
+		if r.lagging.Swap(false) {
+			r.t.log.Info("KV events caught up by replay", zap.String("target", r.target.Name))
 		}
+	case b.Replayed:
+		// History fetched to fill a gap or a restart: a live batch
+		// follows, and its lag counts.
+	case r.t.cfg.MaxLag > 0 && b.TS > 0:
+		r.measureLag(r.t.now().Sub(time.Unix(0, int64(b.TS*1e9))))
 	}
 	r.observe()
+}
+
+// measureLag records how late a live batch arrived; the rank lags while
+// that is above MaxLag. Each change is logged once, and each start of a
+// lag counts a fallback.
+func (r *rank[K]) measureLag(lag time.Duration) {
+	lagging := lag > r.t.cfg.MaxLag
+	was := r.lagging.Swap(lagging)
+	switch {
+	case lagging && !was:
+		r.fallbacks[fallbackLag].Add(1)
+		r.t.log.Warn("KV events lag: the rank falls back to the prefix estimate",
+			zap.String("target", r.target.Name), zap.Duration("lag", lag), zap.Duration("max_lag", r.t.cfg.MaxLag))
+	case !lagging && was:
+		r.t.log.Info("KV events caught up", zap.String("target", r.target.Name), zap.Duration("lag", lag))
+	}
 }
 
 // state returns r's state now.
@@ -386,20 +424,13 @@ func (r *rank[K]) state(now time.Time) State {
 	return StateWarming
 }
 
-// observe counts and logs a change of r's state.
+// observe logs a change of r's state (setDown and measureLag count and
+// log the fallbacks' reasons).
 func (r *rank[K]) observe() {
 	s := r.state(r.t.now())
 	old := State(r.lastState.Swap(int32(s)))
 	if s == old {
 		return
-	}
-	if s == StateFallback && old != StateFallback {
-		switch {
-		case r.down.Load():
-			r.fallbacks[fallbackUnreachable].Add(1)
-		case r.lagging.Load():
-			r.fallbacks[fallbackLag].Add(1)
-		}
 	}
 	if s == StateLive {
 		r.t.log.Info("KV events live: the rank's view is its cache", zap.String("target", r.target.Name))
@@ -462,8 +493,10 @@ type RankStatus[K comparable] struct {
 	// process); View the view's.
 	Stats Stats
 	View  ViewCounts
-	// Fallbacks counts transitions into StateFallback by reason
-	// ("unreachable", "lag").
+	// Fallbacks counts by reason the times the rank fell back: its port
+	// was found unreachable ("unreachable"; a port that never answered
+	// counts once), or its live batches started to arrive later than
+	// MaxLag ("lag"), whatever its state before.
 	Fallbacks map[string]uint64
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/duet-router/duet/scheduler/prefix"
 )
@@ -166,6 +167,153 @@ func TestTrackerPublisherDies(t *testing.T) {
 		p2.mu.Unlock()
 		p2.publish(false)
 	})
+}
+
+// TestTrackerIdleEngineGoesLive: duet subscribes to an engine that has
+// been idle for longer than MaxLag (its batches are old history in its
+// replay buffer, and it publishes nothing new). The replay on subscribing
+// is history, not lag: the rank goes live at once and stays live, with no
+// lag fallback. A live batch that arrives late still makes it fall back.
+// (The replayed batches' age made every such rank fall back, for good.)
+func TestTrackerIdleEngineGoesLive(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubPort, replayPort := freePort(t), freePort(t)
+	p := startPublisher(t, ctx, pubPort, replayPort)
+	p.ts = float64(time.Now().Add(-10*time.Second).UnixNano()) / 1e9 // the engine went idle 10 s ago
+	for range 3 {
+		p.publish(true) // published before duet subscribed
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	tr := NewTracker[string](TrackerConfig{BlockTokens: 2, MaxLag: time.Second, ProbeInterval: 50 * time.Millisecond}, zap.New(core))
+	src := Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", pubPort), Replay: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)}
+	tr.SetTargets([]Target[string]{{Key: "r", Name: "engine#0", Source: src}})
+	go tr.Run(ctx)
+
+	waitState := func(what string, want State) RankStatus[string] {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, _ := tr.RankStatus("r")
+			if st.State == want {
+				return st
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waited for %s: status %+v; logs %v", what, st, logs.All())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	st := waitState("the replayed history to make the rank live", StateLive)
+	if st.Stats.Replayed != 3 || st.Fallbacks["lag"] != 0 || st.Lag < 9*time.Second {
+		t.Fatalf("status %+v: want 3 batches replayed, no lag fallback, the last batch 10 s old", st)
+	}
+	time.Sleep(300 * time.Millisecond) // several probes: nothing changes while the engine stays idle
+	if st, _ := tr.RankStatus("r"); st.State != StateLive || logs.FilterMessageSnippet("lag").Len() != 0 {
+		t.Fatalf("status %+v, logs %v: want the rank still live, no lag logged", st, logs.All())
+	}
+
+	// A live batch stamped 10 s ago is lag.
+	deadline := time.Now().Add(10 * time.Second)
+	for st, _ := tr.RankStatus("r"); st.State != StateFallback && time.Now().Before(deadline); st, _ = tr.RankStatus("r") {
+		p.publish(false)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st, _ := tr.RankStatus("r"); st.State != StateFallback || st.Fallbacks["lag"] != 1 {
+		t.Fatalf("status %+v: want a late live batch to make the rank fall back, counted once", st)
+	}
+}
+
+// TestTrackerReplayedBatchesAndLag, fed in process: replayed batches never
+// count as lag, whatever their age; the replay's newest batch
+// (Batch.Current) ends a lag; a gap's replayed batches leave it as it is
+// until the live batch after them says.
+func TestTrackerReplayedBatchesAndLag(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	old := float64(clock.t.Add(-time.Minute).UnixNano()) / 1e9
+	fresh := float64(clock.t.UnixNano()) / 1e9
+	tests := []struct {
+		name    string
+		batches []Batch
+		want    State
+		lags    uint64
+	}{
+		{name: "an idle engine's history", batches: []Batch{{TS: old, Replayed: true}, {TS: old, Replayed: true, Current: true}},
+			want: StateLive},
+		{name: "a late live batch", batches: []Batch{{TS: old}}, want: StateFallback, lags: 1},
+		{name: "lagging, then caught up by replay", batches: []Batch{{TS: old}, {TS: old, Replayed: true, Current: true}},
+			want: StateLive, lags: 1},
+		{name: "a gap's replay leaves the lag to the live batch", batches: []Batch{{TS: old}, {TS: old, Replayed: true}},
+			want: StateFallback, lags: 1},
+		{name: "a gap's replay, then a live batch in time", batches: []Batch{{TS: old}, {TS: old, Replayed: true}, {TS: fresh}},
+			want: StateLive, lags: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTracker[string](TrackerConfig{BlockTokens: 16, MaxLag: time.Second, Clock: clock.now}, nil)
+			tr.SetTargets([]Target[string]{{Key: "r0", Name: "engine#0"}})
+			h := tr.Handler("r0")
+			h.Reset("subscribed")
+			for i, b := range tc.batches {
+				h.Apply(uint64(i), b)
+			}
+			if st, _ := tr.RankStatus("r0"); st.State != tc.want || st.Fallbacks["lag"] != tc.lags {
+				t.Fatalf("state %v, lag fallbacks %d; want %v, %d", st.State, st.Fallbacks["lag"], tc.want, tc.lags)
+			}
+		})
+	}
+}
+
+// TestTrackerUnreachableCounted: a rank whose event port never answered
+// counts one "unreachable" fallback, logged once however many probes
+// fail (it counted none, and the subscription logged every few seconds);
+// its recovery is logged once, and each later loss counts again.
+func TestTrackerUnreachableCounted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	port := freePort(t)
+	core, logs := observer.New(zap.InfoLevel)
+	tr := NewTracker[string](TrackerConfig{BlockTokens: 2, ProbeInterval: 10 * time.Millisecond, MaxLag: -1}, zap.New(core))
+	tr.SetTargets([]Target[string]{{Key: "r", Name: "engine#0", Source: Source{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}})
+	go tr.Run(ctx)
+	unreachable := func() []observer.LoggedEntry {
+		return logs.FilterMessageSnippet("KV event port unreachable").FilterLevelExact(zap.WarnLevel).All()
+	}
+	waitFor := func(what string, cond func(st RankStatus[string]) bool) RankStatus[string] {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, _ := tr.RankStatus("r")
+			if cond(st) {
+				return st
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waited for %s: status %+v; logs %v", what, st, logs.All())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("the port found unreachable", func(st RankStatus[string]) bool { return st.Fallbacks["unreachable"] > 0 })
+	time.Sleep(300 * time.Millisecond) // about 30 more probes fail
+	if st, _ := tr.RankStatus("r"); st.Fallbacks["unreachable"] != 1 || st.State != StateFallback || len(unreachable()) != 1 {
+		t.Fatalf("status %+v, warnings %v: want one fallback counted and logged for a port that never answered", st, unreachable())
+	}
+
+	pctx, pcancel := context.WithCancel(ctx)
+	p := startPublisher(t, pctx, port, 0)
+	waitFor("the port answering", func(RankStatus[string]) bool {
+		return logs.FilterMessage("KV event port reachable again").Len() > 0
+	})
+	time.Sleep(100 * time.Millisecond)
+	if n := logs.FilterMessage("KV event port reachable again").Len(); n != 1 {
+		t.Fatalf("recovery logged %d times, want once", n)
+	}
+	p.pub.Close()
+	pcancel()
+	st := waitFor("the port lost again", func(st RankStatus[string]) bool { return st.Fallbacks["unreachable"] == 2 })
+	if len(unreachable()) != 2 || st.State != StateFallback {
+		t.Fatalf("status %+v, warnings %v: want the second loss counted and logged", st, unreachable())
+	}
 }
 
 // BenchmarkIngest is what one KV event costs duet from its bytes to the

@@ -3,7 +3,10 @@ uses (pyzmq, msgspec): PUB frames [topic, seq (8 bytes, big-endian),
 msgpack batch], a ROUTER that replays buffered batches to a DEALER that
 sends ["", start seq], ending with ["", "", -1, ""].
 
-Usage: publisher.py PUB_PORT REPLAY_PORT. Prints "ready", then reads
+Usage: publisher.py PUB_PORT REPLAY_PORT [SHAPE]. SHAPE is the replay
+answer's: "sglang" (the default, SGLang 0.5.23's ["", topic, seq,
+payload], ending with ["", "", -1, ""]) or "vllm" (vLLM's and older
+SGLang's ["", seq, payload], ending with ["", -1, ""]). Prints "ready", then reads
 lines on stdin: "probe" publishes a batch (hash -1); "go" publishes six
 batches (hashes 100 to 105), the third and fourth kept out of the PUB
 socket but in the replay buffer, prints the number of sequence numbers
@@ -21,6 +24,9 @@ pub = ctx.socket(zmq.PUB)
 pub.bind(f"tcp://127.0.0.1:{sys.argv[1]}")
 router = ctx.socket(zmq.ROUTER)
 router.bind(f"tcp://127.0.0.1:{sys.argv[2]}")
+shape = sys.argv[3] if len(sys.argv) > 3 else "sglang"
+# The frames between the DEALER's identity and the sequence.
+head = (b"", b"") if shape == "sglang" else (b"",)
 enc = msgspec.msgpack.Encoder()
 buffer = []
 lock = threading.Lock()
@@ -48,8 +54,8 @@ def serve_replay():
         with lock:
             for s, payload in buffer:
                 if s >= start:
-                    router.send_multipart((client, b"", b"", s.to_bytes(8, "big"), payload))
-        router.send_multipart((client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""))
+                    router.send_multipart((client, *head, s.to_bytes(8, "big"), payload))
+        router.send_multipart((client, *head, (-1).to_bytes(8, "big", signed=True), b""))
 
 
 threading.Thread(target=serve_replay, daemon=True).start()
