@@ -13,8 +13,10 @@
 // --sim-double-count-cached-tokens reproduces SGLang issue #25972.
 // --kv-events-config publishes the engine model's prefix cache changes as
 // SGLang's KV events over ZMQ (a PUB socket and a replay ROUTER per DP
-// rank); --tokenizer-path keys text prompts by the token ids duet computes,
-// so that their events carry token ids too.
+// rank); it needs --profile (refused without), and --tokenizer-path keys
+// text prompts by the token ids duet computes, so that their events carry
+// token ids too (without it only token-id prompts are published, and a
+// warning says so at start).
 // --enable-priority-scheduling (with --schedule-low-priority-values-first)
 // orders the engine model's waiting queues by the requests' priority
 // field, and --abort-on-priority-when-disabled aborts requests that carry
@@ -145,8 +147,9 @@ func parseFlags(args []string) (options, error) {
 			"(engine model), so their KV events carry token ids")
 	fs.StringVar(&o.cfg.KVEventsConfig, "kv-events-config", "",
 		`SGLang's KV event publisher config, JSON: {"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5600", `+
-			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank `+
-			`(engine model; token-id prompts, or text ones with --tokenizer-path)`)
+			`"topic": "", "buffer_steps": 10000}; each DP rank publishes its prefix cache's events on the ports plus its rank. `+
+			`Needs --profile (the engine model's cache is what is published; refused without it); text prompts are published `+
+			`only with --tokenizer-path, token-id ones (/generate input_ids) always`)
 	fs.BoolVar(&o.cfg.EnablePriorityScheduling, "enable-priority-scheduling", false,
 		"SGLang's priority scheduling: the body's priority field orders the engine model's waiting queues (larger values first; "+
 			"a request without one goes last, FIFO among equals; no preemption of running requests)")

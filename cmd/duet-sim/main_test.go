@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/duet-router/duet/e2e/sim"
 )
 
@@ -140,6 +143,33 @@ func TestParseFlags(t *testing.T) {
 				_, err := sim.New(o.cfg, nil)
 				if err == nil || !strings.Contains(err.Error(), "Unknown event publisher 'kafka'") {
 					t.Fatalf("err %v", err)
+				}
+			}},
+		{name: "kv events config alone is refused, naming --profile", args: []string{"--kv-events-config",
+			`{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5600"}`},
+			check: func(t *testing.T, o options) {
+				s, err := sim.New(o.cfg, nil)
+				if err == nil {
+					s.Close()
+					t.Fatal("duet-sim accepted --kv-events-config without --profile: it would publish nothing")
+				}
+				for _, want := range []string{"--kv-events-config needs --profile", "dense-8b-h100", "--tokenizer-path"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("err %q lacks %q", err, want)
+					}
+				}
+			}},
+		{name: "kv events without a tokenizer warn", args: []string{"--profile", "dense-8b-h100", "--kv-events-config",
+			`{"publisher":"zmq","endpoint":"tcp://*:5557"}`},
+			check: func(t *testing.T, o options) {
+				core, logs := observer.New(zap.WarnLevel)
+				s, err := sim.New(o.cfg, zap.New(core))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if logs.FilterMessageSnippet("without --tokenizer-path only prompts sent as token ids").Len() != 1 {
+					t.Fatalf("warnings %v: want the text prompts named", logs.All())
 				}
 			}},
 		{name: "priority scheduling flags", args: []string{"--enable-priority-scheduling", "--schedule-low-priority-values-first",

@@ -247,7 +247,10 @@ type Config struct {
 	// publishes its prefix cache's events on its own PUB socket (the
 	// endpoint's port plus the rank) with a replay ROUTER (likewise), as
 	// SGLang 0.5.23 does; duet-sim binds both, so the endpoint needs a
-	// wildcard host or "bind": true. "" publishes nothing.
+	// wildcard host or "bind": true. "" publishes nothing. A "zmq"
+	// publisher needs Profile (the engine model's prefix cache is what it
+	// publishes; the simple model has none), and text prompts' blocks are
+	// published only with Tokenizer (their token ids).
 	KVEventsConfig string
 	// ForceQueryPrefillDPRank is SGLang's environment variable
 	// SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 ("allow mixed
@@ -412,11 +415,7 @@ func (c Config) validate() error {
 	if c.Flavor == FlavorVLLM && (c.EnablePriorityScheduling || c.ScheduleLowPriorityValuesFirst || c.AbortOnPriorityWhenDisabled) {
 		errs = append(errs, errors.New("the priority scheduling flags are SGLang's: flavor vllm does not take them"))
 	}
-	if set, ok, err := ParseKVEventsConfig(c.KVEventsConfig, false); err != nil {
-		errs = append(errs, err)
-	} else if ok {
-		errs = append(errs, set.validate(c.DPSize))
-	}
+	errs = append(errs, c.validateKVEvents())
 	errs = append(errs, c.Faults.validate()...)
 	return errors.Join(errs...)
 }

@@ -64,7 +64,7 @@
 // back in its next turn.
 //
 // With Config.KVEventsConfig (SGLang's --kv-events-config, publisher
-// "zmq") every DP rank publishes its prefix cache's changes as SGLang
+// "zmq", which needs Config.Profile) every DP rank publishes its prefix cache's changes as SGLang
 // 0.5.23's KV events: a ZMQ PUB socket per rank on the configured port
 // plus the rank, frames [topic, sequence, msgpack KVEventBatch] byte for
 // byte as SGLang's msgspec structures encode them, a replay ROUTER per

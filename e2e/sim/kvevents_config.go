@@ -70,6 +70,27 @@ func ParseKVEventsConfig(raw string, strict bool) (cfg KVEventsConfig, ok bool, 
 	return cfg, true, nil
 }
 
+// validateKVEvents checks Config.KVEventsConfig: the config itself
+// (KVEventsConfig.validate) and what publishing needs besides the flag, the
+// engine model (Profile). The simple latency model keeps no prefix cache,
+// so a publisher beside it would send its start's AllBlocksCleared and
+// nothing after: a subscriber's view would stay empty, and nothing would
+// say why.
+func (c Config) validateKVEvents() error {
+	set, ok, err := ParseKVEventsConfig(c.KVEventsConfig, false)
+	if err != nil || !ok {
+		return err
+	}
+	errs := []error{set.validate(c.DPSize)}
+	if set.Publishes() && c.Profile == "" {
+		errs = append(errs, fmt.Errorf("--kv-events-config needs --profile: the events report the engine model's prefix cache, "+
+			"and without --profile duet-sim runs the simple latency model, which has none (it would publish nothing). "+
+			"Add --profile %s, and --tokenizer-path DIR (the tokenizer of duet's pool) so that text prompts are published too",
+			strings.Join(ProfileNames(), " or ")))
+	}
+	return errors.Join(errs...)
+}
+
 // validate checks what SGLang checks when it starts its publishers, and
 // what duet-sim supports (TCP endpoints that it binds).
 func (k KVEventsConfig) validate(dpSize int) error {

@@ -151,6 +151,16 @@ func newKVPublisher(set KVEventsConfig, dpSize int, log *zap.Logger) *kvPublishe
 	return p
 }
 
+// warnWithoutTokenizer says, once at the start of a server without a
+// tokenizer (Config.Tokenizer), that its text prompts' blocks will not be
+// published: the engine model keys them by characters, and a real engine
+// always publishes token ids.
+func (p *kvPublisher) warnWithoutTokenizer() {
+	p.log.Warn("KV events: without --tokenizer-path only prompts sent as token ids (/generate input_ids) are published; " +
+		"text prompts (chat, completions, /generate text) are not, since duet-sim does not know their token ids: " +
+		"give --tokenizer-path DIR, the tokenizer of duet's pool")
+}
+
 // start binds every rank's sockets and publishes each rank's first batch,
 // [AllBlocksCleared], as SGLang's scheduler does at start (its cache's
 // first reset). Sequences start at 0 and replay buffers empty.

@@ -111,6 +111,9 @@ func New(cfg Config, log *zap.Logger) (*Server, error) {
 	}
 	if set, ok, _ := ParseKVEventsConfig(cfg.KVEventsConfig, false); ok && set.Publishes() {
 		s.kvpub = newKVPublisher(set, cfg.DPSize, s.log)
+		if cfg.Tokenizer == "" {
+			s.kvpub.warnWithoutTokenizer()
+		}
 	}
 	if cfg.Profile != "" {
 		p := modelParams(cfg)

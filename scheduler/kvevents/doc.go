@@ -20,5 +20,7 @@
 //
 // A publisher with a replay endpoint (a ROUTER socket) answers a DEALER
 // that sends ["", start seq] with every buffered batch from that sequence
-// on, as ["", topic, seq, payload], then ["", "", -1, ""].
+// on, as ["", topic, seq, payload], then ["", "", -1, ""]; vLLM and older
+// SGLang answer ["", seq, payload], then ["", -1, ""]. Both are read. A
+// replayed batch is history: its age is not lag (Batch.Replayed).
 package kvevents
