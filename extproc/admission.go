@@ -23,6 +23,9 @@ type Admitter interface {
 	// onQueued is called with the longest the request may wait, as soon as
 	// it is queued.
 	Admit(ctx context.Context, r admit.Request, onQueued func(limit time.Duration)) (*admit.Ticket, error)
+	// Config returns the queue's configuration (its classes and their
+	// wait limits).
+	Config() admit.Config
 }
 
 // Admission is a pool's admission control: while its engines are
@@ -64,12 +67,18 @@ type admitted struct {
 func (s *Server) admit(ctx context.Context, req *request, pool *Pool, sreq *scheduler.Request, hold func(time.Duration)) (admitted, *extprocv3.ProcessingResponse) {
 	a := pool.Admission
 	class, tenant := a.Classifier.Classify(req.header, sreq.Model, pool.Name)
-	r := admit.Request{Class: class, Tenant: tenant, Tokens: a.Cost(sreq)}
+	limits := s.envoyLimits(ctx)
+	// Never hold a request longer than this Envoy waits for its answer.
+	r := admit.Request{Class: class, Tenant: tenant, Tokens: a.Cost(sreq), MaxWait: limits.maxWait()}
+	watch := &holdWatch{arrived: req.arrived, limits: limits, fallback: s.opts.MessageTimeout}
+	actx, release := watchEnvoy(ctx, watch)
+	defer release()
 	var queued bool
-	tk, err := a.Admitter.Admit(ctx, r, func(limit time.Duration) {
+	tk, err := a.Admitter.Admit(actx, r, func(limit time.Duration) {
 		queued = true
-		if hold != nil {
-			hold(limit + HoldMargin)
+		if d, ok := limits.holdFor(limit); ok && hold != nil {
+			hold(d)
+			watch.hold(time.Now(), d)
 		}
 	})
 	if err != nil {
@@ -110,6 +119,13 @@ func (s *Server) refuseAdmission(req *request, err error, queued bool) *extprocv
 		e.Message = fmt.Sprintf("duet is shutting down; retry on another replica (class %s)", ref.Class)
 	case errors.Is(ref.Reason, admit.ErrQueueFull):
 		e.Message = fmt.Sprintf("the engines of pool %s are saturated and duet's queue is full for class %s; retry after %ds", req.pool, ref.Class, retrySeconds(ref.RetryAfter))
+	case errors.Is(ref.Reason, admit.ErrProxyTimeout):
+		// Envoy has answered the client already (504); nothing duet sends
+		// now reaches anyone.
+		s.count(req, outcome)
+		s.log.Warn("Envoy stopped waiting for a queued request: its client got Envoy's 504 (ext_proc per-message timeout). Envoy's bootstrap does not allow the wait duet asked for: its ext_proc filter lacks max_message_timeout, or has a shorter one. Re-render it (duet envoy-config) and restart Envoy, or set max_message_timeout to the longest wait_limit plus 2s",
+			zap.String("pool", req.pool), zap.String("request_id", req.requestID), zap.String("class", ref.Class), zap.Duration("waited", ref.Waited))
+		return immediateError(http.StatusGatewayTimeout, "proxy_timeout", "Envoy stopped waiting for duet's answer")
 	case errors.Is(ref.Reason, admit.ErrShed):
 		e.Message = fmt.Sprintf("the engines of pool %s are saturated; this request (class %s) gave its place in the queue to a higher class after %v; retry after %ds", req.pool, ref.Class, ref.Waited.Round(time.Millisecond), retrySeconds(ref.RetryAfter))
 	default:

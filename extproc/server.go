@@ -83,6 +83,11 @@ type Options struct {
 	// contract.HeaderDecodeEndpoint: Envoy's override_host tries it when the first
 	// refuses the connection (when Pools is empty).
 	Fallbacks DecodeFallbacker
+	// MessageTimeout is the ext_proc message_timeout duet assumes of an
+	// Envoy whose streams do not say theirs (duet's envoy.message_timeout):
+	// it tells a queued request that Envoy gave up on from one whose
+	// client left. 0 tells no such request apart.
+	MessageTimeout time.Duration
 	// Tracer, when set, records a span of each decision (SpanDecision)
 	// whose parent, read from the ext_proc stream's gRPC metadata
 	// (traceparent), Envoy sampled; duet starts no trace of its own. nil
@@ -108,6 +113,8 @@ type Server struct {
 	// traces keeps traced requests' *decisionTrace, with their attribute
 	// buffers, for reuse.
 	traces sync.Pool
+	// limits are the ext_proc timeouts the streams' Envoy last told.
+	limits envoyLimitsBook
 }
 
 // maxPooledPrompt is the largest prompt buffer the Server keeps for reuse;
@@ -184,6 +191,7 @@ type request struct {
 	duetID    string // minted by duet for every request: keys all duet tracks
 	pool      string // the pool routed to; "" before one is chosen
 	body      []byte
+	arrived   time.Time // when the message duet answers arrived
 	// headers are the values of the headers admission reads, by name
 	// (Server.admitHeaders); nil when no pool has admission.
 	headers map[string]string
@@ -326,6 +334,7 @@ const (
 // queued by admission).
 func (s *Server) decide(ctx context.Context, req *request, ph phase, hold func(time.Duration)) *extprocv3.ProcessingResponse {
 	start := time.Now()
+	req.arrived = start
 	resp := s.route(ctx, req, ph, hold)
 	if s.opts.Metrics != nil {
 		s.opts.Metrics.latency.WithLabelValues(req.route.String()).Observe(time.Since(start).Seconds())

@@ -47,6 +47,17 @@ const HeaderPrefix = "x-duet-"
 // through ext_proc's metadata_options.receiving_namespaces).
 const MetadataNamespace = "duet"
 
+// gRPC metadata the rendered bootstrap's ext_proc filter sends on every
+// stream to duet (its grpc_service's initial_metadata), as Go durations:
+// the filter's message_timeout, and the longest override_message_timeout
+// it honours (its max_message_timeout; the message_timeout when it has
+// none, since Envoy then ignores every override). duet caps a queued
+// request's wait by them, so that it answers before Envoy gives up.
+const (
+	MetadataMessageTimeout    = "x-duet-envoy-message-timeout"
+	MetadataMaxMessageTimeout = "x-duet-envoy-max-message-timeout"
+)
+
 // ClientStrippedHeaders lists the headers Envoy must remove from client
 // requests before any filter runs, besides those with HeaderPrefix.
 var ClientStrippedHeaders = []string{HeaderDPRank}

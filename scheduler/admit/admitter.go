@@ -21,7 +21,8 @@ const pollInterval = 10 * time.Millisecond
 
 // Refusal is the error of a request the Admitter did not let through.
 type Refusal struct {
-	// Reason is ErrQueueFull, ErrWaitLimit, ErrShed or ErrClosed.
+	// Reason is ErrQueueFull, ErrWaitLimit, ErrShed, ErrClosed or
+	// ErrProxyTimeout.
 	Reason error
 	// Class is the request's class name.
 	Class string
@@ -175,9 +176,11 @@ func (a *Admitter) tell(h Head, changed bool) {
 func (a *Admitter) Config() Config { return a.q.cfg }
 
 // Admit returns once r may be picked, or with an error: a *Refusal, or the
-// context's error when the client went away first. onQueued, when not nil,
-// is called (outside any lock) as soon as r is queued, with the longest it
-// may wait, so the caller can tell its peer to wait that long.
+// context's error when the client went away first. A context cancelled
+// with the cause ErrProxyTimeout (the proxy, not the client, gave up) is a
+// Refusal for that reason instead. onQueued, when not nil, is called
+// (outside any lock) as soon as r is queued, with the longest it may wait
+// (r.WaitLimit), so the caller can tell its peer to wait that long.
 func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit time.Duration)) (*Ticket, error) {
 	class, tenant := a.q.cfg.Classes[r.Class].Name, r.Tenant
 	a.mu.Lock()
@@ -220,7 +223,7 @@ func (a *Admitter) Admit(ctx context.Context, r Request, onQueued func(limit tim
 	case <-timer.C:
 		err = ErrWaitLimit
 	case <-ctx.Done():
-		err = ctx.Err()
+		err = context.Cause(ctx)
 	}
 	a.mu.Lock()
 	if err != nil && e.index < 0 && len(e.ready) > 0 {

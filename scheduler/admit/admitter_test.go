@@ -240,3 +240,69 @@ func TestAdmitShares(t *testing.T) {
 		t.Fatalf("batch: %v", b.err)
 	}
 }
+
+// A caller that cannot hold a request as long as its class allows (Envoy's
+// max_message_timeout is shorter) caps its wait with MaxWait: the Admitter
+// tells it the capped limit and refuses the request by it.
+func TestAdmitMaxWaitCapsTheClassLimit(t *testing.T) {
+	tests := []struct {
+		name    string
+		maxWait time.Duration
+		want    time.Duration
+	}{
+		{"no cap", 0, 30 * time.Second},
+		{"cap above the class limit", time.Minute, 30 * time.Second},
+		{"cap below the class limit", 80 * time.Millisecond, 80 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newAdmitter(t, &gate{}, testConfig())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			told := make(chan time.Duration, 1)
+			out := make(chan admitted, 1)
+			go func() {
+				tk, err := a.Admit(ctx, Request{Class: 0, Tokens: 10, MaxWait: tt.maxWait}, func(d time.Duration) { told <- d })
+				out <- admitted{tk, err}
+			}()
+			if got := <-told; got != tt.want {
+				t.Errorf("onQueued told %v, want %v", got, tt.want)
+			}
+			if tt.want > time.Second {
+				cancel()
+				<-out
+				return
+			}
+			r := <-out
+			var ref *Refusal
+			if !errors.As(r.err, &ref) || !errors.Is(ref.Reason, ErrWaitLimit) {
+				t.Fatalf("got %v, want a wait-limit refusal", r.err)
+			}
+			if ref.Waited < tt.want || ref.Waited > tt.want+time.Second {
+				t.Errorf("refused after %v, want about %v", ref.Waited, tt.want)
+			}
+		})
+	}
+}
+
+// A queued request whose context is cancelled with ErrProxyTimeout (Envoy,
+// not the client, gave up) is refused for that reason, and counted apart
+// from a client that left.
+func TestAdmitProxyTimeout(t *testing.T) {
+	a := newAdmitter(t, &gate{}, testConfig())
+	ctx, cancel := context.WithCancelCause(context.Background())
+	out := admitAsync(ctx, a, Request{Class: 0, Tokens: 10})
+	waitQueued(t, a, 1)
+	cancel(ErrProxyTimeout)
+	r := <-out
+	var ref *Refusal
+	if !errors.As(r.err, &ref) || !errors.Is(ref.Reason, ErrProxyTimeout) {
+		t.Fatalf("got %v, want a proxy-timeout refusal", r.err)
+	}
+	if got := Outcome(ref.Reason); got != "proxy_timeout" {
+		t.Errorf("outcome %q, want proxy_timeout", got)
+	}
+	if n := a.Snapshot().Queued; n != 0 {
+		t.Fatalf("%d still queued", n)
+	}
+}

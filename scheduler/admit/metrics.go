@@ -27,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "duet_admission_requests_total",
-			Help: "Requests through admission, by class, tenant and outcome: admitted (at once), queued_admitted (after waiting), left (the client went away while queued), queue_full, wait_limit, shed (for a higher class), closed.",
+			Help: "Requests through admission, by class, tenant and outcome: admitted (at once), queued_admitted (after waiting), left (the client went away while queued), queue_full, wait_limit, shed (for a higher class), closed, proxy_timeout (Envoy stopped waiting for duet's answer while the request was queued: its ext_proc message timeout).",
 		}, []string{"class", "tenant", "outcome"}),
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "duet_admission_wait_seconds",
@@ -83,7 +83,7 @@ func (m *Metrics) Left(class, tenant string, waited time.Duration) {
 }
 
 // Outcome is a refusal reason's label: queue_full, wait_limit, shed,
-// closed.
+// closed, proxy_timeout.
 func Outcome(reason error) string {
 	switch {
 	case errors.Is(reason, ErrQueueFull):
@@ -94,6 +94,8 @@ func Outcome(reason error) string {
 		return "shed"
 	case errors.Is(reason, ErrClosed):
 		return "closed"
+	case errors.Is(reason, ErrProxyTimeout):
+		return "proxy_timeout"
 	}
 	return "error"
 }

@@ -93,6 +93,20 @@ type Request struct {
 	// Tokens is its cost: the tokens it will occupy the engines with.
 	// Fairness between tenants is in these.
 	Tokens int64
+	// MaxWait, when positive, caps the class's wait limit for this
+	// request: the longest its caller can hold it (Envoy waits no longer
+	// for duet's answer). 0 leaves the class's limit.
+	MaxWait time.Duration
+}
+
+// WaitLimit is how long r may wait in a queue whose classes are classes:
+// its class's wait limit, or r.MaxWait where that is shorter.
+func (r Request) WaitLimit(classes []Class) time.Duration {
+	limit := classes[r.Class].WaitLimit
+	if r.MaxWait > 0 && r.MaxWait < limit {
+		return r.MaxWait
+	}
+	return limit
 }
 
 // Reasons a request is refused.
@@ -107,6 +121,11 @@ var (
 	ErrShed = errors.New("shed for a request of a higher class")
 	// ErrClosed: duet is shutting down.
 	ErrClosed = errors.New("duet is shutting down")
+	// ErrProxyTimeout: the request was queued, and the proxy holding its
+	// answer (Envoy, at its ext_proc message timeout) stopped waiting
+	// before duet answered. The Admitter reports it when the context it
+	// was given is cancelled with this cause (context.WithCancelCause).
+	ErrProxyTimeout = errors.New("the proxy stopped waiting for duet's answer")
 )
 
 // Entry is one queued request.
@@ -207,12 +226,13 @@ func (q *Queue) Push(r Request, now time.Time) (e *Entry, shed []*Entry, err err
 	}
 	r.Tokens = max(r.Tokens, 1)
 	cq := &q.classes[r.Class]
-	e = &Entry{Request: r, Arrived: now, Deadline: now.Add(q.cfg.Classes[r.Class].WaitLimit), seq: q.seq}
+	limit := r.WaitLimit(q.cfg.Classes)
+	e = &Entry{Request: r, Arrived: now, Deadline: now.Add(limit), seq: q.seq}
 	e.start = max(cq.vtime, cq.last[r.Tenant])
 	e.finish = e.start + float64(r.Tokens)/q.weight(r.Tenant)
 	if rate := q.drain.rate(); rate > 0 {
 		ahead := q.tokensAhead(e)
-		if time.Duration(float64(ahead)/rate*float64(time.Second)) > q.cfg.Classes[r.Class].WaitLimit {
+		if time.Duration(float64(ahead)/rate*float64(time.Second)) > limit {
 			return nil, nil, ErrWaitLimit
 		}
 	}
