@@ -203,6 +203,68 @@ var errorEnvelopeLua string
 // filter that gives engines' JSON errors the OpenAI error envelope.
 func ErrorEnvelopeLua() string { return errorEnvelopeLua }
 
+// The messages of Envoy's own error replies (its local_reply_config), in
+// the OpenAI error envelope that duet's replies have. They say what
+// happened in words a client can act on; what Envoy knows besides (its
+// response code details: the gRPC status of a failed ext_proc stream, an
+// engine's reset reason) goes to its access logs only, the stdout line and
+// the gRPC entry's response_code_details.
+const (
+	// MessageRouterUnavailable answers a request whose ext_proc stream
+	// failed (503, ext_proc's status_on_error): duet is down or
+	// unreachable, refused Envoy's credentials, or the stream was shed
+	// past envoy.max_routing_requests or cut.
+	MessageRouterUnavailable = "the router (duet) is unavailable; retry later"
+	// MessageRouterTimeout answers a request that duet did not answer
+	// within the ext_proc filter's message timeout (504).
+	MessageRouterTimeout = "the router (duet) did not answer in time; retry later"
+	// MessageNoRoute answers a request that matches no route (404): with a
+	// pools section, one that duet named no pool for.
+	MessageNoRoute = "no route for this request"
+	// MessageEngineFailed answers a request whose engine could not be
+	// reached, or failed before it answered (the router's 5xx, which
+	// carries a response flag: UF, URX, UH, UO, UC, ...).
+	MessageEngineFailed = "the inference engine could not be reached, or failed before it answered; retry later"
+)
+
+// Response code details of the ext_proc filter's own replies on Envoy 1.40,
+// as its access logs show them (spaces become underscores).
+const (
+	// DetailsExtProcTimeout is the per-message timeout's (504).
+	DetailsExtProcTimeout = "ext_proc_error_per-message_timeout_exceeded"
+	// DetailsExtProcPrefix starts every ext_proc error's details, e.g.
+	// ext_proc_error_gRPC_error_14{...} for a stream that could not reach
+	// duet (503).
+	DetailsExtProcPrefix = "ext_proc_error"
+)
+
+// BodyTooLargeMessage answers a body above the buffer limit of
+// maxBodyBytes (413), as duet words its own.
+func BodyTooLargeMessage(maxBodyBytes int) string {
+	return fmt.Sprintf("request body exceeds the %d-byte limit", maxBodyBytes)
+}
+
+// localReply is what the template needs to render local_reply_config.
+type localReply struct {
+	// Namespace is the dynamic metadata namespace of duet's replies.
+	Namespace string
+	// DetailsTimeout and DetailsExtProc are matched against the response
+	// code details: the first exactly, the second as a prefix.
+	DetailsTimeout, DetailsExtProc string
+	// The messages of each kind of reply.
+	RouterTimeout, RouterUnavailable, BodyTooLarge, NoRoute, EngineFailed string
+}
+
+// newLocalReply returns the local replies of a bootstrap for p.
+func newLocalReply(p Params) localReply {
+	return localReply{
+		Namespace:      contract.MetadataNamespace,
+		DetailsTimeout: DetailsExtProcTimeout, DetailsExtProc: DetailsExtProcPrefix,
+		RouterTimeout: MessageRouterTimeout, RouterUnavailable: MessageRouterUnavailable,
+		BodyTooLarge: BodyTooLargeMessage(p.MaxBodyBytes), NoRoute: MessageNoRoute, EngineFailed: MessageEngineFailed,
+	}
+}
+
 // BodyRankLua returns the Lua source of the decode cluster's upstream filter
 // that writes the decode rank of a PD /generate request into that leg's
 // body (see docs/scheduling.md).
@@ -263,6 +325,7 @@ var tmpl = template.Must(template.New("bootstrap").Funcs(template.FuncMap{
 	"clusterType": clusterType,
 	"percent":     func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) },
 	"perMillion":  func(pct float64) int64 { return int64(math.Round(pct * 1e4)) },
+	"localReply":  newLocalReply,
 }).Parse(bootstrapTemplate))
 
 // clusterType is STRICT_DNS when any address is a DNS name, else STATIC.

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -127,11 +130,43 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(tools.Envoy, "--mode", "validate", "-c", path, "--disable-hot-restart")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Fatalf("envoy rejects the bootstrap: %v\n%s", err, out)
+			cmd := exec.Command(tools.Envoy, "--mode", "validate", "-c", path, "--disable-hot-restart", "--log-level", "warn")
+			log, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("envoy rejects the bootstrap: %v\n%s", err, log)
 			}
+			checkWorkInProgress(t, log)
 		})
+	}
+}
+
+// workInProgress are the work-in-progress protos a rendered bootstrap may
+// use, each with the number of warnings Envoy prints for it at every start
+// (--log-level warn included) and why duet keeps it. Every one belongs to
+// sse_to_metadata, which gives duet the token usage of streamed responses
+// (docs/envoy-contract.md, claim 19): Envoy validates the filter's config
+// twice, and its JSON content parser once, with one RuleConfig per rule
+// (prompt_tokens, completion_tokens).
+var workInProgress = map[string]int{
+	"envoy.extensions.filters.http.sse_to_metadata.v3.SseToMetadata":                 2,
+	"envoy.extensions.filters.http.sse_to_metadata.v3.SseToMetadata.ProcessingRules": 2,
+	"envoy.extensions.content_parsers.json.v3.JsonContentParser":                     1,
+	"envoy.extensions.content_parsers.json.v3.JsonContentParser.RuleConfig":          2,
+}
+
+// wipWarning is Envoy's warning about a work-in-progress proto message.
+var wipWarning = regexp.MustCompile(`message '([\w.]+)' is contained in proto file '[^']*' marked as work-in-progress`)
+
+// checkWorkInProgress holds Envoy's output to the work-in-progress warnings
+// of workInProgress, message by message.
+func checkWorkInProgress(t *testing.T, out []byte) {
+	t.Helper()
+	got := map[string]int{}
+	for _, m := range wipWarning.FindAllSubmatch(out, -1) {
+		got[string(m[1])]++
+	}
+	if !maps.Equal(got, workInProgress) {
+		t.Errorf("work-in-progress warnings %v, want %v", got, workInProgress)
 	}
 }
 
@@ -473,5 +508,74 @@ func TestRenderDuetClusters(t *testing.T) {
 				t.Errorf("%s: %v = %v, want %v", tt.what, c.path, got, c.want)
 			}
 		}
+	}
+}
+
+// Envoy's own error replies say what happened in the OpenAI error
+// envelope, and never show the client Envoy's response code details (the
+// access logs have them): duet's replies as they are; the ext_proc
+// filter's message timeout (504) and its other failures (503) by their
+// details; a body above the limit, no route, the router's upstream
+// failures (a response flag); then Envoy's own words.
+func TestRenderLocalReplies(t *testing.T) {
+	p := params()
+	p.MaxBodyBytes = 1 << 20
+	buf, doc := renderDoc(t, p)
+	hcm := node(t, doc, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	mappers := node(t, hcm, "local_reply_config", "mappers").([]any)
+	celFilter := func(expr string) map[string]any {
+		return map[string]any{"extension_filter": map[string]any{
+			"name": "envoy.access_loggers.extension_filters.cel",
+			"typed_config": map[string]any{
+				"@type":      "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+				"expression": expr,
+			},
+		}}
+	}
+	status := func(op string, code int, key string) map[string]any {
+		return map[string]any{"status_code_filter": map[string]any{"comparison": map[string]any{
+			"op": op, "value": map[string]any{"default_value": code, "runtime_key": key}}}}
+	}
+	tests := []struct {
+		filter       map[string]any
+		message, typ string // empty: the reply is left as it is
+	}{
+		{map[string]any{"metadata_filter": map[string]any{
+			"matcher":                map[string]any{"filter": "duet", "path": []any{map[string]any{"key": "local_reply"}}, "value": map[string]any{"bool_match": true}},
+			"match_if_key_not_found": false,
+		}}, "", ""},
+		{celFilter("response.code_details == 'ext_proc_error_per-message_timeout_exceeded'"), MessageRouterTimeout, "server_error"},
+		{celFilter("response.code_details.startsWith('ext_proc_error')"), MessageRouterUnavailable, "server_error"},
+		{status("EQ", 413, "duet.local_reply.body_too_large"), "request body exceeds the 1048576-byte limit", "invalid_request_error"},
+		{map[string]any{"response_flag_filter": map[string]any{"flags": []any{"NR"}}}, MessageNoRoute, "invalid_request_error"},
+		{map[string]any{"and_filter": map[string]any{"filters": []any{
+			map[string]any{"response_flag_filter": map[string]any{}}, status("GE", 500, "duet.local_reply.server_error")}}},
+			MessageEngineFailed, "server_error"},
+		{status("GE", 500, "duet.local_reply.server_error"), "%LOCAL_REPLY_BODY%", "server_error"},
+		{status("GE", 400, "duet.local_reply.client_error"), "%LOCAL_REPLY_BODY%", "invalid_request_error"},
+	}
+	if len(mappers) != len(tests) {
+		t.Fatalf("%d mappers, want %d", len(mappers), len(tests))
+	}
+	for i, tt := range tests {
+		m := mappers[i].(map[string]any)
+		if got := m["filter"]; !reflect.DeepEqual(got, any(tt.filter)) {
+			t.Errorf("mapper %d: filter %v, want %v", i, got, tt.filter)
+		}
+		override, ok := m["body_format_override"]
+		if tt.message == "" {
+			if ok {
+				t.Errorf("mapper %d rewrites duet's own replies: %v", i, override)
+			}
+			continue
+		}
+		want := map[string]any{"content_type": "application/json", "json_format": map[string]any{"error": map[string]any{
+			"message": tt.message, "type": tt.typ, "code": "%RESPONSE_CODE%"}}}
+		if !reflect.DeepEqual(override, any(want)) {
+			t.Errorf("mapper %d: body %v, want %v", i, override, want)
+		}
+	}
+	if strings.Contains(buf.String(), "message: \"%LOCAL_REPLY_BODY% (") || strings.Contains(buf.String(), "(%RESPONSE_CODE_DETAILS%)") {
+		t.Error("a local reply shows the client Envoy's response code details")
 	}
 }
