@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -52,8 +53,11 @@ type statusJSON struct {
 	Time  time.Time `json:"time"`
 	Roles []struct {
 		Role           string   `json:"role"`
+		Policy         string   `json:"policy"`
 		TokenImbalance *float64 `json:"token_imbalance"`
 		PicksPerSecond *float64 `json:"picks_per_second"`
+		SaturatedRanks int      `json:"saturated_ranks"`
+		PickableRanks  int      `json:"pickable_ranks"`
 	} `json:"roles"`
 	Endpoints []struct {
 		Role   string `json:"role"`
@@ -64,6 +68,7 @@ type statusJSON struct {
 		Address       string     `json:"address"`
 		DPSize        int        `json:"dp_size"`
 		BootstrapPort int        `json:"bootstrap_port"`
+		DecodeCache   string     `json:"decode_cache"`
 		Ranks         []rankJSON `json:"ranks"`
 	} `json:"endpoints"`
 	Decisions []struct {
@@ -75,6 +80,12 @@ type statusJSON struct {
 			Target string `json:"target"`
 		} `json:"decode"`
 	} `json:"decisions"`
+	Pools []struct {
+		Admission *struct {
+			Open   bool `json:"open"`
+			Queued int  `json:"queued"`
+		} `json:"admission"`
+	} `json:"pools"`
 }
 
 // rankJSON is one rank in statusJSON.
@@ -87,6 +98,10 @@ type rankJSON struct {
 	LoadFresh      bool   `json:"load_fresh"`
 	Picks          int64  `json:"picks"`
 	PrefixBlocks   int64  `json:"prefix_blocks"`
+	KVEvents       *struct {
+		State  string `json:"state"`
+		Blocks int64  `json:"blocks"`
+	} `json:"kv_events"`
 }
 
 // pageView is what the browser shows at one instant: the JSON the page
@@ -102,6 +117,8 @@ type pageView struct {
 		Reserved string `json:"reserved"`
 		Picks    string `json:"picks"`
 		Prefix   string `json:"prefix"`
+		Events   string `json:"events"` // the prefix cell's KV-event detail
+		Cache    string `json:"cache"`  // the decode cache cell (decode ranks)
 		Health   string `json:"health"`
 		Bar      rect   `json:"bar"`
 		Blue     rect   `json:"blue"`
@@ -115,6 +132,8 @@ type pageView struct {
 		Decode    string `json:"decode"`
 	} `json:"decisions"`
 	Imbalance map[string]string `json:"imbalance"` // role -> the token imbalance figure
+	Header    string            `json:"header"`    // the header's text (admission's queue line)
+	Stats     []string          `json:"stats"`     // every role figure's text
 }
 
 // rect is an element's box in CSS pixels (the device pixel ratio is 1).
@@ -130,7 +149,8 @@ const readView = `(() => {
     state: window.duetStatus || null,
     ranks: [...document.querySelectorAll("tr.rank")].map(r => ({
       target: r.dataset.target, rank: text(r, "td.name"), tokens: text(r, "td.tokens"), scraped: text(r, "td.scraped"),
-      reserved: text(r, "td.reserved"), picks: text(r, "td.picks"), prefix: text(r, "td.prefix"), health: text(r, "td.health"),
+      reserved: text(r, "td.reserved"), picks: text(r, "td.picks"), prefix: r.querySelector("td.prefix").firstChild.textContent,
+      events: r.querySelector("td.prefix .detail")?.textContent || "", cache: r.querySelector("td.decode-cache")?.textContent || "", health: text(r, "td.health"),
       bar: box(r.querySelector(".bar")), blue: box(r.querySelector(".bar .scraped")),
       orange: box(r.querySelector(".bar .reserved")), green: box(r.querySelector(".bar .rate")),
     })),
@@ -139,50 +159,93 @@ const readView = `(() => {
       rid: text(r, "td.rid"), prefill: r.querySelector("td.prefill .target")?.textContent, decode: r.querySelector("td.decode .target")?.textContent,
     })),
     imbalance: Object.fromEntries([...document.querySelectorAll("[id^=imbalance-]")].map(e => [e.id.slice(10), e.textContent])),
+    header: document.querySelector("header")?.textContent || "",
+    stats: [...document.querySelectorAll(".stat")].map(e => e.textContent),
   };
 })()`
 
+// statusPageOptions is TestStatusPage's stack, the one docs/status-page.png
+// shows: duet on its defaults (no policy section, so least_cost on both
+// roles; admission on; load.interval 1s), one prefill and two decode
+// engines of two DP ranks on duet-sim's engine model (as the demo's), the
+// decode engines with SGLang's decode radix cache, and every engine
+// publishing KV events that duet follows, through Qwen3's tokenizer (the
+// fixture in tokenizers: `make tokenizers`).
+func statusPageOptions(tokenizers string) harness.Options {
+	dir := filepath.Join(tokenizers, "qwen3")
+	engine := []string{"--profile", "dense-8b-h100"}
+	decode := append(slices.Clone(engine), "--disaggregation-decode-enable-radix-cache")
+	return harness.Options{
+		Prefill:             []harness.SimSpec{{DPSize: 2, Args: engine}},
+		Decode:              []harness.SimSpec{{DPSize: 2, Args: decode}, {DPSize: 2, Args: decode}},
+		DuetDefaultPolicies: true,
+		MaxBodyBytes:        -1,
+		LoadInterval:        time.Second,
+		LogLevel:            "info",
+		KVTimeout:           30 * time.Second,
+		KVEvents:            true,
+		SimTokenizer:        dir,
+		DuetYAML: fmt.Sprintf("tokenizer:\n  file: %s\n  config: %s\n  page_size: 16\n",
+			filepath.Join(dir, "tokenizer.json"), filepath.Join(dir, "tokenizer_config.json")),
+	}
+}
+
+// tokenizersDir is the directory of the tokenizer fixtures:
+// DUET_TOKENIZERS_DIR (set by the Makefile), else .tools/tokenizers, where
+// `make tokenizers` puts them. Missing, the test fails and says so.
+func tokenizersDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("DUET_TOKENIZERS_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", ".tools", "tokenizers")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "qwen3", "tokenizer.json")); err != nil {
+		t.Fatalf("no Qwen3 tokenizer fixture: %v (run `make tokenizers`)", err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
 // TestStatusPage drives the live status page in headless Chromium against
-// a PD stack under load: it waits for live data (loads on the ranks, pick
-// rates, decisions), checks the DOM against the JSON it was rendered from,
-// checks a screenshot's pixels where the DOM says the rank bars are, and
-// once the traffic stopped, checks the page against a /status.json of its
-// own. Then a decode engine dies (the page shows it ejected), and duet
-// stops (the page says it lost the connection).
+// a PD stack under load (statusPageOptions: duet's defaults, decode
+// engines with a decode radix cache, KV events): it waits for live data
+// (loads on the ranks, pick rates, decisions, a rank whose KV events are
+// live), checks the DOM against the JSON it was rendered from and that the
+// decode-cache, KV-event and admission views show, checks a screenshot's
+// pixels where the DOM says the rank bars are, and once the traffic
+// stopped, checks the page against a /status.json of its own. Then a
+// decode engine dies (the page shows it ejected), and duet stops (the page
+// says it lost the connection).
 func TestStatusPage(t *testing.T) {
 	browser := chromium(t)
-	s := startStack(t, harness.Options{
-		Prefill:          []harness.SimSpec{{DPSize: 2}},
-		Decode:           []harness.SimSpec{{DPSize: 2}, {DPSize: 2}},
-		PrefillPolicy:    "cache_aware", // reads (and fills) the prefix index
-		DecodePolicy:     "least_tokens",
-		DecodeMsPerToken: 10,
-		LoadInterval:     time.Second,
-		LogLevel:         "info",
-	})
+	s := startStack(t, statusPageOptions(tokenizersDir(t)))
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 
-	// Eight clients keep streaming 300-token chats until told to stop.
+	// Eight clients of four teams keep streaming 300-token chats until
+	// told to stop.
 	load, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
 	var clients sync.WaitGroup
 	for c := range 8 {
 		clients.Go(func() {
 			for i := 0; load.Err() == nil; i++ {
-				statusChat(load, s.EnvoyURL, c*100000+i)
+				statusChat(load, s.EnvoyURL, c%4, c*100000+i)
 			}
 		})
 	}
 	defer clients.Wait()
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.WindowSize(1360, 1000), chromedp.Flag("disable-gpu", true))
+		chromedp.WindowSize(1440, 1000), chromedp.Flag("disable-gpu", true))
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
 	defer cancelAlloc()
 	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
 	defer cancelBrowser()
-	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1360, 1000), chromedp.Navigate(s.DuetAdminURL+"/status")); err != nil {
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1440, 1000), chromedp.Navigate(s.DuetAdminURL+"/status")); err != nil {
 		t.Fatalf("open the page: %v", err)
 	}
 
@@ -197,7 +260,7 @@ func TestStatusPage(t *testing.T) {
   const width = sel => [...document.querySelectorAll(sel)].reduce((w, e) => w + e.getBoundingClientRect().width, 0);
   return width(".bar .scraped") >= 10 && width(".bar .reserved") >= 10 && width(".bar .rate") >= 10 && s.roles.length === 2 && s.roles.every(r => r.picks_per_second > 0) &&
     ranks.some(r => r.scraped_tokens > 0) && ranks.some(r => r.reserved_tokens > 0) && ranks.some(r => r.prefix_blocks > 0) &&
-    ranks.filter(r => r.picks_per_second > 0).length >= 4;
+    ranks.filter(r => r.picks_per_second > 0).length >= 4 && ranks.some(r => r.kv_events && r.kv_events.state === "live" && r.kv_events.blocks > 0);
 })()`
 	var view pageView
 	var shot []byte
@@ -233,6 +296,7 @@ func TestStatusPage(t *testing.T) {
 	t.Logf("screenshot: %s (%d bytes)", screenshotPath, len(shot))
 
 	checkRendering(t, view)
+	checkViews(t, view)
 	checkScreenshot(t, shot, view)
 
 	// Without traffic, picks and decisions stand still: the page must show
@@ -303,15 +367,19 @@ func TestStatusPage(t *testing.T) {
 	}
 }
 
-// systemPrompt is shared by the test's chats, so that the prefix index
-// fills and decisions show prefix matches.
-var systemPrompt = strings.Repeat("You are a concise assistant who explains disaggregated LLM serving. ", 8)
+// systemPrompt is the system prompt of a team's chats: shared by the
+// team, so that the prefix index fills and decisions show prefix matches,
+// and different between teams, so that their prompts spread over the
+// prefill ranks.
+func systemPrompt(team int) string {
+	return strings.Repeat(fmt.Sprintf("You are a concise assistant who explains disaggregated LLM serving to team %d. ", team), 24)
+}
 
-// statusChat streams one 300-token chat with the shared system prompt and
+// statusChat streams one 300-token chat with its team's system prompt and
 // reads the answer to its end (or until ctx ends).
-func statusChat(ctx context.Context, baseURL string, i int) {
+func statusChat(ctx context.Context, baseURL string, team, i int) {
 	body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"system","content":%q},{"role":"user","content":"Question %d"}],"max_tokens":300,"stream":true}`,
-		systemPrompt, i)
+		systemPrompt(team), i)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return
@@ -373,6 +441,13 @@ func checkRendering(t *testing.T, v pageView) {
 		if row.Health != "healthy" {
 			t.Errorf("%s: health %q", row.Target, row.Health)
 		}
+		wantEvents := ""
+		if r.KVEvents != nil {
+			wantEvents = fmt.Sprintf(" · events %s %s", num(r.KVEvents.Blocks), r.KVEvents.State)
+		}
+		if row.Events != wantEvents {
+			t.Errorf("%s: page shows KV events %q, JSON says %q", row.Target, row.Events, wantEvents)
+		}
 	}
 	if len(v.Decisions) != len(v.State.Decisions) || len(v.Decisions) == 0 {
 		t.Fatalf("%d decision rows, %d decisions in the JSON", len(v.Decisions), len(v.State.Decisions))
@@ -394,6 +469,58 @@ func checkRendering(t *testing.T, v pageView) {
 	}
 }
 
+// checkViews checks that the page shows what docs/status-page.png is
+// meant to: duet's default policies, the decode engines' decode radix
+// cache, every rank following KV events (one of them live), and the
+// admission queue in the header and the saturated-ranks figures.
+func checkViews(t *testing.T, v pageView) {
+	t.Helper()
+	for _, role := range v.State.Roles {
+		if role.Policy != "least_cost" {
+			t.Errorf("%s runs %s, want duet's default least_cost", role.Role, role.Policy)
+		}
+	}
+	decode := map[string]bool{} // decode rank targets
+	for i, e := range v.State.Endpoints {
+		if e.Role != "decode" {
+			continue
+		}
+		if e.DecodeCache != "radix" || !strings.Contains(v.Endpoints[i], "decode cache radix") {
+			t.Errorf("decode endpoint %s: decode cache %q, row %q; want radix shown", e.URL, e.DecodeCache, v.Endpoints[i])
+		}
+		for _, r := range e.Ranks {
+			decode[r.Target] = true
+		}
+	}
+	live := 0
+	for _, row := range v.Ranks {
+		if row.Events == "" {
+			t.Errorf("%s: the page shows no KV events", row.Target)
+		}
+		if strings.HasSuffix(row.Events, " live") {
+			live++
+		}
+		if decode[row.Target] && !strings.HasPrefix(row.Cache, "radix") {
+			t.Errorf("%s: no decode cache cell", row.Target)
+		}
+	}
+	if live == 0 {
+		t.Error("no rank's KV events are live on the page")
+	}
+	if len(v.State.Pools) != 1 || v.State.Pools[0].Admission == nil || !strings.Contains(v.Header, " queued") {
+		t.Errorf("admission: JSON %+v, header %q; want the queue shown", v.State.Pools, v.Header)
+	}
+	saturated := 0
+	for _, s := range v.Stats {
+		if strings.HasPrefix(s, "saturated ranks") {
+			saturated++
+		}
+	}
+	if saturated != 2 {
+		t.Errorf("%d saturated-ranks figures, want one per role: %q", saturated, v.Stats)
+	}
+}
+
 // checkScreenshot decodes the PNG and checks it is the viewport, that it
 // is not blank, and that the rank bars' colours are where the DOM has the
 // bars, in the proportions the DOM gives them.
@@ -403,8 +530,8 @@ func checkScreenshot(t *testing.T, shot []byte, v pageView) {
 	if err != nil {
 		t.Fatalf("the screenshot is not a PNG: %v", err)
 	}
-	if b := img.Bounds(); b.Dx() != 1360 || b.Dy() != 1000 {
-		t.Fatalf("screenshot is %dx%d, want 1360x1000", b.Dx(), b.Dy())
+	if b := img.Bounds(); b.Dx() != 1440 || b.Dy() != 1000 {
+		t.Fatalf("screenshot is %dx%d, want 1440x1000", b.Dx(), b.Dy())
 	}
 	// Not blank: a good share of the pixels are not the white background.
 	b := img.Bounds()
