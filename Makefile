@@ -52,7 +52,9 @@ e2e: build venv egctl nats-server jaeger
 
 # Envoy + duet + 2 prefill + 2 decode (dp 2 each) simulated SGLang engines,
 # then streaming and non-streaming traffic. HOLD=1 keeps the stack up until
-# Ctrl-C, which stops it cleanly (the demo exits 0). The demo removes its
+# Ctrl-C, which stops it cleanly (the demo exits 0; make, interrupted too,
+# exits 130: e2e/demo's TestMakeDemoInterrupted). Envoy alone is installed
+# (envoy, not venv: TestMakeInstalls). The demo removes its
 # temporary directory (configuration, credentials, logs) when it ends;
 # KEEP=1 keeps it. Built, not `go run`: go run exits 1 on Ctrl-C whatever
 # the program's status.
