@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +153,121 @@ func TestKVEventsFallBackAndRecover(t *testing.T) {
 		}
 	}
 	t.Logf("%d requests served; every one answered 200", served)
+}
+
+// TestKVEventsIdleEngineAfterDuetRestart: duet restarts beside engines
+// that have been idle for longer than kv_events.max_lag (1 s here), as the
+// issue's repro does with SGLang-shaped duet-sim engines (--profile
+// dense-8b-h100 --tokenizer-path qwen3 --kv-events-config with a replay
+// endpoint) behind a real Envoy. The engines hold caches that the new duet
+// has not seen; it fetches them by replay on subscribing, and that history
+// is not lag: both prefill ranks are live again at once, with their
+// blocks, and stay live while the engines publish nothing, with no lag
+// fallback counted or logged. (Before, the replayed batches' age made
+// every rank fall back until its engine published again, which an idle
+// one never does.)
+func TestKVEventsIdleEngineAfterDuetRestart(t *testing.T) {
+	tok := filepath.Join(tokenizersDir(t), "qwen3")
+	pub, replay := freePortRange(t, 2), freePortRange(t, 2)
+	events := fmt.Sprintf(`{"publisher":"zmq","endpoint":"tcp://*:%d","replay_endpoint":"tcp://*:%d"}`, pub, replay)
+	engine := []string{"--profile", "dense-8b-h100", "--tokenizer-path", tok, "--time-scale", "10"}
+	const maxLag = time.Second
+	s := startStack(t, harness.Options{
+		Prefill:       []harness.SimSpec{{DPSize: 2, Args: append([]string{"--kv-events-config", events}, engine...)}},
+		Decode:        []harness.SimSpec{{DPSize: 1, Args: engine}},
+		PrefillPolicy: "least_cost",
+		DecodePolicy:  "least_cost",
+		KVTimeout:     30 * time.Second,
+		DuetYAML: fmt.Sprintf("tokenizer:\n  file: %s\n  config: %s\n  page_size: 16\nkv_events:\n  max_lag: %s\n  probe_interval: 100ms\n",
+			filepath.Join(tok, "tokenizer.json"), filepath.Join(tok, "tokenizer_config.json"), maxLag),
+	})
+	prefill := s.Prefill[0]
+	status := func() ([]string, int64) {
+		resp, err := httpClient.Get(s.DuetAdminURL + "/status.json")
+		if err != nil {
+			return nil, 0
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return kvEventRanks(body, prefill.URL)
+	}
+	waitLive := func(what string, during func(i int)) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for i := 0; ; i++ {
+			if during != nil {
+				during(i)
+			}
+			states, blocks := status()
+			if allStates(states, "live") && len(states) == 2 && blocks > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s: prefill ranks %q, %d blocks; duet's log:\n%s", what, states, blocks, s.Duet.Tail(8000))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// Distinct tenants' chats, tokenized by duet and by the engines alike,
+	// until both prefill ranks' views hold blocks.
+	waitLive("both ranks live, with blocks", func(i int) {
+		system := strings.Repeat(fmt.Sprintf("You are a careful assistant for tenant %d. ", i), 40)
+		body := fmt.Sprintf(`{"model":"sim-model","max_tokens":4,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d?"}]}`, system, i)
+		resp, data := send(t, s, http.MethodPost, "/v1/chat/completions", map[string]string{"x-request-id": requestID(t, i)}, []byte(body))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, data)
+		}
+	})
+
+	// duet goes away; the engines stay idle for twice max_lag; duet comes
+	// back to caches it has forgotten.
+	if err := s.Duet.Stop(10 * time.Second); err != nil {
+		t.Logf("duet stopped: %v", err)
+	}
+	time.Sleep(2 * maxLag)
+	before, err := os.ReadFile(s.Duet.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.RestartDuet(ctx); err != nil {
+		t.Fatalf("restart duet: %v", err)
+	}
+	restarted := time.Now()
+	waitLive("both ranks live again from the engines' replayed history, with no new batch", nil)
+	t.Logf("both prefill ranks live %s after duet's restart", time.Since(restarted).Round(time.Millisecond))
+	time.Sleep(2 * maxLag) // still idle: nothing may turn them back to fallback
+	if states, _ := status(); !allStates(states, "live") {
+		t.Fatalf("prefill ranks %q %s after the restart, the engines idle: want live", states, time.Since(restarted).Round(time.Millisecond))
+	}
+
+	metrics := scrapeText(t, s.DuetAdminURL+"/metrics")
+	for r := range 2 {
+		target := fmt.Sprintf(`pool="default",target="%s#%d"`, prefill.URL, r)
+		for _, want := range []string{
+			fmt.Sprintf(`duet_kv_events_state{%s} 2`, target),
+			fmt.Sprintf(`duet_kv_events_fallbacks_total{pool="default",reason="lag",target="%s#%d"} 0`, prefill.URL, r),
+		} {
+			if !strings.Contains(metrics, want+"\n") {
+				t.Errorf("metrics lack %s", want)
+			}
+		}
+		if !strings.Contains(metrics, fmt.Sprintf(`duet_kv_events_replayed_total{%s}`, target)) ||
+			strings.Contains(metrics, fmt.Sprintf(`duet_kv_events_replayed_total{%s} 0`, target)) {
+			t.Errorf("rank %d: want batches replayed on subscribing", r)
+		}
+		if !strings.Contains(metrics, fmt.Sprintf(`duet_kv_events_batches_total{%s}`, target)) {
+			t.Errorf("rank %d: no batch count", r)
+		}
+	}
+	log, err := os.ReadFile(s.Duet.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := string(log[len(before):]); strings.Contains(after, "KV events lag") {
+		t.Errorf("duet logged a lag after its restart:\n%s", after)
+	}
 }
 
 // scrapeText returns the body of a GET of url.
