@@ -11,11 +11,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/e2e/sim"
@@ -409,8 +412,8 @@ func TestEnvoyGateway(t *testing.T) {
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {
 			t.Fatalf("status %d, want 413: %.300s", resp.StatusCode, body)
 		}
-		if msg, typ := openAIError(t, body); typ != "invalid_request_error" || !strings.Contains(msg, "(request_payload_too_large)") {
-			t.Errorf("error %q of type %q, want Envoy's request_payload_too_large as invalid_request_error", msg, typ)
+		if msg, typ := openAIError(t, body); typ != "invalid_request_error" || msg != envoy.BodyTooLargeMessage(32<<20) {
+			t.Errorf("error %q of type %q, want %q as invalid_request_error", msg, typ, envoy.BodyTooLargeMessage(32<<20))
 		}
 		legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
 	})
@@ -710,6 +713,56 @@ func TestManifestLuaMatchesEnvoyPackage(t *testing.T) {
 			t.Errorf("no EnvoyPatchPolicy carries the %s Lua of package envoy", name)
 		}
 	}
+}
+
+// TestManifestLocalRepliesMatchEnvoyPackage: the patch policies give
+// Envoy's own error replies the local_reply_config that duet's own
+// bootstrap renders for the same 32 MiB body limit (the buffer limit of
+// policies.yaml), so that the messages clients read are the same on
+// every surface.
+func TestManifestLocalRepliesMatchEnvoyPackage(t *testing.T) {
+	want := renderedLocalReplies(t, 32<<20)
+	for name, load := range map[string]func() ([]object, error){"single pool": loadManifests, "pools": loadPoolManifests} {
+		objs, err := load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := 0
+		for _, o := range objs {
+			if o["kind"] != "EnvoyPatchPolicy" {
+				continue
+			}
+			for _, p := range list(harness.Dig(o, "spec", "jsonPatches")) {
+				if !strings.HasSuffix(str(p, "operation", "path"), "/local_reply_config") {
+					continue
+				}
+				found++
+				if got := harness.Dig(p, "operation", "value"); !reflect.DeepEqual(got, want) {
+					t.Errorf("%s: the patched local_reply_config\n%v\nis not the rendered bootstrap's\n%v", name, got, want)
+				}
+			}
+		}
+		if found != 1 {
+			t.Errorf("%s: %d patches of local_reply_config, want 1", name, found)
+		}
+	}
+}
+
+// renderedLocalReplies is the local_reply_config of duet's rendered
+// bootstrap for a maxBody body limit, as YAML decodes it.
+func renderedLocalReplies(t *testing.T, maxBody int) any {
+	t.Helper()
+	addr := envoy.Address{Host: "127.0.0.1", Port: 1}
+	var buf bytes.Buffer
+	if err := envoy.Render(&buf, envoy.Params{Listen: addr, Admin: addr, Duet: addr, Decode: []envoy.Address{addr},
+		MaxBodyBytes: maxBody, MessageTimeout: time.Second, StreamIdleTimeout: time.Minute, MaxRoutingRequests: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var boot any
+	if err := yaml.Unmarshal(buf.Bytes(), &boot); err != nil {
+		t.Fatal(err)
+	}
+	return harness.Dig(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "local_reply_config")
 }
 
 func duetClustersOf(t *testing.T) (decode, prefill string, objs []object) {
