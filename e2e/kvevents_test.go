@@ -270,6 +270,58 @@ func TestKVEventsIdleEngineAfterDuetRestart(t *testing.T) {
 	}
 }
 
+// TestKVEventsUnreachablePort: duet follows engines that do not advertise
+// their publisher at a configured kv_events.port where nothing listens
+// (the issue's repro). Each rank counts one "unreachable" fallback though
+// it was never anything but fallback, and its state change is logged once
+// (a warning from the probe, an info line from the subscription), not
+// again at every retry. (Before: the counter stayed 0, and an info line
+// came every few seconds per rank, forever.)
+func TestKVEventsUnreachablePort(t *testing.T) {
+	port := freePortRange(t, 2)
+	s := startStack(t, harness.Options{
+		Prefill:  []harness.SimSpec{{DPSize: 2}},
+		Decode:   []harness.SimSpec{{DPSize: 1}},
+		LogLevel: "info",
+		DuetYAML: fmt.Sprintf("kv_events:\n  mode: on\n  port: %d\n  probe_interval: 100ms\n", port),
+	})
+	prefill := s.Prefill[0]
+	// Several probes, and several of the subscription's retries (each
+	// dials for about a second, then backs off 0.1 s, 0.2 s, 0.4 s...).
+	time.Sleep(4 * time.Second)
+	metrics := scrapeText(t, s.DuetAdminURL+"/metrics")
+	log, err := os.ReadFile(s.Duet.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		target := fmt.Sprintf("%s#%d", prefill.URL, r)
+		want := fmt.Sprintf(`duet_kv_events_fallbacks_total{pool="default",reason="unreachable",target="%s"} 1`, target)
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %s", want)
+		}
+		// Rank 0's port is also the decode engine's (mode on follows it
+		// too, on the same loopback host): two subscriptions dial it.
+		subscriptions := 2 - r
+		endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port+r)
+		var warned, retried int
+		for _, line := range strings.Split(string(log), "\n") {
+			switch {
+			case strings.Contains(line, "KV event port unreachable"): // the probe's, one per target
+				if strings.Contains(line, `"`+target+`"`) {
+					warned++
+				}
+			case strings.Contains(line, "KV event") && strings.Contains(line, `"`+endpoint+`"`):
+				retried++
+			}
+		}
+		if warned != 1 || retried > subscriptions {
+			t.Errorf("rank %d: %d warnings that its port is unreachable (want 1), %d lines from the retries of its port's %d subscriptions (want at most one each); duet's log:\n%s",
+				r, warned, retried, subscriptions, log)
+		}
+	}
+}
+
 // scrapeText returns the body of a GET of url.
 func scrapeText(t *testing.T, url string) string {
 	t.Helper()
