@@ -338,6 +338,13 @@ func clusterType(addrs []Address) string {
 	return "STATIC"
 }
 
+// HeldMessageTimeout is the longest Envoy waits for one ext_proc answer
+// when duet asks it to (override_message_timeout): MaxMessageTimeout, or
+// MessageTimeout without one (Envoy then ignores every override).
+func (p Params) HeldMessageTimeout() time.Duration {
+	return max(p.MaxMessageTimeout, p.MessageTimeout)
+}
+
 // duetHosts are the addresses of duet's replicas: DuetReplicas, or Duet.
 func (p Params) duetHosts() []Address {
 	if len(p.DuetReplicas) > 0 {
@@ -437,6 +444,9 @@ type templateData struct {
 	LogDownstream, LogUpstream                    string
 	ErrorEnvelopeLua                              string
 	HeaderPool                                    string
+	// MetadataMessageTimeout and MetadataMaxMessageTimeout name the
+	// ext_proc stream's metadata that tell duet the filter's timeouts.
+	MetadataMessageTimeout, MetadataMaxMessageTimeout string
 	// EnginePools are Params.Pools, or the one pool of Params.Prefill and
 	// Params.Decode.
 	EnginePools []Pool
@@ -520,25 +530,27 @@ func Render(w io.Writer, p Params) error {
 		return errors.New("render envoy bootstrap: the duet token must not contain spaces, quotes, backslashes or newlines")
 	}
 	data := templateData{
-		Params:                p,
-		ClusterDecode:         contract.ClusterDecode,
-		ClusterPrefill:        contract.ClusterPrefill,
-		ClusterDuet:           ClusterDuet,
-		ClusterFeedback:       ClusterFeedback,
-		ClusterOTLP:           ClusterOTLP,
-		ErrorEnvelopeLua:      ErrorEnvelopeLua(),
-		HeaderDecodeEndpoint:  contract.HeaderDecodeEndpoint,
-		HeaderPrefillEndpoint: contract.HeaderPrefillEndpoint,
-		HeaderMirror:          contract.HeaderMirror,
-		HeaderPrefillRank:     contract.HeaderPrefillRank,
-		HeaderDPRank:          contract.HeaderDPRank,
-		HeaderPrefix:          contract.HeaderPrefix,
-		MetadataNamespace:     contract.MetadataNamespace,
-		LogDownstream:         contract.LogDownstream,
-		LogUpstream:           contract.LogUpstream,
-		HeaderPool:            contract.HeaderPool,
-		EnginePools:           pools,
-		RouteByPool:           len(p.Pools) > 0,
+		Params:                    p,
+		ClusterDecode:             contract.ClusterDecode,
+		ClusterPrefill:            contract.ClusterPrefill,
+		ClusterDuet:               ClusterDuet,
+		ClusterFeedback:           ClusterFeedback,
+		ClusterOTLP:               ClusterOTLP,
+		ErrorEnvelopeLua:          ErrorEnvelopeLua(),
+		HeaderDecodeEndpoint:      contract.HeaderDecodeEndpoint,
+		HeaderPrefillEndpoint:     contract.HeaderPrefillEndpoint,
+		HeaderMirror:              contract.HeaderMirror,
+		HeaderPrefillRank:         contract.HeaderPrefillRank,
+		HeaderDPRank:              contract.HeaderDPRank,
+		HeaderPrefix:              contract.HeaderPrefix,
+		MetadataNamespace:         contract.MetadataNamespace,
+		LogDownstream:             contract.LogDownstream,
+		LogUpstream:               contract.LogUpstream,
+		HeaderPool:                contract.HeaderPool,
+		MetadataMessageTimeout:    contract.MetadataMessageTimeout,
+		MetadataMaxMessageTimeout: contract.MetadataMaxMessageTimeout,
+		EnginePools:               pools,
+		RouteByPool:               len(p.Pools) > 0,
 	}
 	if err := tmpl.Execute(w, data); err != nil {
 		return fmt.Errorf("render envoy bootstrap: %w", err)

@@ -71,13 +71,17 @@ func TestRenderValidatesInEnvoy(t *testing.T) {
 		{"dns names", func(p *Params) { p.Decode = []Address{{"localhost", 30000}} },
 			[]string{"type: STRICT_DNS"}, []string{"dns_lookup_family", "dns_refresh_rate"}},
 		{"sub-second timeout", func(p *Params) { p.MessageTimeout = 500 * time.Millisecond }, []string{"message_timeout: 0.5s"}, nil},
-		{"admission queue", func(p *Params) { p.MaxMessageTimeout = 31 * time.Second }, []string{"message_timeout: 2s", "max_message_timeout: 31s"}, nil},
+		{"admission queue", func(p *Params) { p.MaxMessageTimeout = 31 * time.Second }, []string{"message_timeout: 2s", "max_message_timeout: 31s",
+			"initial_metadata:\n                - {key: x-duet-envoy-message-timeout, value: 2s}\n                - {key: x-duet-envoy-max-message-timeout, value: 31s}"}, nil},
+		{"no admission queue: Envoy honours no override", func(*Params) {}, []string{"- {key: x-duet-envoy-message-timeout, value: 2s}\n                - {key: x-duet-envoy-max-message-timeout, value: 2s}"},
+			[]string{"max_message_timeout:"}},
 		{"mutual TLS and token to duet", func(p *Params) {
 			p.DuetTLS = &ClientTLS{CertFile: creds.EnvoyCertFile, KeyFile: creds.EnvoyKeyFile, CAFile: creds.CAFile, ServerName: "duet"}
 			p.DuetToken = creds.Token
 		}, []string{"transport_socket:", `sni: "duet"`, "alpn_protocols: [h2]", "tls_maximum_protocol_version: TLSv1_3", `certificate_chain: {filename: "` + creds.EnvoyCertFile + `"}`,
 			`trusted_ca: {filename: "` + creds.CAFile + `"}`, "matcher: {exact: \"duet\"}",
-			`initial_metadata: [{key: authorization, value: "Bearer ` + creds.Token + `"}]`},
+			`initial_metadata: [{key: authorization, value: "Bearer ` + creds.Token + `"}]`,
+			"# duet's bearer token (auth.token_file): this file holds a secret.\n                - {key: authorization, value: \"Bearer " + creds.Token + `"}`},
 			nil},
 		{"routing request limit", func(p *Params) { p.MaxRoutingRequests = 64 }, []string{"{max_requests: 64, max_pending_requests: 64, max_retries: 64}"}, nil},
 		{"duet replicas", func(p *Params) {
