@@ -148,7 +148,7 @@ func TestAdmissionWithinEnvoyLimits(t *testing.T) {
 				if refused == 0 {
 					t.Errorf("no batch request was queued and refused: the test did not saturate the engines")
 				}
-				if n := warnings(string(log), "cuts this class's wait limit short", `"class":"batch"`); n != 1 {
+				if n := warnings(t, string(log), "cuts this class's wait limit short", `"class":"batch"`); n != 1 {
 					t.Errorf("duet warned %d times that the bootstrap cuts the batch class short, want once", n)
 				}
 				return
@@ -169,15 +169,17 @@ func TestAdmissionWithinEnvoyLimits(t *testing.T) {
 			if log, err = os.ReadFile(s.Duet.LogPath); err != nil {
 				t.Fatal(err)
 			}
-			if warnings(string(log), "Envoy stopped waiting for a queued request", `"class":"batch"`) == 0 {
+			if warnings(t, string(log), "Envoy stopped waiting for a queued request", `"class":"batch"`) == 0 {
 				t.Errorf("duet did not warn of Envoy's timeout")
 			}
 		})
 	}
 }
 
-// warnings counts the lines of log that hold every one of parts.
-func warnings(log string, parts ...string) int {
+// warnings counts the lines of log that hold every one of parts, and
+// logs the first.
+func warnings(t *testing.T, log string, parts ...string) int {
+	t.Helper()
 	n := 0
 	for l := range strings.Lines(log) {
 		all := true
@@ -185,6 +187,9 @@ func warnings(log string, parts ...string) int {
 			all = all && strings.Contains(l, p)
 		}
 		if all {
+			if n == 0 {
+				t.Logf("duet logged: %s", strings.TrimSpace(l))
+			}
 			n++
 		}
 	}
