@@ -140,6 +140,9 @@ func serve(ctx context.Context, cfg *config.Config, path string) error {
 		Metrics:      extproc.NewMetrics(reg),
 		Legs:         tracker,
 		Tracer:       tracer,
+		// For Envoys whose streams do not say theirs (a bootstrap duet
+		// did not render).
+		MessageTimeout: cfg.Envoy.MessageTimeout,
 	})
 	if err != nil {
 		return err
