@@ -50,21 +50,32 @@ func (f *fakeRouter) Process(stream extprocv3.ExternalProcessor_ProcessServer) e
 	if err != nil {
 		return err
 	}
-	mode := ""
-	for _, h := range req.GetRequestHeaders().GetHeaders().GetHeaders() {
-		if h.Key == fakeMode {
-			mode = string(h.RawValue)
-		}
-	}
-	switch mode {
+	switch mode := modeOf(req); mode {
 	case "hang":
 		<-stream.Context().Done()
 		return nil
 	case "fail":
 		return status.Error(codes.Internal, "the fake router fails this stream")
+	default:
+		return letThrough(stream, mode == "route")
 	}
+}
+
+// modeOf returns the fakeMode header of a request-headers message.
+func modeOf(req *extprocv3.ProcessingRequest) string {
+	for _, h := range req.GetRequestHeaders().GetHeaders().GetHeaders() {
+		if h.Key == fakeMode {
+			return string(h.RawValue)
+		}
+	}
+	return ""
+}
+
+// letThrough answers the headers, naming the pool "p" (and having Envoy
+// choose the route again) when route is set, then every body unchanged.
+func letThrough(stream extprocv3.ExternalProcessor_ProcessServer, route bool) error {
 	headers := &extprocv3.HeadersResponse{}
-	if mode == "route" {
+	if route {
 		headers.Response = &extprocv3.CommonResponse{
 			ClearRouteCache: true,
 			HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
@@ -80,10 +91,11 @@ func (f *fakeRouter) Process(stream extprocv3.ExternalProcessor_ProcessServer) e
 		if err != nil {
 			return nil
 		}
-		if req.GetRequestBody() != nil {
-			if err := stream.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}); err != nil {
-				return err
-			}
+		if req.GetRequestBody() == nil {
+			continue
+		}
+		if err := stream.Send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}); err != nil {
+			return err
 		}
 	}
 }
