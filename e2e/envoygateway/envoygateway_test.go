@@ -652,6 +652,11 @@ func TestEnvoyGateway(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable {
 			t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
 		}
+		// Claim 46: the patched local_reply_config's plain message, not
+		// Envoy's details.
+		if msg, typ := openAIError(t, body); msg != envoy.MessageRouterUnavailable || typ != "server_error" {
+			t.Errorf("error %q of type %q, want %q as server_error", msg, typ, envoy.MessageRouterUnavailable)
+		}
 		time.Sleep(200 * time.Millisecond)
 		var running []*harness.Sim
 		for _, sim := range append(append([]*harness.Sim{}, s.Decode...), s.Prefill...) {
