@@ -158,8 +158,10 @@ func TestModelSubmitBootstrap(t *testing.T) {
 }
 
 // Over HTTP a PD prefill request waits for its decode's preallocation: it
-// is reported in the prefill prealloc queue (SGLang's name for the
-// bootstrap queue), not in the waiting queue, and fails as SGLang's
+// is reported in the prefill bootstrap queue (SGLang 0.5.23's
+// prefill_bootstrap_queue_reqs and sglang:num_prefill_bootstrap_queue_reqs),
+// not in the waiting queue, while its decode leg is in the decode's prealloc
+// queue, and fails as SGLang's
 // prefill does when no decode preallocates before the bootstrap timeout
 // or when it is aborted there.
 func TestPrefillBootstrapOverHTTP(t *testing.T) {
@@ -222,13 +224,16 @@ func TestPrefillBootstrapOverHTTP(t *testing.T) {
 			get(t, p.api.URL+"/v1/loads").json(t, &loads)
 			l := loads.Loads[0]
 			disagg := l["disaggregation"].(map[string]any)
-			if l["num_waiting_reqs"] != 0.0 || l["num_running_reqs"] != 0.0 || disagg["prefill_prealloc_queue_reqs"] != 1.0 ||
+			if l["num_waiting_reqs"] != 0.0 || l["num_running_reqs"] != 0.0 || disagg["prefill_bootstrap_queue_reqs"] != 1.0 ||
 				l["num_total_tokens"].(float64) < 480 {
 				t.Fatalf("prefill loads while bootstrapping: %v", l)
 			}
 			fams := scrape(t, p)
-			if v := fams["sglang:num_prefill_prealloc_queue_reqs"].samples; len(v) != 1 || v[0].Value != 1 {
-				t.Fatalf("sglang:num_prefill_prealloc_queue_reqs %v, want 1", v)
+			if v := fams["sglang:num_prefill_bootstrap_queue_reqs"].samples; len(v) != 1 || v[0].Value != 1 {
+				t.Fatalf("sglang:num_prefill_bootstrap_queue_reqs %v, want 1", v)
+			}
+			if tc.blocker && tc.decodeLeg {
+				checkDecodeQueues(t, d, 1, 1)
 			}
 			if v := fams["sglang:num_queue_reqs"].samples; len(v) != 1 || v[0].Value != 0 {
 				t.Fatalf("sglang:num_queue_reqs %v, want 0: the bootstrap queue is not the waiting queue", v)
@@ -320,5 +325,26 @@ func TestDecodeSendsBootstrap(t *testing.T) {
 				t.Fatalf("fake bootstrap host: %d %s", r.status, r.body)
 			}
 		})
+	}
+}
+
+// checkDecodeQueues fails t unless decode d reports prealloc requests in its
+// prealloc queue and transfer in its transfer queue, in /v1/loads and in
+// /metrics, under SGLang 0.5.23's names.
+func checkDecodeQueues(t *testing.T, d *testServer, prealloc, transfer float64) {
+	t.Helper()
+	var loads loadsBody
+	get(t, d.api.URL+"/v1/loads").json(t, &loads)
+	disagg := loads.Loads[0]["disaggregation"].(map[string]any)
+	if disagg["decode_prealloc_queue_reqs"] != prealloc || disagg["decode_transfer_queue_reqs"] != transfer {
+		t.Fatalf("decode disaggregation %v, want %v in the prealloc queue and %v in the transfer queue", disagg, prealloc, transfer)
+	}
+	fams := scrape(t, d)
+	for name, want := range map[string]float64{
+		"sglang:num_decode_prealloc_queue_reqs": prealloc, "sglang:num_decode_transfer_queue_reqs": transfer,
+	} {
+		if v := fams[name].samples; len(v) != 1 || float64(v[0].Value) != want {
+			t.Fatalf("%s %v, want %v", name, v, want)
+		}
 	}
 }

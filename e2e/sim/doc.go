@@ -40,13 +40,18 @@
 // preallocated the KV and sent the transfer metadata (POST /sim/kv_prefix
 // on the prefill's bootstrap server, with decode_prefix_len); only then
 // does it enter the waiting queue, so a decode short of KV holds its
-// prefills back. The queue is reported as SGLang's prefill prealloc queue
-// (sglang:num_prefill_prealloc_queue_reqs, prefill_prealloc_queue_reqs in
-// /v1/loads), not in the waiting queue. A request whose decode never
-// preallocates fails after Config.BootstrapTimeout (--bootstrap-timeout,
-// SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT; default the KV timeout) with
-// SGLang's "Prefill bootstrap failed ... KVPoll.Bootstrapping" 500. The
-// simple model has the queue only with Config.AwaitTransfer.
+// prefills back. The queue is reported under SGLang 0.5.23's names
+// (sglang:num_prefill_bootstrap_queue_reqs, and prefill_bootstrap_queue_reqs
+// in /v1/loads' disaggregation section), not in the waiting queue; the other
+// PD queues likewise (prefill_inflight_queue_reqs: KV being sent;
+// decode_prealloc_queue_reqs: waiting for KV memory;
+// decode_transfer_queue_reqs: receiving KV; decode_retracted_queue_reqs,
+// in /v1/loads only: always 0, as duet-sim never retracts). A request
+// whose decode never preallocates fails after Config.BootstrapTimeout
+// (--bootstrap-timeout, SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT; default
+// the KV timeout) with SGLang's "Prefill bootstrap failed ...
+// KVPoll.Bootstrapping" 500. The simple model has the queue only with
+// Config.AwaitTransfer.
 // MODEL.md documents the formulas, parameters, sources and simplifications.
 //
 // A decode server with Config.DecodeRadixCache

@@ -44,7 +44,7 @@ type rankSnapshot struct {
 	// in the simple model.
 	waiting int
 	// bootstrap is, on a PD prefill of the engine model, the bootstrap
-	// queue (SGLang's prefill prealloc queue): requests whose decode has
+	// queue (SGLang's prefill bootstrap queue): requests whose decode has
 	// not preallocated yet.
 	bootstrap int
 	// transfer is, on decode, the requests waiting for their KV; on a

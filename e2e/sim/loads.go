@@ -74,30 +74,63 @@ func rankLoadJSON(cfg Config, l rankSnapshot, include map[string]bool) map[strin
 		}
 	}
 	if include["disagg"] {
-		d := map[string]any{
-			"mode":                        string(cfg.Mode),
-			"prefill_prealloc_queue_reqs": 0,
-			"prefill_inflight_queue_reqs": 0,
-			"decode_prealloc_queue_reqs":  0,
-			"decode_transfer_queue_reqs":  0,
-			"decode_retracted_queue_reqs": 0,
-			"kv_transfer_speed_gb_s":      l.xferGBps,
-			"kv_transfer_latency_ms":      l.xferMS,
-		}
-		switch cfg.Mode {
-		case ModePrefill:
-			d["prefill_prealloc_queue_reqs"] = l.bootstrap
-			d["prefill_inflight_queue_reqs"] = l.transfer
-		case ModeDecode:
-			d["decode_prealloc_queue_reqs"] = l.waiting
-			d["decode_transfer_queue_reqs"] = l.transfer
-		}
-		m["disaggregation"] = d
+		m["disaggregation"] = disaggLoadJSON(cfg.Mode, l)
 	}
 	if include["queues"] {
 		m["queues"] = map[string]any{"waiting": l.waiting, "grammar": 0, "paused": 0, "retracted": 0}
 	}
 	return m
+}
+
+// pdQueues are the sizes of a rank's PD queues, as SGLang 0.5.23 reports
+// them (/v1/loads' disaggregation section, load_inquirer.py get_loads;
+// the sglang:num_*_queue_reqs gauges, metrics_collector.py). A queue of the
+// other mode, or of an aggregated server, is 0.
+type pdQueues struct {
+	// prefillBootstrap: prefill requests waiting for their decode's
+	// bootstrap handshake and KV preallocation (PrefillBootstrapQueue).
+	prefillBootstrap int
+	// prefillInflight: prefill requests whose KV is being sent.
+	prefillInflight int
+	// decodePrealloc: decode requests waiting for KV memory
+	// (DecodePreallocQueue).
+	decodePrealloc int
+	// decodeTransfer: decode requests preallocated and receiving their KV
+	// (DecodeTransferQueue).
+	decodeTransfer int
+	// decodeRetracted: decode requests retracted to free KV; always 0, as
+	// the simulator never retracts.
+	decodeRetracted int
+}
+
+// rankPDQueues returns the PD queues of rank snapshot l on a server in
+// mode.
+func rankPDQueues(mode Mode, l rankSnapshot) pdQueues {
+	switch mode {
+	case ModePrefill:
+		return pdQueues{prefillBootstrap: l.bootstrap, prefillInflight: l.transfer}
+	case ModeDecode:
+		return pdQueues{decodePrealloc: l.waiting, decodeTransfer: l.transfer}
+	}
+	return pdQueues{}
+}
+
+// disaggLoadJSON renders the disaggregation section of one rank of
+// /v1/loads. As in SGLang 0.5.23 (load_snapshot.py DisaggregationMetrics)
+// every field is there in every mode, "null" included, the queues of the
+// other mode being 0.
+func disaggLoadJSON(mode Mode, l rankSnapshot) map[string]any {
+	q := rankPDQueues(mode, l)
+	return map[string]any{
+		"mode":                         string(mode),
+		"prefill_bootstrap_queue_reqs": q.prefillBootstrap,
+		"prefill_inflight_queue_reqs":  q.prefillInflight,
+		"decode_prealloc_queue_reqs":   q.decodePrealloc,
+		"decode_transfer_queue_reqs":   q.decodeTransfer,
+		"decode_retracted_queue_reqs":  q.decodeRetracted,
+		"kv_transfer_speed_gb_s":       l.xferGBps,
+		"kv_transfer_latency_ms":       l.xferMS,
+	}
 }
 
 // handleLoads serves GET /v1/loads.
@@ -124,7 +157,7 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if q.Get("format") == "prometheus" {
-		s.writeLoadsPrometheus(w, snaps)
+		s.writeLoadsPrometheus(w, snaps, include)
 		return
 	}
 	writeJSON(w, http.StatusOK, loadsAnswer(s.cfg, snaps, include, time.Now()))
@@ -174,21 +207,54 @@ func aggregateLoads(cfg Config, snaps []rankSnapshot) map[string]any {
 	}
 }
 
-// writeLoadsPrometheus serves /v1/loads?format=prometheus: one
-// sglang_<field>{dp_rank="N"} sample per numeric core field.
-func (s *Server) writeLoadsPrometheus(w http.ResponseWriter, snaps []rankSnapshot) {
-	var b strings.Builder
+// loadsPromPrefix is the metric name prefix of a /v1/loads section in
+// /v1/loads?format=prometheus (v1_loads.py _format_loads_prometheus): the
+// section's name, but disagg for disaggregation (and spec for speculative,
+// a section duet-sim never reports).
+var loadsPromPrefix = map[string]string{"disaggregation": "disagg"}
+
+// writeLoadsPrometheus serves /v1/loads?format=prometheus as SGLang 0.5.23
+// does: one gauge per numeric field, sglang_<field> for a core field and
+// sglang_<section>_<field> for a field of an included section (so
+// sglang_disagg_prefill_bootstrap_queue_reqs), with one
+// sglang_...{dp_rank="N"} sample per rank under each.
+func (s *Server) writeLoadsPrometheus(w http.ResponseWriter, snaps []rankSnapshot, include map[string]bool) {
+	samples := map[string][]string{}
+	add := func(name string, rank int, v any) {
+		switch v.(type) {
+		case int, float64:
+			samples[name] = append(samples[name], fmt.Sprintf("%s{dp_rank=\"%d\"} %v", name, rank, v))
+		}
+	}
 	for _, l := range snaps {
-		m := s.rankLoadJSON(l, nil)
-		keys := make([]string, 0, len(m))
-		for k := range m {
-			if k != "dp_rank" {
-				keys = append(keys, k)
+		for k, v := range s.rankLoadJSON(l, include) {
+			if k == "dp_rank" {
+				continue
+			}
+			section, ok := v.(map[string]any)
+			if !ok {
+				add("sglang_"+k, l.dpRank, v)
+				continue
+			}
+			prefix := k
+			if p, ok := loadsPromPrefix[k]; ok {
+				prefix = p
+			}
+			for sk, sv := range section {
+				add("sglang_"+prefix+"_"+sk, l.dpRank, sv)
 			}
 		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			fmt.Fprintf(&b, "sglang_%s{dp_rank=\"%d\"} %v\n", k, l.dpRank, m[k])
+	}
+	names := make([]string, 0, len(samples))
+	for n := range samples {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "# TYPE %s gauge\n", n)
+		for _, line := range samples[n] {
+			b.WriteString(line + "\n")
 		}
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -1,12 +1,18 @@
 package sim
 
 import (
+	"bytes"
 	"context"
+	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // loadsBody is the /v1/loads response, with loads kept generic.
@@ -142,6 +148,132 @@ func TestLoadsAreLive(t *testing.T) {
 				get(t, ts.api.URL+"/v1/loads").json(t, &b)
 				return b.Loads[1]["num_used_tokens"] == 0.0 && b.Loads[1]["num_total_reqs"] == 0.0
 			})
+		})
+	}
+}
+
+// sglangDisaggKeys are the keys of a rank's disaggregation section in SGLang
+// 0.5.23's /v1/loads (load_snapshot.py DisaggregationMetrics), present in
+// every mode.
+var sglangDisaggKeys = []string{"mode", "prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs",
+	"decode_prealloc_queue_reqs", "decode_transfer_queue_reqs", "decode_retracted_queue_reqs",
+	"kv_transfer_speed_gb_s", "kv_transfer_latency_ms"}
+
+// The disaggregation section has SGLang 0.5.23's keys in every mode, and
+// each PD queue of the snapshot in the field of its mode: a prefill's
+// bootstrap queue and KV being sent, a decode's prealloc queue and KV being
+// received; the other mode's fields, and an aggregated server's, are 0.
+func TestLoadsDisaggregationSection(t *testing.T) {
+	snap := rankSnapshot{dpRank: 1, running: 1, waiting: 2, bootstrap: 3, transfer: 4, xferMS: 7.5, xferGBps: 21}
+	tests := []struct {
+		mode Mode
+		want map[string]any
+	}{
+		{mode: ModePrefill, want: map[string]any{"mode": "prefill",
+			"prefill_bootstrap_queue_reqs": 3, "prefill_inflight_queue_reqs": 4,
+			"decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+			"kv_transfer_speed_gb_s": 21.0, "kv_transfer_latency_ms": 7.5}},
+		{mode: ModeDecode, want: map[string]any{"mode": "decode",
+			"prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+			"decode_prealloc_queue_reqs": 2, "decode_transfer_queue_reqs": 4, "decode_retracted_queue_reqs": 0,
+			"kv_transfer_speed_gb_s": 21.0, "kv_transfer_latency_ms": 7.5}},
+		{mode: ModeNull, want: map[string]any{"mode": "null",
+			"prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
+			"decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+			"kv_transfer_speed_gb_s": 21.0, "kv_transfer_latency_ms": 7.5}},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			cfg := Config{Mode: tc.mode, MaxTotalTokens: 1000, MaxRunningRequests: 8}
+			got, ok := rankLoadJSON(cfg, snap, map[string]bool{"disagg": true})["disaggregation"].(map[string]any)
+			if !ok {
+				t.Fatalf("no disaggregation section")
+			}
+			keys := slices.Sorted(maps.Keys(got))
+			want := slices.Sorted(slices.Values(sglangDisaggKeys))
+			if !slices.Equal(keys, want) {
+				t.Fatalf("disaggregation keys %v, want SGLang 0.5.23's %v", keys, want)
+			}
+			if !maps.Equal(got, tc.want) {
+				t.Fatalf("disaggregation %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Every server's /v1/loads has the section with SGLang 0.5.23's keys.
+func TestLoadsDisaggregationKeysServed(t *testing.T) {
+	for _, mode := range []Mode{ModeNull, ModePrefill, ModeDecode} {
+		t.Run(string(mode), func(t *testing.T) {
+			ts := startTest(t, Config{Mode: mode})
+			var b loadsBody
+			get(t, ts.api.URL+"/v1/loads?include=core,disagg").json(t, &b)
+			d, ok := b.Loads[0]["disaggregation"].(map[string]any)
+			if !ok {
+				t.Fatalf("no disaggregation section: %v", b.Loads[0])
+			}
+			keys := slices.Sorted(maps.Keys(d))
+			if want := slices.Sorted(slices.Values(sglangDisaggKeys)); !slices.Equal(keys, want) {
+				t.Fatalf("disaggregation keys %v, want SGLang 0.5.23's %v", keys, want)
+			}
+			if d["mode"] != string(mode) {
+				t.Fatalf("mode %v, want %s", d["mode"], mode)
+			}
+		})
+	}
+}
+
+// /v1/loads?format=prometheus flattens the included sections as SGLang
+// 0.5.23 does (v1_loads.py _format_loads_prometheus): the PD queues are
+// sglang_disagg_<field>{dp_rank="N"} gauges, and the text parses.
+func TestLoadsPrometheusFormat(t *testing.T) {
+	ts := startTest(t, Config{Mode: ModePrefill, DPSize: 2})
+	tests := []struct {
+		query       string
+		wantPresent []string
+		wantAbsent  []string
+	}{
+		{query: "", wantPresent: []string{"sglang_num_running_reqs", "sglang_num_waiting_reqs", "sglang_token_usage",
+			"sglang_disagg_prefill_bootstrap_queue_reqs", "sglang_disagg_prefill_inflight_queue_reqs",
+			"sglang_disagg_decode_prealloc_queue_reqs", "sglang_disagg_decode_transfer_queue_reqs",
+			"sglang_disagg_decode_retracted_queue_reqs", "sglang_disagg_kv_transfer_latency_ms",
+			"sglang_queues_waiting", "sglang_memory_token_capacity"},
+			wantAbsent: []string{"sglang_disagg_prefill_prealloc_queue_reqs", "sglang_disagg_mode", "sglang_dp_rank"}},
+		{query: "&include=core", wantPresent: []string{"sglang_num_running_reqs"},
+			wantAbsent: []string{"sglang_disagg_prefill_bootstrap_queue_reqs", "sglang_queues_waiting"}},
+		{query: "&include=core,disagg", wantPresent: []string{"sglang_num_running_reqs", "sglang_disagg_prefill_bootstrap_queue_reqs"},
+			wantAbsent: []string{"sglang_queues_waiting", "sglang_memory_token_capacity"}},
+	}
+	for _, tc := range tests {
+		t.Run("query"+tc.query, func(t *testing.T) {
+			r := get(t, ts.api.URL+"/v1/loads?format=prometheus"+tc.query)
+			if r.status != 200 {
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+			p := expfmt.NewTextParser(model.LegacyValidation)
+			fams, err := p.TextToMetricFamilies(bytes.NewReader(r.body))
+			if err != nil {
+				t.Fatalf("parse: %v\n%s", err, r.body)
+			}
+			for _, name := range tc.wantPresent {
+				f, ok := fams[name]
+				if !ok {
+					t.Fatalf("missing %s:\n%s", name, r.body)
+				}
+				if f.GetType().String() != "GAUGE" || len(f.GetMetric()) != 2 {
+					t.Fatalf("%s: %v with %d samples, want a gauge with one per rank", name, f.GetType(), len(f.GetMetric()))
+				}
+				for i, m := range f.GetMetric() {
+					if l := m.GetLabel(); len(l) != 1 || l[0].GetName() != "dp_rank" || l[0].GetValue() != strconv.Itoa(i) {
+						t.Fatalf("%s sample %d labels %v", name, i, l)
+					}
+				}
+			}
+			for _, name := range tc.wantAbsent {
+				if _, ok := fams[name]; ok {
+					t.Fatalf("%s present:\n%s", name, r.body)
+				}
+			}
 		})
 	}
 }

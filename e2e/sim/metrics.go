@@ -57,20 +57,28 @@ func newRankCollector(s *Server) *rankCollector {
 			func(_ *Server, l rankSnapshot) float64 { return l.cacheHitRate }),
 		g("sglang:gen_throughput", "The generation throughput (token/s).",
 			func(_ *Server, l rankSnapshot) float64 { return l.genThroughput }),
+		// SGLang 0.5.23's PD queue gauges (metrics_collector.py
+		// SchedulerMetricsCollector), each in every mode: a queue of the
+		// other mode, or of an aggregated server, is 0. It has no gauge for
+		// the decode's retracted queue.
+		g("sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue.",
+			pdGauge(func(q pdQueues) int { return q.prefillBootstrap })),
+		g("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.",
+			pdGauge(func(q pdQueues) int { return q.prefillInflight })),
+		g("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.",
+			pdGauge(func(q pdQueues) int { return q.decodePrealloc })),
 		g("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.",
-			func(s *Server, l rankSnapshot) float64 {
-				if s.cfg.Mode != ModeDecode {
-					return 0
-				}
-				return float64(l.transfer)
-			}),
-		// SGLang's prefill bootstrap queue (requests waiting for their
-		// decode's preallocation) is its "prefill prealloc queue".
-		g("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.",
-			func(_ *Server, l rankSnapshot) float64 { return float64(l.bootstrap) }),
+			pdGauge(func(q pdQueues) int { return q.decodeTransfer })),
 		{desc: prometheus.NewDesc("sglang:num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", labels, nil),
 			counter: true, value: func(s *Server, l rankSnapshot) float64 { return float64(s.bootstrapFailures(l.dpRank)) }},
 	}}
+}
+
+// pdGauge reads one PD queue's size from a rank's snapshot.
+func pdGauge(size func(pdQueues) int) func(*Server, rankSnapshot) float64 {
+	return func(s *Server, l rankSnapshot) float64 {
+		return float64(size(rankPDQueues(s.cfg.Mode, l)))
+	}
 }
 
 // Describe implements prometheus.Collector.

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +144,73 @@ func TestTokenCounters(t *testing.T) {
 	}
 	if c := values["sglang:cached_tokens_total"]; c <= 0 || c >= values["sglang:prompt_tokens_total"] {
 		t.Errorf("cached tokens %v of %v prompt tokens: the repeated prefix was not counted", c, values["sglang:prompt_tokens_total"])
+	}
+}
+
+// sglangPDQueueGauges are SGLang 0.5.23's PD queue gauges and their help
+// (metrics_collector.py SchedulerMetricsCollector). It has none for the
+// decode's retracted queue.
+var sglangPDQueueGauges = map[string]string{
+	"sglang:num_prefill_bootstrap_queue_reqs": "The number of requests in the prefill bootstrap queue.",
+	"sglang:num_prefill_inflight_queue_reqs":  "The number of requests in the prefill inflight queue.",
+	"sglang:num_decode_prealloc_queue_reqs":   "The number of requests in the decode prealloc queue.",
+	"sglang:num_decode_transfer_queue_reqs":   "The number of requests in the decode transfer queue.",
+}
+
+// pdQueueGaugeName matches the name of any PD queue gauge.
+var pdQueueGaugeName = regexp.MustCompile(`^sglang:num_(prefill|decode)_[a-z]+_queue_reqs$`)
+
+// Every server exports exactly SGLang 0.5.23's four PD queue gauges, with
+// its help and the labels of the other scheduler gauges, 0 while idle.
+func TestMetricsPDQueueGauges(t *testing.T) {
+	tests := []struct {
+		mode Mode
+		dp   int
+	}{
+		{mode: ModePrefill, dp: 2},
+		{mode: ModeDecode, dp: 1},
+		{mode: ModeNull, dp: 1},
+	}
+	for _, tc := range tests {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			ts := startTest(t, Config{Mode: tc.mode, DPSize: tc.dp, Model: "m-x"})
+			r := get(t, ts.api.URL+"/metrics")
+			p := expfmt.NewTextParser(model.LegacyValidation)
+			fams, err := p.TextToMetricFamilies(bytes.NewReader(r.body))
+			if err != nil {
+				t.Fatalf("parse metrics: %v", err)
+			}
+			var names []string
+			for name := range fams {
+				if pdQueueGaugeName.MatchString(name) {
+					names = append(names, name)
+				}
+			}
+			sort.Strings(names)
+			if want := slices.Sorted(maps.Keys(sglangPDQueueGauges)); !slices.Equal(names, want) {
+				t.Fatalf("PD queue gauges %v, want SGLang 0.5.23's %v", names, want)
+			}
+			labelNames := func(name string) string {
+				var out []string
+				for _, l := range fams[name].GetMetric()[0].GetLabel() {
+					out = append(out, l.GetName())
+				}
+				return strings.Join(out, ",")
+			}
+			for name, help := range sglangPDQueueGauges {
+				f := fams[name]
+				if f.GetHelp() != help || f.GetType().String() != "GAUGE" || len(f.GetMetric()) != tc.dp {
+					t.Fatalf("%s: %v %q with %d samples, want a gauge %q with %d", name, f.GetType(), f.GetHelp(), len(f.GetMetric()), help, tc.dp)
+				}
+				if got, want := labelNames(name), labelNames("sglang:num_running_reqs"); got != want {
+					t.Fatalf("%s labels %s, want %s", name, got, want)
+				}
+				for _, m := range f.GetMetric() {
+					if m.GetGauge().GetValue() != 0 {
+						t.Fatalf("%s = %v while idle", name, m.GetGauge().GetValue())
+					}
+				}
+			}
+		})
 	}
 }
