@@ -186,14 +186,8 @@ func (p *publisher) serveReplay(router zmq4.Socket) {
 	}
 }
 
-// batch encodes a batch of one BlockStored event with hash h, stamped
-// 1.0 (1970).
-func batch(t *testing.T, h int64) []byte {
-	t.Helper()
-	return batchAt(t, h, 1)
-}
-
-// batchAt is batch stamped ts.
+// batchAt encodes a batch of one BlockStored event with hash h, stamped
+// ts.
 func batchAt(t *testing.T, h int64, ts float64) []byte {
 	t.Helper()
 	b, err := msgpack.Marshal([]any{ts, []any{map[string]any{"type": "BlockStored", "block_hashes": []int64{h},
