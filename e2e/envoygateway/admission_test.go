@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/extproc"
 )
 
@@ -254,6 +255,19 @@ func admissionEffects(tr *translation, hold time.Duration, headers ...string) []
 			extProc = i
 			limit := seconds(harness.Dig(f, "typedConfig", "maxMessageTimeout"))
 			need(limit >= hold, fmt.Sprintf("duet's ext_proc: max_message_timeout %v, want at least the longest admission wait limit and duet's margin, %v", limit, hold))
+			// duet learns both timeouts from the stream's metadata.
+			told := map[string]string{}
+			for _, m := range list(harness.Dig(f, "typedConfig", "grpcService", "initialMetadata")) {
+				told[str(m, "key")] = str(m, "value")
+			}
+			want := map[string]string{
+				contract.MetadataMessageTimeout:    seconds(harness.Dig(f, "typedConfig", "messageTimeout")).String(),
+				contract.MetadataMaxMessageTimeout: limit.String(),
+			}
+			for k, v := range want {
+				got, err := time.ParseDuration(told[k])
+				need(err == nil && got.String() == v, fmt.Sprintf("duet's ext_proc: initial_metadata %s = %q, want %s (the filter's own)", k, told[k], v))
+			}
 		}
 	}
 	need(jwt >= 0 && extProc > jwt, fmt.Sprintf("the JWT filter before duet's ext_proc (filters %v)", names))
