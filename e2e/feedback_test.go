@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/duet-router/duet/e2e/harness"
+	"github.com/duet-router/duet/envoy"
 	"github.com/duet-router/duet/extproc/accesslog"
 )
 
@@ -267,8 +270,8 @@ func TestJSONUsageBuffersResponses(t *testing.T) {
 	id := requestID(t, 0)
 	resp, body := send(t, s, "POST", "/v1/completions", map[string]string{"x-request-id": id}, big(false))
 	checkOpenAIError(t, resp, body, http.StatusInternalServerError, "server_error")
-	if !bytes.Contains(body, []byte("response_payload_too_large")) {
-		t.Errorf("want response_payload_too_large, got %s", body)
+	if msg := gjson.GetBytes(body, "error.message").String(); msg != envoy.ResponseTooLargeMessage(16<<10) {
+		t.Errorf("message %q, want %q", msg, envoy.ResponseTooLargeMessage(16<<10))
 	}
 	got := completions(t, s, id, 3)
 	if c := got[accesslog.LegDecode]; c.Status != 200 || c.Failed {

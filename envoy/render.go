@@ -236,6 +236,9 @@ const (
 	// ext_proc_error_gRPC_error_14{...} for a stream that could not reach
 	// duet (503).
 	DetailsExtProcPrefix = "ext_proc_error"
+	// DetailsResponseTooLarge is a JSON response above the buffer limit,
+	// which json_to_metadata buffers to read its token usage (500).
+	DetailsResponseTooLarge = "response_payload_too_large"
 )
 
 // BodyTooLargeMessage answers a body above the buffer limit of
@@ -244,24 +247,33 @@ func BodyTooLargeMessage(maxBodyBytes int) string {
 	return fmt.Sprintf("request body exceeds the %d-byte limit", maxBodyBytes)
 }
 
+// ResponseTooLargeMessage answers a request whose engine's JSON response
+// was above the buffer limit of maxBodyBytes (500): the token-usage filter
+// buffers JSON responses whole, and streamed ones not at all.
+func ResponseTooLargeMessage(maxBodyBytes int) string {
+	return fmt.Sprintf("the engine's JSON response exceeds the %d-byte buffer limit (duet's request.max_body_bytes); send \"stream\": true, or raise the limit", maxBodyBytes)
+}
+
 // localReply is what the template needs to render local_reply_config.
 type localReply struct {
 	// Namespace is the dynamic metadata namespace of duet's replies.
 	Namespace string
-	// DetailsTimeout and DetailsExtProc are matched against the response
-	// code details: the first exactly, the second as a prefix.
-	DetailsTimeout, DetailsExtProc string
+	// DetailsTimeout, DetailsResponseTooLarge and DetailsExtProc are
+	// matched against the response code details: the first two exactly,
+	// the last as a prefix.
+	DetailsTimeout, DetailsResponseTooLarge, DetailsExtProc string
 	// The messages of each kind of reply.
-	RouterTimeout, RouterUnavailable, BodyTooLarge, NoRoute, EngineFailed string
+	RouterTimeout, RouterUnavailable, BodyTooLarge, ResponseTooLarge, NoRoute, EngineFailed string
 }
 
 // newLocalReply returns the local replies of a bootstrap for p.
 func newLocalReply(p Params) localReply {
 	return localReply{
 		Namespace:      contract.MetadataNamespace,
-		DetailsTimeout: DetailsExtProcTimeout, DetailsExtProc: DetailsExtProcPrefix,
+		DetailsTimeout: DetailsExtProcTimeout, DetailsExtProc: DetailsExtProcPrefix, DetailsResponseTooLarge: DetailsResponseTooLarge,
 		RouterTimeout: MessageRouterTimeout, RouterUnavailable: MessageRouterUnavailable,
-		BodyTooLarge: BodyTooLargeMessage(p.MaxBodyBytes), NoRoute: MessageNoRoute, EngineFailed: MessageEngineFailed,
+		BodyTooLarge: BodyTooLargeMessage(p.MaxBodyBytes), ResponseTooLarge: ResponseTooLargeMessage(p.MaxBodyBytes),
+		NoRoute: MessageNoRoute, EngineFailed: MessageEngineFailed,
 	}
 }
 

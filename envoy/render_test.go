@@ -551,6 +551,7 @@ func TestRenderLocalReplies(t *testing.T) {
 		{celFilter("response.code_details == 'ext_proc_error_per-message_timeout_exceeded'"), MessageRouterTimeout, "server_error"},
 		{celFilter("response.code_details.startsWith('ext_proc_error')"), MessageRouterUnavailable, "server_error"},
 		{status("EQ", 413, "duet.local_reply.body_too_large"), "request body exceeds the 1048576-byte limit", "invalid_request_error"},
+		{celFilter("response.code_details == 'response_payload_too_large'"), ResponseTooLargeMessage(1 << 20), "server_error"},
 		{map[string]any{"response_flag_filter": map[string]any{"flags": []any{"NR"}}}, MessageNoRoute, "invalid_request_error"},
 		{map[string]any{"and_filter": map[string]any{"filters": []any{
 			map[string]any{"response_flag_filter": map[string]any{}}, status("GE", 500, "duet.local_reply.server_error")}}},

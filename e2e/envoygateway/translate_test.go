@@ -644,7 +644,7 @@ func listenerEffects(listener any) []string {
 		}
 	}
 	need(stripsPrefix && stripsRank, "early header mutation removing x-duet-* and x-data-parallel-rank")
-	need(len(list(harness.Dig(hcm, "localReplyConfig", "mappers"))) == 8, "local_reply_config with duet's eight mappers")
+	need(len(list(harness.Dig(hcm, "localReplyConfig", "mappers"))) == 9, "local_reply_config with duet's nine mappers")
 	var names []string
 	var router any
 	for _, f := range list(harness.Dig(hcm, "httpFilters")) {
