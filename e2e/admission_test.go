@@ -219,13 +219,7 @@ func TestAdmissionClientLeaves(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	// Saturate the prefill engine with requests that stay.
-	for i := range 8 {
-		wg.Go(func() { sendClass(ctx, s, "interactive", i, 2000) })
-	}
-	harness.WaitFor(t, 20*time.Second, "the prefill engine to saturate", func() bool {
-		return s.ReplicaMetric(0, "duet_saturated_targets", map[string]string{"role": "prefill"}) == 1 ||
-			s.ReplicaMetric(0, "duet_admission_queued", nil) > 0
-	})
+	saturatePrefill(ctx, t, s, &wg, 8)
 	leaving, leave := context.WithCancel(ctx)
 	const goners = 5
 	for i := range goners {
@@ -242,6 +236,20 @@ func TestAdmissionClientLeaves(t *testing.T) {
 		t.Errorf("duet counted %v requests that left, want %d", n, goners)
 	}
 	wg.Wait()
+}
+
+// saturatePrefill sends n interactive requests of 2,000 prompt tokens
+// (half a second of prefill each on admissionStack's engine) on wg, and
+// waits until duet sees the prefill engine saturated.
+func saturatePrefill(ctx context.Context, t *testing.T, s *harness.Stack, wg *sync.WaitGroup, n int) {
+	t.Helper()
+	for i := range n {
+		wg.Go(func() { sendClass(ctx, s, "interactive", i, 2000) })
+	}
+	harness.WaitFor(t, 20*time.Second, "the prefill engine to saturate", func() bool {
+		return s.ReplicaMetric(0, "duet_saturated_targets", map[string]string{"role": "prefill"}) == 1 ||
+			s.ReplicaMetric(0, "duet_admission_queued", nil) > 0
+	})
 }
 
 // median of sorted durations.
