@@ -169,7 +169,7 @@ func (w *holdWatch) hold(now time.Time, d time.Duration) {
 // measures from the message's arrival, a little after Envoy started its
 // timer, and hears of the end a little after it fired.
 const (
-	timerEarly = 50 * time.Millisecond
+	timerEarly = 250 * time.Millisecond
 	timerLate  = 500 * time.Millisecond
 )
 
