@@ -192,7 +192,7 @@ func TestAdmissionHeldWithinEnvoyLimits(t *testing.T) {
 // queued: Envoy gave up, not the client. duet counts it as proxy_timeout,
 // apart from clients that left, and warns with the fix.
 func TestAdmissionProxyTimeoutCounted(t *testing.T) {
-	const messageTimeout = 300 * time.Millisecond
+	const messageTimeout = time.Second
 	c, logs, reg := limitsServer(t, messageTimeout)
 	send := func(after time.Duration) {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -213,7 +213,7 @@ func TestAdmissionProxyTimeoutCounted(t *testing.T) {
 		cancel()
 	}
 	send(messageTimeout) // Envoy's timer
-	send(50 * time.Millisecond)
+	send(100 * time.Millisecond) // the client
 	count := func(outcome string) float64 { return admissionCount(t, reg, outcome) }
 	deadline := time.Now().Add(5 * time.Second)
 	for count("proxy_timeout")+count("left") < 2 && time.Now().Before(deadline) {
