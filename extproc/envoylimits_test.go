@@ -212,7 +212,7 @@ func TestAdmissionProxyTimeoutCounted(t *testing.T) {
 		time.Sleep(after)
 		cancel()
 	}
-	send(messageTimeout) // Envoy's timer
+	send(messageTimeout)         // Envoy's timer
 	send(100 * time.Millisecond) // the client
 	count := func(outcome string) float64 { return admissionCount(t, reg, outcome) }
 	deadline := time.Now().Add(5 * time.Second)
