@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/duet-router/duet/scheduler/kvevents"
 )
 
 // ErrDied is delivered by Server.Errors when the server crashed on
@@ -322,14 +320,13 @@ func (s *Server) UpdateFaults(u FaultUpdate) (Faults, error) {
 }
 
 // resetCache empties every rank's prefix cache, whatever it holds
-// (FaultUpdate.ResetCache); the simple model has none, but publishes
-// AllBlocksCleared all the same.
+// (FaultUpdate.ResetCache); the simple model has none. A KV event
+// publisher runs only with the engine model (--profile), whose reset
+// publishes AllBlocksCleared.
 func (s *Server) resetCache() {
 	s.log.Warn("prefix cache reset (fault)")
 	if s.eng != nil {
 		s.eng.locked(func(core *engineCore, now time.Duration) { core.resetCache(now) })
-	} else if s.kvpub != nil {
-		s.kvpub.publishAll([]kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
 	}
 }
 
@@ -342,20 +339,14 @@ func (s *Server) kvEventsDown(d time.Duration) {
 		if !s.kvpub.current(gen) {
 			return // stopped again, closed, or never started
 		}
-		restart := func() {
+		// Under the engine's lock (a publisher runs only with the engine
+		// model), so that no engine batch falls between the cache reset
+		// and the fresh publisher's first batch.
+		s.eng.locked(func(core *engineCore, now time.Duration) {
+			core.resetCache(now)
 			if err := s.kvpub.restart(gen); err != nil {
 				s.log.Error("KV event publisher did not come back", zap.Error(err))
 			}
-		}
-		if s.eng == nil {
-			restart()
-			return
-		}
-		// Under the engine's lock, so that no engine batch falls between
-		// the cache reset and the fresh publisher's first batch.
-		s.eng.locked(func(core *engineCore, now time.Duration) {
-			core.resetCache(now)
-			restart()
 		})
 	})
 }
@@ -372,9 +363,6 @@ func (s *Server) handleFlushCache(w http.ResponseWriter, _ *http.Request) {
 		s.eng.locked(func(core *engineCore, now time.Duration) { ok = core.flushIdle(now) })
 	case len(s.inflight.stats().InFlight) == 0:
 		ok = true
-		if s.kvpub != nil {
-			s.kvpub.publishAll([]kvevents.Event{{Kind: kvevents.AllBlocksCleared}})
-		}
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if !ok {
