@@ -259,14 +259,6 @@ func (p *kvPublisher) publish(_ time.Duration, rank int, events []kvevents.Event
 	rp.publish(p, events)
 }
 
-// publishAll publishes events on every rank (the simple model's cache
-// resets).
-func (p *kvPublisher) publishAll(events []kvevents.Event) {
-	for r := range p.ranks {
-		p.publish(0, r, events)
-	}
-}
-
 // drop makes every rank keep its next n batches for replay without
 // sending them, as messages lost on the way.
 func (p *kvPublisher) drop(n int) {
