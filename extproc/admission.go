@@ -70,12 +70,21 @@ func (s *Server) admit(ctx context.Context, req *request, pool *Pool, sreq *sche
 	limits := s.envoyLimits(ctx)
 	// Never hold a request longer than this Envoy waits for its answer.
 	r := admit.Request{Class: class, Tenant: tenant, Tokens: a.Cost(sreq), MaxWait: limits.maxWait()}
-	watch := &holdWatch{arrived: req.arrived, limits: limits, fallback: s.opts.MessageTimeout}
-	actx, release := watchEnvoy(ctx, watch)
-	defer release()
+	// Admission waits on actx, which ends with the stream, its cause told
+	// by the watch that a queued request starts (the fast path needs none).
+	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
 	var queued bool
+	var unwatch func() bool
+	defer func() {
+		if unwatch != nil {
+			unwatch()
+		}
+	}()
 	tk, err := a.Admitter.Admit(actx, r, func(limit time.Duration) {
 		queued = true
+		watch := &holdWatch{arrived: req.arrived, limits: limits, fallback: s.opts.MessageTimeout}
+		unwatch = watchEnvoy(ctx, watch, cancel)
 		if d, ok := limits.holdFor(limit); ok && hold != nil {
 			hold(d)
 			watch.hold(time.Now(), d)

@@ -198,21 +198,16 @@ func (w *holdWatch) envoyGaveUp(at time.Time) bool {
 	return ignored && message > 0 && near(w.arrived.Add(message))
 }
 
-// watchEnvoy returns a context for admission that ends when ctx does, with
-// the cause admit.ErrProxyTimeout when Envoy's timer ended the stream
-// (w.envoyGaveUp) and context.Canceled when the client did, and a function
-// that releases it.
-func watchEnvoy(ctx context.Context, w *holdWatch) (context.Context, func()) {
-	actx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() {
+// watchEnvoy cancels, once ctx (the stream's) ends, what cancel belongs
+// to: with the cause admit.ErrProxyTimeout when Envoy's timer ended the
+// stream (w.envoyGaveUp), context.Canceled when the client did. It returns
+// the function that stops the watch.
+func watchEnvoy(ctx context.Context, w *holdWatch, cancel context.CancelCauseFunc) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
 		if w.envoyGaveUp(time.Now()) {
 			cancel(admit.ErrProxyTimeout)
 			return
 		}
 		cancel(context.Canceled)
 	})
-	return actx, func() {
-		stop()
-		cancel(nil)
-	}
 }
