@@ -306,7 +306,7 @@ func TestLocalReplyEnvoyErrors(t *testing.T) {
 		{"ext_proc stream failed", "fail", chatBody(false, ""), 503, "server_error", envoy.MessageRouterUnavailable,
 			"ext_proc_error_gRPC_error_13{the_fake_router_fails_this_stream"},
 		{"body above the limit", "continue", []byte(`{"model":"m","prompt":"` + strings.Repeat("a", fs.maxBody) + `"}`), 413,
-			"invalid_request_error", envoy.BodyTooLargeMessage(fs.maxBody), "request_payload_too_large"},
+			"invalid_request_error", contract.BodyTooLargeMessage(fs.maxBody), "request_payload_too_large"},
 		{"no route", "continue", chatBody(false, ""), 404, "invalid_request_error", envoy.MessageNoRoute, "route_not_found"},
 		{"engine unreachable", "route", chatBody(false, ""), 503, "server_error", envoy.MessageEngineFailed,
 			"upstream_reset_before_response_started{remote_connection_failure"},

@@ -241,12 +241,6 @@ const (
 	DetailsResponseTooLarge = "response_payload_too_large"
 )
 
-// BodyTooLargeMessage answers a body above the buffer limit of
-// maxBodyBytes (413), as duet words its own.
-func BodyTooLargeMessage(maxBodyBytes int) string {
-	return fmt.Sprintf("request body exceeds the %d-byte limit", maxBodyBytes)
-}
-
 // ResponseTooLargeMessage answers a request whose engine's JSON response
 // was above the buffer limit of maxBodyBytes (500): the token-usage filter
 // buffers JSON responses whole, and streamed ones not at all.
@@ -272,7 +266,7 @@ func newLocalReply(p Params) localReply {
 		Namespace:      contract.MetadataNamespace,
 		DetailsTimeout: DetailsExtProcTimeout, DetailsExtProc: DetailsExtProcPrefix, DetailsResponseTooLarge: DetailsResponseTooLarge,
 		RouterTimeout: MessageRouterTimeout, RouterUnavailable: MessageRouterUnavailable,
-		BodyTooLarge: BodyTooLargeMessage(p.MaxBodyBytes), ResponseTooLarge: ResponseTooLargeMessage(p.MaxBodyBytes),
+		BodyTooLarge: contract.BodyTooLargeMessage(p.MaxBodyBytes), ResponseTooLarge: ResponseTooLargeMessage(p.MaxBodyBytes),
 		NoRoute: MessageNoRoute, EngineFailed: MessageEngineFailed,
 	}
 }

@@ -250,7 +250,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			dctx := s.startTrace(ctx, req)
 			if s.opts.MaxBodyBytes > 0 && len(req.body) > s.opts.MaxBodyBytes {
 				resp = s.reject(req, http.StatusRequestEntityTooLarge, "body_too_large",
-					fmt.Sprintf("request body exceeds the %d-byte limit", s.opts.MaxBodyBytes))
+					contract.BodyTooLargeMessage(s.opts.MaxBodyBytes))
 			} else if !m.RequestBody.EndOfStream {
 				// Only BUFFERED is supported: the whole body arrives in one message.
 				resp = s.reject(req, http.StatusInternalServerError, "body_mode",

@@ -23,6 +23,7 @@ import (
 	"github.com/duet-router/duet/e2e/harness"
 	"github.com/duet-router/duet/e2e/sim"
 	"github.com/duet-router/duet/envoy"
+	"github.com/duet-router/duet/envoy/contract"
 	"github.com/duet-router/duet/extproc/accesslog"
 )
 
@@ -412,8 +413,8 @@ func TestEnvoyGateway(t *testing.T) {
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {
 			t.Fatalf("status %d, want 413: %.300s", resp.StatusCode, body)
 		}
-		if msg, typ := openAIError(t, body); typ != "invalid_request_error" || msg != envoy.BodyTooLargeMessage(32<<20) {
-			t.Errorf("error %q of type %q, want %q as invalid_request_error", msg, typ, envoy.BodyTooLargeMessage(32<<20))
+		if msg, typ := openAIError(t, body); typ != "invalid_request_error" || msg != contract.BodyTooLargeMessage(32<<20) {
+			t.Errorf("error %q of type %q, want %q as invalid_request_error", msg, typ, contract.BodyTooLargeMessage(32<<20))
 		}
 		legs(t, append(append([]*harness.Sim{}, s.Decode...), s.Prefill...), id, 0)
 	})
