@@ -140,8 +140,15 @@ func isNull(raw json.RawMessage) bool {
 // errUnsupported marks a construct the package refuses.
 var errUnsupported = errors.New("not supported")
 
+// What each of a model's two tokenizer files holds, for the errors of a
+// file given in the other's place.
+const (
+	aboutTokenizerFile = "tokenizer.json (the vocabulary and merges)"
+	aboutConfigFile    = "tokenizer_config.json (the chat template and special tokens)"
+)
+
 // errConfigFile is Parse's error for a tokenizer_config.json.
-var errConfigFile = errors.New("looks like tokenizer_config.json (the chat template and special tokens), not tokenizer.json (the vocabulary and merges)")
+var errConfigFile = errors.New("looks like " + aboutConfigFile + ", not " + aboutTokenizerFile)
 
 // errTokenizerFile is readConfig's error for a tokenizer.json.
-var errTokenizerFile = errors.New("looks like tokenizer.json (the vocabulary and merges), not tokenizer_config.json (the chat template and special tokens)")
+var errTokenizerFile = errors.New("looks like " + aboutTokenizerFile + ", not " + aboutConfigFile)

@@ -44,8 +44,8 @@ func LoadModel(tokenizerFile, configFile, chatTemplateFile string) (*Model, erro
 	}
 	cfg, err := readConfig(configFile)
 	if errors.Is(err, errTokenizerFile) {
-		return nil, fmt.Errorf("tokenizer.config: %s looks like tokenizer.json (the vocabulary and merges); "+
-			"tokenizer.config wants tokenizer_config.json (the chat template and special tokens) and tokenizer.file wants tokenizer.json", configFile)
+		return nil, fmt.Errorf("tokenizer.config: %s looks like %s; tokenizer.config wants %s and tokenizer.file wants tokenizer.json",
+			configFile, aboutTokenizerFile, aboutConfigFile)
 	}
 	if err != nil {
 		return nil, err
@@ -125,8 +125,8 @@ func (m *Model) EncodeChat(dst []int64, req ChatRequest) ([]int64, string, error
 // the tokenizer file; it says whether the config file is the tokenizer.json,
 // that is whether the two are swapped.
 func swappedError(tokenizerFile, configFile string) error {
-	msg := fmt.Sprintf("tokenizer.file: %s looks like tokenizer_config.json (the chat template and special tokens); "+
-		"tokenizer.file wants tokenizer.json (the vocabulary and merges) and tokenizer.config wants tokenizer_config.json", tokenizerFile)
+	msg := fmt.Sprintf("tokenizer.file: %s looks like %s; tokenizer.file wants %s and tokenizer.config wants tokenizer_config.json",
+		tokenizerFile, aboutConfigFile, aboutTokenizerFile)
 	if _, err := readConfig(configFile); errors.Is(err, errTokenizerFile) {
 		msg += fmt.Sprintf("; tokenizer.config names %s, which looks like tokenizer.json: the two are swapped", configFile)
 	}
