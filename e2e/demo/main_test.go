@@ -58,51 +58,24 @@ func TestDemoInterrupted(t *testing.T) {
 		t.Run(sig.String(), func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(os.Environ(), childEnv+"=1")
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			sc := bufio.NewScanner(out)
-			if !sc.Scan() {
-				t.Fatalf("the child printed nothing; stderr: %s", stderr.String())
-			}
-			dir, ok := strings.CutPrefix(sc.Text(), "dir ")
-			if !ok {
-				t.Fatalf("the child printed %q, want its directory", sc.Text())
-			}
-			if _, err := os.Stat(filepath.Join(dir, "admin-token")); err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Process.Signal(sig); err != nil {
-				t.Fatal(err)
-			}
-			var rest strings.Builder
-			done := make(chan error, 1)
-			go func() {
-				for sc.Scan() {
-					rest.WriteString(sc.Text() + "\n")
+			run := interrupt(t, cmd, func(dir string) error {
+				if _, err := os.Stat(filepath.Join(dir, "admin-token")); err != nil {
+					t.Fatal(err)
 				}
-				done <- cmd.Wait()
-			}()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("the demo exited with %v after %v, want status 0; stderr: %s", err, sig, stderr.String())
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatalf("the demo did not exit within 10s of %v", sig)
+				return cmd.Process.Signal(sig)
+			})
+			if run.err != nil {
+				t.Fatalf("the demo exited with %v after %v, want status 0; stderr: %s", run.err, sig, run.stderr)
 			}
-			if stderr.Len() > 0 {
-				t.Errorf("stderr = %q, want nothing", stderr.String())
+			if run.before != "dir "+run.dir+"\n" {
+				t.Fatalf("the child printed %q first, want its directory", run.before)
 			}
-			if !strings.Contains(rest.String(), "Interrupted") {
-				t.Errorf("stdout after the signal = %q, want it to say it was interrupted", rest.String())
+			stderr, rest, dir := run.stderr, run.after, run.dir
+			if stderr != "" {
+				t.Errorf("stderr = %q, want nothing", stderr)
+			}
+			if !strings.Contains(rest, "Interrupted") {
+				t.Errorf("stdout after the signal = %q, want it to say it was interrupted", rest)
 			}
 			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the temporary directory %s is still there (%v)", dir, err)
@@ -207,4 +180,62 @@ func TestBodyLimit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// interrupted is what a demo interrupted by interrupt printed and how it
+// ended.
+type interrupted struct {
+	// dir is the demo's temporary directory, from its first line.
+	dir string
+	// before and after are its stdout up to that line and after it.
+	before, after string
+	stderr        string
+	// err is cmd.Wait's.
+	err error
+}
+
+// interrupt starts cmd, a demo (or make running one), reads its stdout up
+// to the demo's "dir <path>" line, then calls signal with the path, and
+// waits for cmd to end, for 10 s at most.
+func interrupt(t *testing.T, cmd *exec.Cmd, signal func(dir string) error) interrupted {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var run interrupted
+	var before strings.Builder
+	for run.dir == "" {
+		if !sc.Scan() {
+			t.Fatalf("the demo never printed its directory; stdout %q, stderr %q", before.String(), stderr.String())
+		}
+		before.WriteString(sc.Text() + "\n")
+		if dir, ok := strings.CutPrefix(sc.Text(), "dir "); ok {
+			run.dir = dir
+		}
+	}
+	if err := signal(run.dir); err != nil {
+		t.Fatal(err)
+	}
+	var after strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		for sc.Scan() {
+			after.WriteString(sc.Text() + "\n")
+		}
+		done <- cmd.Wait()
+	}()
+	select {
+	case run.err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the demo did not exit within 10s of the signal")
+	}
+	run.before, run.after, run.stderr = before.String(), after.String(), stderr.String()
+	return run
 }

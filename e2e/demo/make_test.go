@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // repoRoot is the repository root: the directory of the Makefile, two
@@ -158,48 +156,22 @@ func TestMakeDemoInterrupted(t *testing.T) {
 	cmd := exec.Command("make", "-C", root, "-o", "build", "-o", "envoy", "demo", "HOLD=1", "GO=true", "BIN="+bin)
 	cmd.Env = append(os.Environ(), childEnv+"=1", statusEnv+"="+status)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	sc := bufio.NewScanner(out)
-	var stdout strings.Builder
-	for started := false; !started; {
-		if !sc.Scan() {
-			t.Fatalf("the demo never started; stdout %q, stderr %q", stdout.String(), stderr.String())
+	defer func() {
+		if cmd.Process != nil {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
-		stdout.WriteString(sc.Text() + "\n")
-		started = strings.HasPrefix(sc.Text(), "dir ")
-	}
-	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		for sc.Scan() {
-			stdout.WriteString(sc.Text() + "\n")
-		}
-		done <- cmd.Wait()
 	}()
-	select {
-	case err = <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("make did not exit within 10s of SIGINT")
-	}
-	if !strings.Contains(stdout.String(), "Interrupted: the stack is stopped.") {
-		t.Errorf("stdout %q, want the demo's \"Interrupted\" line", stdout.String())
+	run := interrupt(t, cmd, func(string) error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGINT) })
+	err = run.err
+	stdout := run.before + run.after
+	if !strings.Contains(stdout, "Interrupted: the stack is stopped.") {
+		t.Errorf("stdout %q, want the demo's \"Interrupted\" line", stdout)
 	}
 	if b, rerr := os.ReadFile(status); rerr != nil || strings.TrimSpace(string(b)) != "0" {
 		t.Errorf("the demo's exit status: %q (%v), want 0", b, rerr)
 	}
-	if stderr.Len() > 0 {
-		t.Errorf("make's stderr %q, want nothing", stderr.String())
+	if run.stderr != "" {
+		t.Errorf("make's stderr %q, want nothing", run.stderr)
 	}
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) {
